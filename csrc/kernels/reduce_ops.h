@@ -1,0 +1,134 @@
+// Element math shared by the CPU loops and the CUDA kernels.
+//
+// One header, no torch and no CUDA runtime includes, so that:
+//  * the C++ unit tests (CMake, ctest) check the exact arithmetic the GPU runs;
+//  * every transport reduces in the same order with the same accumulator type,
+//    which is what makes every rank's output bitwise identical.
+//
+// Accumulation: 16-bit floats accumulate in fp32 and round once at the end;
+// every other type accumulates in itself (integers wrap, as in NCCL).
+#pragma once
+
+#include <cstdint>
+
+#include "half_types.h"
+
+namespace fastpar {
+
+// Values match torch.distributed.ReduceOp's RedOpType so Python can pass
+// ReduceOp.SUM etc. straight through.
+enum class ReduceOp : int { SUM = 0, AVG = 1, PRODUCT = 2, MIN = 3, MAX = 4 };
+
+enum class DType : int { F32 = 0, F64, F16, BF16, I8, U8, I32, I64 };
+
+template <typename T> struct Acc { using type = T; };
+template <> struct Acc<f16> { using type = float; };
+template <> struct Acc<bf16> { using type = float; };
+template <typename T> using acc_t = typename Acc<T>::type;
+
+template <typename T> FASTPAR_HD acc_t<T> load_acc(T v) { return v; }
+FASTPAR_HD float load_acc(f16 v) { return to_float(v); }
+FASTPAR_HD float load_acc(bf16 v) { return to_float(v); }
+
+template <typename T> FASTPAR_HD T store_acc(acc_t<T> v) { return T(v); }
+template <> FASTPAR_HD f16 store_acc<f16>(float v) { return to_f16(v); }
+template <> FASTPAR_HD bf16 store_acc<bf16>(float v) { return to_bf16(v); }
+
+template <typename T> constexpr bool is_floating() { return false; }
+template <> constexpr bool is_floating<float>() { return true; }
+template <> constexpr bool is_floating<double>() { return true; }
+template <> constexpr bool is_floating<f16>() { return true; }
+template <> constexpr bool is_floating<bf16>() { return true; }
+
+// a (+) b for one reduce op. MIN/MAX propagate NaN as torch.minimum/maximum do.
+template <ReduceOp OP, typename A> FASTPAR_HD A combine(A a, A b) {
+  if constexpr (OP == ReduceOp::SUM || OP == ReduceOp::AVG) {
+    return a + b;
+  } else if constexpr (OP == ReduceOp::PRODUCT) {
+    return a * b;
+  } else if constexpr (OP == ReduceOp::MIN) {
+    return (a != a) ? a : ((b < a || b != b) ? b : a);
+  } else {
+    return (a != a) ? a : ((b > a || b != b) ? b : a);
+  }
+}
+
+// Applied once to the fully reduced accumulator: AVG divides by the number of
+// contributions (a division, not a multiply by 1/n, so integer-valued sums
+// divide exactly as torch's reference does).
+template <ReduceOp OP, typename A> FASTPAR_HD A finalize(A a, int contributions) {
+  if constexpr (OP == ReduceOp::AVG) {
+    return a / A(contributions);
+  } else {
+    return a;
+  }
+}
+
+// Which (dtype, op) pairs are defined: AVG needs a floating type.
+inline bool op_supports_dtype(ReduceOp op, DType dt) {
+  const bool floating = dt == DType::F32 || dt == DType::F64 || dt == DType::F16 || dt == DType::BF16;
+  return op != ReduceOp::AVG || floating;
+}
+
+inline int dtype_size(DType dt) {
+  switch (dt) {
+    case DType::F64: case DType::I64: return 8;
+    case DType::F32: case DType::I32: return 4;
+    case DType::F16: case DType::BF16: return 2;
+    default: return 1;
+  }
+}
+
+inline const char* op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::SUM: return "SUM";
+    case ReduceOp::AVG: return "AVG";
+    case ReduceOp::PRODUCT: return "PRODUCT";
+    case ReduceOp::MIN: return "MIN";
+    case ReduceOp::MAX: return "MAX";
+  }
+  return "UNKNOWN";
+}
+
+inline const char* dtype_name(DType dt) {
+  switch (dt) {
+    case DType::F32: return "float32";
+    case DType::F64: return "float64";
+    case DType::F16: return "float16";
+    case DType::BF16: return "bfloat16";
+    case DType::I8: return "int8";
+    case DType::U8: return "uint8";
+    case DType::I32: return "int32";
+    case DType::I64: return "int64";
+  }
+  return "unknown";
+}
+
+}  // namespace fastpar
+
+// Expands BODY with `scalar_t` bound to the storage type of DT.
+#define FASTPAR_DISPATCH_DTYPE(DT, ...)                                       \
+  [&] {                                                                       \
+    switch (DT) {                                                             \
+      case ::fastpar::DType::F32: { using scalar_t = float; return __VA_ARGS__(); }           \
+      case ::fastpar::DType::F64: { using scalar_t = double; return __VA_ARGS__(); }          \
+      case ::fastpar::DType::F16: { using scalar_t = ::fastpar::f16; return __VA_ARGS__(); }  \
+      case ::fastpar::DType::BF16: { using scalar_t = ::fastpar::bf16; return __VA_ARGS__(); } \
+      case ::fastpar::DType::I8: { using scalar_t = int8_t; return __VA_ARGS__(); }           \
+      case ::fastpar::DType::U8: { using scalar_t = uint8_t; return __VA_ARGS__(); }          \
+      case ::fastpar::DType::I32: { using scalar_t = int32_t; return __VA_ARGS__(); }         \
+      case ::fastpar::DType::I64: { using scalar_t = int64_t; return __VA_ARGS__(); }         \
+    }                                                                         \
+  }()
+
+// Expands BODY with `kOp` bound to a compile-time ReduceOp.
+#define FASTPAR_DISPATCH_OP(OP, ...)                                                          \
+  [&] {                                                                                       \
+    switch (OP) {                                                                             \
+      case ::fastpar::ReduceOp::SUM: { constexpr auto kOp = ::fastpar::ReduceOp::SUM; return __VA_ARGS__(); }         \
+      case ::fastpar::ReduceOp::AVG: { constexpr auto kOp = ::fastpar::ReduceOp::AVG; return __VA_ARGS__(); }         \
+      case ::fastpar::ReduceOp::PRODUCT: { constexpr auto kOp = ::fastpar::ReduceOp::PRODUCT; return __VA_ARGS__(); } \
+      case ::fastpar::ReduceOp::MIN: { constexpr auto kOp = ::fastpar::ReduceOp::MIN; return __VA_ARGS__(); }         \
+      case ::fastpar::ReduceOp::MAX: { constexpr auto kOp = ::fastpar::ReduceOp::MAX; return __VA_ARGS__(); }         \
+    }                                                                                         \
+  }()

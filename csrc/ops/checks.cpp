@@ -1,0 +1,93 @@
+#include "checks.h"
+
+#include <set>
+#include <sstream>
+
+namespace fastpar {
+namespace ops {
+
+std::string indexed(const char* arg, size_t i) { return std::string(arg) + "[" + std::to_string(i) + "]"; }
+
+static std::string device_str(const at::Tensor& t) { return "'" + t.device().str() + "'"; }
+
+static std::string dtype_str(at::ScalarType t) { return std::string("torch.") + c10::toString(t); }
+
+DType to_dtype(const char* op, const std::string& arg_index, at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return DType::F32;
+    case at::kDouble: return DType::F64;
+    case at::kHalf: return DType::F16;
+    case at::kBFloat16: return DType::BF16;
+    case at::kChar: return DType::I8;
+    case at::kByte: return DType::U8;
+    case at::kInt: return DType::I32;
+    case at::kLong: return DType::I64;
+    default:
+      TORCH_CHECK_TYPE(false, "fastpar.", op, ": ", arg_index, " has dtype ", dtype_str(t),
+                       ", which fastpar does not support (supported: float32, float64, float16, "
+                       "bfloat16, int8, uint8, int32, int64)");
+  }
+}
+
+ReduceOp to_reduce_op(const char* op, int64_t value) {
+  TORCH_CHECK_VALUE(value >= 0 && value <= 4, "fastpar.", op, ": op has value ", value,
+                    ", which is not one of ReduceOp.SUM (0), AVG (1), PRODUCT (2), MIN (3), MAX (4)");
+  return ReduceOp(value);
+}
+
+void check_op_dtype(const char* op, ReduceOp rop, const std::string& name, const at::Tensor& t) {
+  const DType dt = to_dtype(op, name, t.scalar_type());
+  TORCH_CHECK_TYPE(op_supports_dtype(rop, dt), "fastpar.", op, ": op ReduceOp.", op_name(rop),
+                   " cannot reduce ", name, " of dtype ", dtype_str(t.scalar_type()),
+                   "; AVG needs a floating-point dtype (use SUM and divide)");
+}
+
+void check_like(const char* op, const std::string& name, const at::Tensor& t,
+                const std::string& ref_name, const at::Tensor& ref) {
+  TORCH_CHECK_TYPE(t.scalar_type() == ref.scalar_type(), "fastpar.", op, ": ", name, " has dtype ",
+                   dtype_str(t.scalar_type()), " but ", ref_name, " has dtype ",
+                   dtype_str(ref.scalar_type()));
+  TORCH_CHECK_VALUE(t.device().type() == ref.device().type(), "fastpar.", op, ": ", name,
+                    " is on device ", device_str(t), " but ", ref_name, " is on device ", device_str(ref),
+                    "; all tensors must be CPU tensors or all CUDA tensors");
+  TORCH_CHECK_VALUE(t.is_contiguous(), "fastpar.", op, ": ", name,
+                    " must be contiguous, but it has sizes ", t.sizes(), " and strides ", t.strides(),
+                    " (call .contiguous() first)");
+}
+
+void check_numel(const char* op, const std::string& name, const at::Tensor& t, int64_t expected,
+                 const std::string& why) {
+  TORCH_CHECK_VALUE(t.numel() == expected, "fastpar.", op, ": ", name, " has ", t.numel(),
+                    " elements but ", expected, " were expected (", why, ")");
+}
+
+void check_tensor_list(const char* op, const char* arg, const at::TensorList& ts, bool distinct_cuda,
+                       bool same_numel) {
+  TORCH_CHECK_VALUE(!ts.empty(), "fastpar.", op, ": expected a non-empty list of tensors for argument '",
+                    arg, "', got an empty list");
+  const std::string first = indexed(arg, 0);
+  to_dtype(op, first, ts[0].scalar_type());
+  std::vector<int> owner(1024, -1);  // CUDA device index -> list index
+  for (size_t i = 0; i < ts.size(); ++i) {
+    const std::string name = indexed(arg, i);
+    TORCH_CHECK_VALUE(ts[i].defined(), "fastpar.", op, ": ", name, " is an undefined tensor");
+    check_like(op, name, ts[i], first, ts[0]);
+    if (same_numel) {
+      TORCH_CHECK_VALUE(ts[i].numel() == ts[0].numel(), "fastpar.", op, ": ", name, " has ",
+                        ts[i].numel(), " elements (shape ", ts[i].sizes(), ") but ", first, " has ",
+                        ts[0].numel(), " elements (shape ", ts[0].sizes(), ")");
+    }
+    if (distinct_cuda && ts[i].is_cuda()) {
+      const int dev = ts[i].get_device();
+      TORCH_CHECK_VALUE(dev >= 0 && dev < int(owner.size()), "fastpar.", op, ": ", name,
+                        " has device index ", dev);
+      TORCH_CHECK_VALUE(owner[dev] < 0, "fastpar.", op, ": ", name, " is on device ", device_str(ts[i]),
+                        ", the same device as ", indexed(arg, owner[dev]),
+                        "; this op needs one tensor per CUDA device");
+      owner[dev] = int(i);
+    }
+  }
+}
+
+}  // namespace ops
+}  // namespace fastpar

@@ -1,0 +1,41 @@
+// Argument checks shared by the CPU and CUDA op implementations.
+//
+// Every user mistake is caught here, before any work starts, and the message
+// names the op, the argument, the index and both values, e.g.
+//   "fastpar.allreduce: tensors[1] has dtype torch.float16 but tensors[0] has dtype torch.float32"
+// tests/python/test_errors.py pins these messages.
+#pragma once
+
+#include <torch/extension.h>
+
+#include <string>
+#include <vector>
+
+#include "../kernels/reduce_ops.h"
+
+namespace fastpar {
+namespace ops {
+
+// The dtype as the element math knows it; throws for dtypes fastpar does not reduce.
+DType to_dtype(const char* op, const std::string& arg_index, at::ScalarType t);
+
+ReduceOp to_reduce_op(const char* op, int64_t value);
+
+// Non-empty, same dtype / numel, contiguous, one device type; `distinct_cuda`
+// additionally requires each CUDA tensor to be on its own device.
+void check_tensor_list(const char* op, const char* arg, const at::TensorList& ts,
+                       bool distinct_cuda, bool same_numel = true);
+
+// `t` against the first tensor of a list: same dtype, contiguous, same device type.
+void check_like(const char* op, const std::string& name, const at::Tensor& t,
+                const std::string& ref_name, const at::Tensor& ref);
+
+void check_numel(const char* op, const std::string& name, const at::Tensor& t, int64_t expected,
+                 const std::string& why);
+
+void check_op_dtype(const char* op, ReduceOp rop, const std::string& name, const at::Tensor& t);
+
+std::string indexed(const char* arg, size_t i);
+
+}  // namespace ops
+}  // namespace fastpar

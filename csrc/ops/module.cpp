@@ -1,0 +1,28 @@
+// The Python module fastpar._C: importing it registers the torch.ops.fastpar
+// ops (schema.cpp and the per-backend files) and exposes build facts and knobs.
+#include <torch/extension.h>
+
+#include "tuning.h"
+
+namespace fastpar {
+namespace ops {
+Tuning& tuning() {
+  static Tuning t;
+  return t;
+}
+}  // namespace ops
+}  // namespace fastpar
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "fastpar collective kernels (CPU, and CUDA when built with it)";
+#ifdef FASTPAR_WITH_CUDA
+  m.attr("built_with_cuda") = true;
+#else
+  m.attr("built_with_cuda") = false;
+#endif
+  m.def("_set_ring_segment_bytes", [](int64_t b) {
+    TORCH_CHECK_VALUE(b >= 64, "ring segment bytes must be >= 64, got ", b);
+    fastpar::ops::tuning().ring_segment_bytes = b;
+  });
+  m.def("_get_ring_segment_bytes", [] { return fastpar::ops::tuning().ring_segment_bytes; });
+}

@@ -1,0 +1,108 @@
+"""Builds fastpar._C, the collective kernels.
+
+CUDA sources are compiled whenever nvcc and a CUDA build of torch are present,
+whether or not a GPU is (a GPU is never needed to compile). Override with
+FASTPAR_CUDA=0 (CPU only) or FASTPAR_CUDA=1 (CUDA required: fail if impossible).
+Architectures follow TORCH_CUDA_ARCH_LIST, default "8.0;9.0".
+
+Install with `pip install --no-build-isolation .` so the extension is built
+against the torch you will import (its C++ ABI must match).
+"""
+import glob
+import os
+import shutil
+import sys
+
+from setuptools import setup
+
+
+def _find_cuda_home():
+    """torch guesses CUDA_HOME from `which nvcc`, which fails when nvcc is a
+    wrapper script outside the toolkit (as on our CI machines): prefer a real
+    toolkit directory that holds bin/nvcc and include/cuda_runtime.h."""
+    if os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH"):
+        return os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    candidates = ["/usr/local/cuda"] + sorted(glob.glob("/usr/local/cuda-*"), reverse=True)
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        candidates.insert(0, os.path.dirname(os.path.dirname(os.path.realpath(nvcc))))
+    for c in candidates:
+        if os.path.exists(os.path.join(c, "bin", "nvcc")) and os.path.exists(
+            os.path.join(c, "include", "cuda_runtime.h")
+        ):
+            return c
+    return None
+
+
+_cuda_home = _find_cuda_home()
+if _cuda_home:
+    os.environ["CUDA_HOME"] = _cuda_home
+os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "8.0;9.0")
+
+import torch  # noqa: E402  (after CUDA_HOME is set: cpp_extension reads it at import)
+from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension  # noqa: E402
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def _want_cuda():
+    flag = os.environ.get("FASTPAR_CUDA", "").strip()
+    possible = torch.version.cuda is not None and _cuda_home is not None
+    if flag == "0":
+        return False
+    if flag == "1":
+        if not possible:
+            sys.exit(
+                "FASTPAR_CUDA=1 but a CUDA build is impossible: "
+                f"torch.version.cuda={torch.version.cuda!r}, nvcc toolkit={_cuda_home!r}"
+            )
+        return True
+    if flag:
+        sys.exit(f"FASTPAR_CUDA must be 0 or 1, got {flag!r}")
+    return possible
+
+
+def _nvidia_wheel_includes():
+    """CUDA builds of torch from PyPI ship some headers they include (cusparse.h,
+    cublas_v2.h, ...) inside the nvidia-* wheels, not in the toolkit."""
+    out = []
+    for p in sys.path:
+        out += glob.glob(os.path.join(p, "nvidia", "cu*", "include"))
+        out += glob.glob(os.path.join(p, "nvidia", "*", "include"))
+    return sorted(set(d for d in out if os.path.isdir(d)))
+
+
+def _sources(cuda):
+    """Every .cpp under csrc/ is torch glue or CPU code; files whose path says
+    "cuda" (csrc/ops/cuda_*.cpp, csrc/transport/cuda_*/) and every .cu join them
+    in a CUDA build. Globbing keeps new transports from touching this file."""
+    cpp = sorted(glob.glob("csrc/**/*.cpp", recursive=True))
+    srcs = [s for s in cpp if "cuda" not in s]
+    if cuda:
+        srcs += [s for s in cpp if "cuda" in s]
+        srcs += sorted(glob.glob("csrc/**/*.cu", recursive=True))
+    return srcs
+
+
+def _extension():
+    cuda = _want_cuda()
+    cxx = ["-O3", "-fno-strict-aliasing"]  # the C++ standard is torch's choice (C++20 for 2.14)
+    print(f"fastpar: building {'CPU + CUDA' if cuda else 'CPU-only'} extension "
+          f"(torch {torch.__version__}, CUDA_HOME={_cuda_home}, "
+          f"TORCH_CUDA_ARCH_LIST={os.environ['TORCH_CUDA_ARCH_LIST']})")
+    if not cuda:
+        return CppExtension("fastpar._C", _sources(False), extra_compile_args={"cxx": cxx})
+    nvcc = ["-O3", "--expt-relaxed-constexpr", "-lineinfo"]
+    return CUDAExtension(
+        "fastpar._C",
+        _sources(True),
+        include_dirs=_nvidia_wheel_includes(),
+        define_macros=[("FASTPAR_WITH_CUDA", "1")],
+        extra_compile_args={"cxx": cxx + ["-DFASTPAR_WITH_CUDA=1"], "nvcc": nvcc},
+    )
+
+
+setup(
+    ext_modules=[_extension()],
+    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+)
