@@ -1,4 +1,37 @@
-"""fastpar: collectives for data-parallel PyTorch training."""
+"""fastpar: the collective core for data-parallel PyTorch training.
+
+Single process, one tensor per device (CPU tensors welcome)::
+
+    import fastpar
+    fastpar.allreduce(tensors)            # in place, torch.distributed.ReduceOp.SUM
+"""
 import torch  # noqa: F401  (loads libtorch before the extension)
 
 from . import _C  # noqa: F401  registers torch.ops.fastpar.*
+from .comm import (  # noqa: F401
+    all_gather,
+    all_reduce,
+    allgather,
+    allreduce,
+    allreduce_coalesced,
+    broadcast,
+    broadcast_coalesced,
+    gather,
+    reduce,
+    reduce_add,
+    reduce_add_coalesced,
+    reduce_scatter,
+    scatter,
+)
+
+__version__ = "0.1.0"
+
+
+def cuda_built() -> bool:
+    """True when the CUDA kernels were compiled into this build (a GPU is not needed for that)."""
+    return bool(_C.built_with_cuda)
+
+
+def build_info() -> dict:
+    return {"version": __version__, "torch": torch.__version__, "cuda_built": cuda_built(),
+            "torch_cuda": torch.version.cuda}
