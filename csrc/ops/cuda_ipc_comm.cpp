@@ -137,6 +137,15 @@ class CudaIpcComm : public torch::CustomClassHolder {
                 "; this communicator is unusable, create a new one");
   }
 
+  // Waits for all work on this rank's device (every stream): after it, this
+  // rank no longer reads peers' arenas.
+  void synchronize() {
+    c10::cuda::CUDAGuard guard{c10::DeviceIndex(c_.device)};
+    C10_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+
+  int64_t device() const { return c_.device; }
+
   void close() {
     if (!c_.bases[c_.rank]) return;
     c10::cuda::CUDAGuard guard{c10::DeviceIndex(c_.device)};
@@ -167,6 +176,8 @@ TORCH_LIBRARY_FRAGMENT(fastpar, m) {
       .def("connect", &CudaIpcComm::connect)
       .def("allreduce_", &CudaIpcComm::allreduce_)
       .def("check", &CudaIpcComm::check)
+      .def("synchronize", &CudaIpcComm::synchronize)
+      .def("device", &CudaIpcComm::device)
       .def("close", &CudaIpcComm::close);
 }
 

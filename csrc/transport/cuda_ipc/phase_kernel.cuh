@@ -11,19 +11,10 @@
 #include "../../algorithms/flag_protocol.h"
 #include "device_memory_order.cuh"
 #include "ipc_arena.h"
+#include "phase_launch.h"
 
 namespace fastpar {
 namespace cuda_ipc {
-
-struct PhaseArgs {
-  flags::ControlBlock* self;
-  const flags::ControlBlock* peers[kMaxIpcRanks];  // peers[rank] is unused
-  uint32_t* status;
-  flags::OpDesc desc;
-  int rank;
-  int size;
-  uint64_t timeout_ns;
-};
 
 // Peer liveness is the host's business (it sees processes); on the device the
 // deadline and the peers' abort words are the ways out of a wait.

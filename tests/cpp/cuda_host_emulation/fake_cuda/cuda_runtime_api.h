@@ -2,9 +2,12 @@
 // the cuda_p2p ring executor) compiles with the host compiler and runs on a
 // machine without a GPU. Every "async" call completes immediately, in host
 // order: a valid serialization of what the streams would do, because the ring
-// executor's events only ever add ordering. Only what that code calls is here.
+// executor's events only ever add ordering. Several host threads may act as
+// several processes (the IPC test): the state here is thread-local or atomic.
+// Only what that code calls is here.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -25,7 +28,7 @@ struct dim3 {
 
 namespace fake_cuda {
 inline thread_local int current_device = 0;
-inline int64_t copies = 0;  // how many copies ran (the tests check staging copies happen)
+inline std::atomic<int64_t> copies{0};  // copies run so far (tests check staging copies happen)
 }  // namespace fake_cuda
 
 inline cudaError_t cudaGetDevice(int* d) {
@@ -61,3 +64,4 @@ inline cudaError_t cudaDeviceGetAttribute(int* v, cudaDeviceAttr, int) {
   return cudaSuccess;
 }
 inline cudaError_t cudaGetLastError() { return cudaSuccess; }
+inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }

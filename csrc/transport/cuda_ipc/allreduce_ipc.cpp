@@ -1,7 +1,8 @@
 // Host schedules of allreduce_ipc.h. They mirror algorithms/allreduce_shm.h
 // step for step (same shard cut, same slot rotation, same phases), with
 // memcpy -> cudaMemcpyAsync, cpu_reduce_range -> the shared reduce kernel and
-// Comm::phase -> phase_kernel.
+// Comm::phase -> launch_phase. Host code only: tests/cpp/cuda_host_emulation
+// runs these schedules with one thread per rank.
 #include "allreduce_ipc.h"
 
 #include <algorithm>
@@ -9,7 +10,7 @@
 #include "../../algorithms/ring_schedule.h"  // split_range
 #include "../../kernels/cuda_reduce_launch.h"
 #include "../cuda_p2p/cuda_try.h"
-#include "phase_kernel.cuh"
+#include "phase_launch.h"
 
 namespace fastpar {
 namespace cuda_ipc {
@@ -39,8 +40,7 @@ cudaError_t phase(IpcComm& c, IpcOp op, DType dt, ReduceOp rop, int64_t count, c
   a.rank = c.rank;
   a.size = c.size;
   a.timeout_ns = c.timeout_ns;
-  phase_kernel<<<1, 1, 0, stream>>>(a);
-  return cudaGetLastError();
+  return launch_phase(a, stream);
 }
 
 // The reduce kernel, guarded by this rank's status word.
