@@ -460,3 +460,27 @@ def test_every_pair_of_devices():
             ops.allreduce_(ts, SUM, algorithm)
             assert_bitwise(ts[0], reference(inputs, SUM))
             assert_bitwise(ts[1], ts[0].cpu())
+
+
+@needs_gpus
+def test_opcheck_schema_on_cuda():
+    """The CUDA kernels honour the schemas' mutation annotations (what they
+    write is declared Tensor(a!), what they only read is not touched)."""
+    from torch.library import opcheck
+
+    n = NGPU
+    devs = range(n)
+    cases = [
+        (ops.allreduce_.default, ([torch.randn(10, device=d) for d in devs], SUM, "auto")),
+        (ops.allreduce_.default, ([torch.randn(10, device=d) for d in devs], AVG, "ring")),
+        (ops.reduce_.default, ([torch.randn(10, device=d) for d in devs], torch.empty(10, device=0), SUM)),
+        (ops.reduce_scatter_.default,
+         ([torch.randn(2 * n, device=d) for d in devs], [torch.empty(2, device=d) for d in devs], SUM)),
+        (ops.allgather_.default,
+         ([torch.randn(2, device=d) for d in devs], [torch.empty(2 * n, device=d) for d in devs])),
+        (ops.broadcast_.default, (torch.randn(4, device=0), [torch.empty(4, device=d) for d in devs])),
+        (ops.broadcast_.default, (torch.randn(4), [torch.empty(4, device=d) for d in devs])),
+        (ops.copy_many_.default, ([torch.randn(4, device=d) for d in devs], [torch.empty(4, device=0) for _ in devs])),
+    ]
+    for op, args in cases:
+        assert opcheck(op, args, test_utils="test_schema") == {"test_schema": "SUCCESS"}
