@@ -319,7 +319,7 @@ void copy_many_cuda(at::TensorList srcs, at::TensorList dsts) {
                       dsts[i].sizes(), " but ", indexed("srcs", i), " has shape ", srcs[i].sizes());
     TORCH_CHECK_TYPE(dsts[i].scalar_type() == srcs[i].scalar_type(), "fastpar.copy_many_: ", name,
                      " has dtype ", dsts[i].scalar_type(), " but ", indexed("srcs", i), " has dtype ",
-                     srcs[i].scalar_type());
+                     srcs[i].scalar_type(), " (copies do not convert)");
   }
   // Device-to-device copies of contiguous tensors go on side streams, in
   // parallel across devices; anything touching host memory or a strided view

@@ -423,6 +423,9 @@ def test_errors_match_cpu_backend():
         lambda dev: ops.allgather_([torch.ones(3, device=dev)], [torch.ones(4, device=dev)]),
         lambda dev: ops.broadcast_(torch.ones(3, device=dev), [torch.ones(4, device=dev)]),
         lambda dev: ops.copy_many_([torch.ones(3, device=dev)], [torch.ones(4, device=dev)]),
+        lambda dev: ops.copy_many_([torch.ones(3, device=dev)], [torch.ones(3, dtype=torch.float64, device=dev)]),
+        lambda dev: ops.broadcast_(torch.ones(3, dtype=torch.float16, device=dev), [torch.ones(3, device=dev)]),
+        lambda dev: ops.allgather_([torch.ones(3, device=dev)], [torch.ones(6, device=dev)]),
     ]
     for case in cases:
         assert error_of(lambda: case("cpu")) == error_of(lambda: case(0))
@@ -434,7 +437,7 @@ def test_errors_cuda_specific():
         ops.allreduce_([torch.ones(3, device=0), torch.ones(3, device=0)], SUM, "auto")
     with pytest.raises(ValueError, match=r"all tensors must be CPU tensors or all CUDA tensors"):
         ops.allreduce_([torch.ones(3, device=0), torch.ones(3)], SUM, "auto")
-    with pytest.raises(TypeError, match=r"tensor has dtype torch.float16 but outputs\[0\] has dtype torch.float32"):
+    with pytest.raises(TypeError, match=r"tensor has dtype torch\.(float16|Half) but outputs\[0\] has dtype torch\.(float32|Float)"):
         ops.broadcast_(torch.ones(3, dtype=torch.float16), [torch.ones(3, device=0)])
 
 
