@@ -97,6 +97,13 @@ cudaError_t allreduce_one_shot(IpcComm& c, DType dt, ReduceOp op, const void* in
   return cudaSuccess;
 }
 
+// Pipelined as allreduce_shm.h's two-shot: after phase P(k) a rank copies out
+// chunk k-1's final shards, reduces its shard of chunk k and publishes chunk
+// k+1's input shards, all before posting P(k+1): m chunks take m+1 phases and
+// three rotating slots (a chunk's slot is read until the phase after the one
+// that published it).
+static_assert(flags::kSlots >= 3, "the pipelined two-shot needs 3 rotating slots");
+
 cudaError_t allreduce_two_shot(IpcComm& c, DType dt, ReduceOp op, const void* in, void* out, int64_t count,
                                cudaStream_t stream) {
   FASTPAR_CUDA_TRY(check_comm(c));
@@ -104,37 +111,52 @@ cudaError_t allreduce_two_shot(IpcComm& c, DType dt, ReduceOp op, const void* in
   const int64_t ts = dtype_size(dt);
   const int64_t al = shard_align(ts);
   const int64_t chunk = std::max<int64_t>(1, int64_t(c.slot_bytes) / ts);
+  const int64_t m = std::max<int64_t>(1, (count + chunk - 1) / chunk);
   cuda_p2p::DeviceRestore restore;
   FASTPAR_CUDA_TRY(cudaSetDevice(c.device));
-  for (int64_t cb = 0; cb < count; cb += chunk) {
-    const int64_t ce = std::min(count, cb + chunk);
-    const int k = next_round(c);
-    char* mine_slot = slot_of(c.bases[r], c.slot_bytes, k);
+  auto bounds = [&](int64_t k) { return Range{k * chunk, std::min(count, k * chunk + chunk)}; };
+  auto publish = [&](int64_t k, int slot) -> cudaError_t {  // input shards q != r of chunk k
+    const Range ch = bounds(k);
+    char* mine = slot_of(c.bases[r], c.slot_bytes, slot);
     for (int q = 0; q < n; ++q) {
-      if (q == r) continue;
-      const Range s = split_range(cb, ce, n, q, al);
-      if (s.size() > 0)
-        FASTPAR_CUDA_TRY(cudaMemcpyAsync(mine_slot + (s.begin - cb) * ts, at(in, s.begin, ts),
-                                         size_t(s.size() * ts), cudaMemcpyDeviceToDevice, stream));
+      const Range s = split_range(ch.begin, ch.end, n, q, al);
+      if (q == r || s.size() == 0) continue;
+      FASTPAR_CUDA_TRY(cudaMemcpyAsync(mine + (s.begin - ch.begin) * ts, at(in, s.begin, ts), size_t(s.size() * ts),
+                                       cudaMemcpyDeviceToDevice, stream));
     }
+    return cudaSuccess;
+  };
+  auto copy_out = [&](int64_t k, int slot) -> cudaError_t {  // final shards q != r of chunk k
+    const Range ch = bounds(k);
+    for (int q = 0; q < n; ++q) {
+      const Range s = split_range(ch.begin, ch.end, n, q, al);
+      if (q == r || s.size() == 0) continue;
+      FASTPAR_CUDA_TRY(guarded_copy(c, at(out, s.begin, ts),
+                                    slot_of(c.bases[q], c.slot_bytes, slot) + (s.begin - ch.begin) * ts,
+                                    s.size() * ts, stream));
+    }
+    return cudaSuccess;
+  };
+  int cur = next_round(c), prev = -1;
+  FASTPAR_CUDA_TRY(publish(0, cur));
+  for (int64_t k = 0; k < m; ++k) {
     FASTPAR_CUDA_TRY(phase(c, IpcOp::kAllreduceTwoShot, dt, op, count, stream));
-    const Range m = split_range(cb, ce, n, r, al);
+    if (k > 0) FASTPAR_CUDA_TRY(copy_out(k - 1, prev));
+    const Range ch = bounds(k);
+    const Range mr = split_range(ch.begin, ch.end, n, r, al);
     const void* srcs[kMaxIpcRanks];
     for (int q = 0; q < n; ++q)
-      srcs[q] = q == r ? at(in, m.begin, ts) : slot_of(c.bases[q], c.slot_bytes, k) + (m.begin - cb) * ts;
-    void* dsts[2] = {mine_slot + (m.begin - cb) * ts, at(out, m.begin, ts)};
-    if (m.size() > 0) FASTPAR_CUDA_TRY(reduce(c, dt, op, srcs, n, dsts, 2, m.size(), n, stream));
-    FASTPAR_CUDA_TRY(phase(c, IpcOp::kAllreduceTwoShot, dt, op, count, stream));
-    for (int q = 0; q < n; ++q) {
-      if (q == r) continue;
-      const Range s = split_range(cb, ce, n, q, al);
-      if (s.size() > 0)
-        FASTPAR_CUDA_TRY(guarded_copy(c, at(out, s.begin, ts),
-                                      slot_of(c.bases[q], c.slot_bytes, k) + (s.begin - cb) * ts,
-                                      s.size() * ts, stream));
+      srcs[q] = q == r ? at(in, mr.begin, ts) : slot_of(c.bases[q], c.slot_bytes, cur) + (mr.begin - ch.begin) * ts;
+    void* dsts[2] = {slot_of(c.bases[r], c.slot_bytes, cur) + (mr.begin - ch.begin) * ts, at(out, mr.begin, ts)};
+    if (mr.size() > 0) FASTPAR_CUDA_TRY(reduce(c, dt, op, srcs, n, dsts, 2, mr.size(), n, stream));
+    prev = cur;
+    if (k + 1 < m) {
+      cur = next_round(c);
+      FASTPAR_CUDA_TRY(publish(k + 1, cur));
     }
   }
-  return cudaSuccess;
+  FASTPAR_CUDA_TRY(phase(c, IpcOp::kAllreduceTwoShot, dt, op, count, stream));
+  return copy_out(m - 1, prev);
 }
 
 cudaError_t read_status(const IpcComm& c, cudaStream_t stream, uint32_t* status) {

@@ -48,9 +48,11 @@ enum class IpcOp : int32_t { kAllreduceOneShot = 1, kAllreduceTwoShot = 2 };
 cudaError_t allreduce_one_shot(IpcComm& c, DType dt, ReduceOp op, const void* in, void* out, int64_t count,
                                cudaStream_t stream);
 
-// Two-shot: per chunk, rank r publishes the shards q != r, reduces shard r from
-// every rank into its slot and `out`, then copies the other final shards from
-// their owners. Each rank reads 2(n-1)/n of the data instead of n-1 times it.
+// Two-shot, pipelined over chunks: rank r publishes the shards q != r, reduces
+// shard r from every rank into its slot and `out`, and copies the other final
+// shards from their owners one phase later, overlapped with the next chunk (m
+// chunks, m + 1 phases). Each rank reads 2(n-1)/n of the data instead of n-1
+// times it. `out` may be `in`.
 cudaError_t allreduce_two_shot(IpcComm& c, DType dt, ReduceOp op, const void* in, void* out, int64_t count,
                                cudaStream_t stream);
 
