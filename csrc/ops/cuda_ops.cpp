@@ -12,12 +12,16 @@
 // path runs never changes the result: the same kernel reduces the same values
 // in the same order.
 #include <ATen/ATen.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
 #include <algorithm>
+#include <mutex>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../algorithms/ring_schedule.h"
@@ -39,9 +43,24 @@ c10::DeviceIndex dev(const at::Tensor& t) { return t.device().index(); }
 
 std::string dev_str(c10::DeviceIndex d) { return "cuda:" + std::to_string(int(d)); }
 
+// Tells torch's caching allocator that kernels on `device` access `peer`'s
+// memory. Why, on top of cudaDeviceEnablePeerAccess: expandable segments
+// (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) and the cudaMallocAsync
+// backend map memory with explicit per-device access, granted to a peer only
+// through this call; without it our kernels would fault on such tensors.
+void grant_allocator_peer_access(c10::DeviceIndex device, c10::DeviceIndex peer) {
+  static std::mutex mutex;
+  static std::set<std::pair<c10::DeviceIndex, c10::DeviceIndex>> granted;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (granted.count({device, peer})) return;
+  c10::cuda::CUDACachingAllocator::enablePeerAccess(device, peer);
+  granted.insert({device, peer});
+}
+
 bool peer_ok(c10::DeviceIndex device, c10::DeviceIndex peer) {
   bool ok = false;
   C10_CUDA_CHECK(cuda_p2p::ensure_peer_access(device, peer, &ok));
+  if (ok && device != peer) grant_allocator_peer_access(device, peer);
   return ok;
 }
 

@@ -487,3 +487,34 @@ def test_opcheck_schema_on_cuda():
     ]
     for op, args in cases:
         assert opcheck(op, args, test_utils="test_schema") == {"test_schema": "SUCCESS"}
+
+
+EXPANDABLE_SCRIPT = r"""
+import torch, fastpar
+n = torch.cuda.device_count()
+for algorithm in ("auto", "ring"):
+    ts = [torch.full((1 << 20,), float(d + 1), device=d) for d in range(n)]
+    torch.ops.fastpar.allreduce_(ts, 0, algorithm)
+    out = torch.empty(1 << 20, device=0)
+    torch.ops.fastpar.reduce_(ts, out, 0)
+    torch.cuda.synchronize()
+    total = float(sum(range(1, n + 1)))
+    assert all(torch.equal(t.cpu(), torch.full((1 << 20,), total)) for t in ts), algorithm
+    assert torch.equal(out.cpu(), torch.full((1 << 20,), total * n)), algorithm
+print("ok")
+"""
+
+
+@needs_gpus
+@pytest.mark.parametrize("alloc_conf", ["expandable_segments:True", "backend:cudaMallocAsync"])
+def test_peer_reads_with_other_allocator_configurations(alloc_conf):
+    """Expandable segments and cudaMallocAsync map memory per device: the ops
+    must grant peers access through the allocator, or the direct kernels fault."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF=alloc_conf)
+    run = subprocess.run([sys.executable, "-c", EXPANDABLE_SCRIPT], env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0 and "ok" in run.stdout, run.stdout + run.stderr[-4000:]
