@@ -35,39 +35,56 @@ void allreduce_one_shot(Comm& c, const CollCall& call, const T* in, T* out, int6
   cpu_reduce_range<T, OP>(srcs, n, &dst, 1, 0, count, n);
 }
 
-// Two-shot (reduce-scatter then allgather) in chunks of `chunk` elements, each
-// chunk through the next rotating slot: rank r publishes the shards q != r of
-// the chunk, reduces shard r from all ranks into its slot and its output, then
-// copies the other final shards from their owners. Memory: one slot per round.
+// Two-shot (reduce-scatter then allgather) in chunks of `chunk` elements,
+// pipelined over the rotating slots so that a chunk costs one phase, not two:
+// after phase P(k) a rank copies out chunk k-1's final shards (published with
+// P(k)), reduces its shard of chunk k (from every rank's slot, into its own
+// slot and its output), and publishes chunk k+1's input shards, all before
+// posting P(k+1). m chunks take m+1 phases. Memory: 3 slots per rank.
 template <typename T, ReduceOp OP, class Comm>
 void allreduce_two_shot(Comm& c, const CollCall& call, const T* in, T* out, int64_t count, int64_t chunk) {
   const int n = c.size(), r = c.rank();
   const int64_t al = shard_align<T>();
-  const int64_t nchunks = std::max<int64_t>(1, (count + chunk - 1) / chunk);
-  for (int64_t ci = 0; ci < nchunks; ++ci) {
-    const int64_t cb = ci * chunk, ce = std::min(count, cb + chunk);
-    const int k = c.next_round();
-    T* mine_slot = reinterpret_cast<T*>(c.slot(r, k));
+  const int64_t m = std::max<int64_t>(1, (count + chunk - 1) / chunk);
+  auto bounds = [&](int64_t k) { return Range{k * chunk, std::min(count, k * chunk + chunk)}; };
+  auto publish = [&](int64_t k, int slot) {  // input shards q != r of chunk k
+    const Range ch = bounds(k);
+    T* mine = reinterpret_cast<T*>(c.slot(r, slot));
     for (int q = 0; q < n; ++q) {
       if (q == r) continue;
-      const Range s = split_range(cb, ce, n, q, al);
-      std::memcpy(mine_slot + (s.begin - cb), in + s.begin, size_t(s.size()) * sizeof(T));
+      const Range s = split_range(ch.begin, ch.end, n, q, al);
+      std::memcpy(mine + (s.begin - ch.begin), in + s.begin, size_t(s.size()) * sizeof(T));
     }
-    c.phase(call);
-    const Range m = split_range(cb, ce, n, r, al);
-    const T* srcs[kMaxShmRanks];
-    for (int q = 0; q < n; ++q)
-      srcs[q] = q == r ? in + m.begin : reinterpret_cast<const T*>(c.slot(q, k)) + (m.begin - cb);
-    T* dsts[2] = {mine_slot + (m.begin - cb), out + m.begin};
-    cpu_reduce_range<T, OP>(srcs, n, dsts, 2, 0, m.size(), n);
-    c.phase(call);
+  };
+  auto copy_out = [&](int64_t k, int slot) {  // final shards q != r of chunk k
+    const Range ch = bounds(k);
     for (int q = 0; q < n; ++q) {
       if (q == r) continue;
-      const Range s = split_range(cb, ce, n, q, al);
-      std::memcpy(out + s.begin, reinterpret_cast<const T*>(c.slot(q, k)) + (s.begin - cb),
+      const Range s = split_range(ch.begin, ch.end, n, q, al);
+      std::memcpy(out + s.begin, reinterpret_cast<const T*>(c.slot(q, slot)) + (s.begin - ch.begin),
                   size_t(s.size()) * sizeof(T));
     }
+  };
+  int cur = c.next_round(), prev = -1;
+  publish(0, cur);
+  for (int64_t k = 0; k < m; ++k) {
+    c.phase(call);
+    if (k > 0) copy_out(k - 1, prev);
+    const Range ch = bounds(k);
+    const Range mr = split_range(ch.begin, ch.end, n, r, al);
+    const T* srcs[kMaxShmRanks];
+    for (int q = 0; q < n; ++q)
+      srcs[q] = q == r ? in + mr.begin : reinterpret_cast<const T*>(c.slot(q, cur)) + (mr.begin - ch.begin);
+    T* dsts[2] = {reinterpret_cast<T*>(c.slot(r, cur)) + (mr.begin - ch.begin), out + mr.begin};
+    cpu_reduce_range<T, OP>(srcs, n, dsts, 2, 0, mr.size(), n);
+    prev = cur;
+    if (k + 1 < m) {
+      cur = c.next_round();
+      publish(k + 1, cur);
+    }
   }
+  c.phase(call);
+  copy_out(m - 1, prev);
 }
 
 // Two-shot on registered buffers: the data already sits at `offset` in every

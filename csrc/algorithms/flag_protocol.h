@@ -21,13 +21,17 @@
 // our reads of phase p. Hence after step 4 of phase p all peers are at p or p+1,
 // and every peer has finished reading phase p-1.
 //
-// Rotating buffers. Data slots rotate over kSlots = 2 by *round* (a round is one
-// or two consecutive phases that use one slot). A rank writes slot k in round r
-// only after it passed the wait of the last phase of round r-1, so every peer
-// has finished the phase before that, i.e. everything of round r-2, the last
-// round that used slot k. Descriptors rotate over 2 by phase for the same reason
-// (a reader checks desc[p % 2] after seeing flag >= p; the writer can only be at
-// p or p+1, and p+1 writes the other descriptor).
+// Rotating buffers. Data slots rotate over kSlots = 3 by *round* (a round is
+// the data one chunk publishes). The rule every schedule keeps: a rank rewrites
+// a slot only after waiting for a phase that every peer posts after its last
+// read of that slot. One-phase rounds (publish, post p, peers read before
+// posting p+1) need 2 slots; the pipelined two-shot allreduce, whose chunk k is
+// read until the phase after the one that published it (its reduced shards are
+// copied out one phase later, while chunk k+1 is reduced), needs 3: chunk k+3
+// reuses chunk k's slot after the wait of phase P(k+2), which every peer posts
+// after copying chunk k out. Descriptors rotate over 2 by phase (a reader checks
+// desc[p % 2] after seeing flag >= p; the writer can only be at p or p+1, and
+// p+1 writes the other descriptor).
 //
 // Waiting never hangs: every wait has a deadline and returns a status. The policy
 // also gets a `poll` callback every kPollSpins spins; the host uses it to look
@@ -49,7 +53,7 @@
 namespace fastpar {
 namespace flags {
 
-constexpr int kSlots = 2;        // rotating data buffers per rank
+constexpr int kSlots = 3;        // rotating data buffers per rank
 constexpr int kDescSlots = 2;    // rotating descriptors per rank
 constexpr int kPollSpins = 256;  // spins between deadline / poll checks (~1-3 us of PAUSEs)
 

@@ -14,19 +14,26 @@ namespace ops {
 namespace {
 
 // A collective that already ran: wait() returns at once and get_future() is
-// completed with the output tensors, as torch's works are once finished.
+// completed with the output tensors, as torch's works are once finished. The
+// future is built on first request: DDP asks for it, dist.all_reduce does not,
+// and building it costs about a microsecond per call.
 class DoneWork : public c10d::Work {
  public:
-  DoneWork(c10d::OpType type, std::vector<at::Tensor> outputs)
-      : Work(-1, type), outputs_(std::move(outputs)), future_(c10::make_intrusive<c10::ivalue::Future>(list_type())) {
-    future_->markCompleted(c10::IValue(outputs_));
+  DoneWork(c10d::OpType type, std::vector<at::Tensor> outputs) : Work(-1, type), outputs_(std::move(outputs)) {
     completed_ = true;
   }
   bool isCompleted() override { return true; }
   bool isSuccess() const override { return true; }
   bool wait(std::chrono::milliseconds /*timeout*/) override { return true; }
   std::vector<at::Tensor> result() override { return outputs_; }
-  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
+    std::lock_guard<std::mutex> g(future_mu_);
+    if (!future_) {
+      future_ = c10::make_intrusive<c10::ivalue::Future>(list_type());
+      future_->markCompleted(c10::IValue(outputs_));
+    }
+    return future_;
+  }
 
  private:
   static const c10::TypePtr& list_type() {
@@ -34,6 +41,7 @@ class DoneWork : public c10d::Work {
     return t;
   }
   std::vector<at::Tensor> outputs_;
+  std::mutex future_mu_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
 
@@ -444,6 +452,15 @@ at::Tensor ShmBackend::registered_empty(const std::vector<int64_t>& sizes, at::S
       at::TensorOptions().dtype(dtype).device(at::kCPU));
 }
 
+void ShmBackend::set_allreduce_tuning(int64_t one_shot_max_bytes, int algo) {
+  TORCH_CHECK_VALUE(one_shot_max_bytes >= -1, "fastpar: one_shot_max_bytes is ", one_shot_max_bytes,
+                    " but must be >= 0, or -1 for the default");
+  TORCH_CHECK_VALUE(algo >= 0 && algo <= 2, "fastpar: algo is ", algo, " but must be 0 (auto), 1 (one_shot) or 2 (two_shot)");
+  std::lock_guard<std::mutex> g(mu_);
+  tuning_.one_shot_max_bytes = one_shot_max_bytes;
+  tuning_.algo = cpu_shm::AllreduceAlgo(algo);
+}
+
 bool ShmBackend::is_registered(const at::Tensor& t) const {
   return t.defined() && t.device().is_cpu() &&
          comm_->arena_offset(t.data_ptr(), t.numel() * int64_t(t.element_size())) >= 0;
@@ -469,6 +486,8 @@ to be constructed by hand).)")
       .def("registered_empty", &ShmBackend::registered_empty, py::arg("sizes"), py::arg("dtype"),
            py::call_guard<py::gil_scoped_release>())
       .def("is_registered", &ShmBackend::is_registered, py::arg("tensor"))
+      .def("_set_allreduce_tuning", &ShmBackend::set_allreduce_tuning, py::arg("one_shot_max_bytes"),
+           py::arg("algo"))
       .def_property_readonly("hierarchical", &ShmBackend::hierarchical)
       .def_property_readonly("local_size", &ShmBackend::local_size);
   m.attr("SHM_SEGMENT_PREFIX") = cpu_shm::kSegmentPrefix;

@@ -77,6 +77,8 @@ class ShmBackend : public c10d::Backend {
   bool is_registered(const at::Tensor& t) const;
   bool hierarchical() const { return bool(world_); }
   int local_size() const { return comm_->size(); }
+  // Benchmarks flip schedules at run time (every rank must set the same).
+  void set_allreduce_tuning(int64_t one_shot_max_bytes, int algo);
 
  private:
   // Sets the per-call timeout on the comm and serializes calls.

@@ -14,10 +14,18 @@ namespace cpu_shm {
 
 namespace {
 
-// Measured on the 2-core CI machine, 2 ranks, float32 SUM, plain tensors
-// (benchmarks/bench_distributed.py, FASTPAR_SHM_ALLREDUCE forced):
-// see kDefaultOneShotMax below for the crossover.
-constexpr int64_t kDefaultOneShotMax = 64 * 1024;
+// One-shot up to this many bytes, two-shot above (-1 in ShmTuning: this
+// default). One-shot moves (n+3)B per rank in 1 phase, two-shot about 4B in 2
+// phases, so the crossover is where ~(n-1)B of extra traffic costs one flag
+// round trip. Measured, 2 ranks on the 2-core CI box (bench_distributed.py
+// --schedules, FASTPAR_SHM_SLOT_BYTES=4194304, best of 3, float32 SUM, us):
+//            64 KiB  256 KiB  1 MiB  4 MiB
+//   one-shot     90      133    363   1890
+//   two-shot     85      198    324   1269
+// so 256 KiB for 2 ranks. With more ranks the extra traffic grows with n and
+// the crossover falls (the model gives ~32 KiB at 4 ranks; 4 ranks on 2 cores
+// cannot be measured meaningfully here).
+int64_t default_one_shot_max(int n) { return n <= 2 ? 256 * 1024 : 32 * 1024; }
 
 int64_t env_int(const char* name, int64_t dflt) {
   const char* v = std::getenv(name);
@@ -32,7 +40,7 @@ int64_t env_int(const char* name, int64_t dflt) {
 }  // namespace
 
 ShmTuning default_shm_tuning() {
-  ShmTuning t{env_int("FASTPAR_SHM_ONESHOT_MAX_BYTES", kDefaultOneShotMax), AllreduceAlgo::kAuto};
+  ShmTuning t{env_int("FASTPAR_SHM_ONESHOT_MAX_BYTES", -1), AllreduceAlgo::kAuto};
   const char* a = std::getenv("FASTPAR_SHM_ALLREDUCE");
   const std::string s = a ? a : "auto";
   if (s == "one_shot") t.algo = AllreduceAlgo::kOneShot;
@@ -46,7 +54,8 @@ ShmTuning default_shm_tuning() {
 void allreduce(ShmComm& c, const ShmTuning& t, const void* in, void* out, int64_t count, DType dt, ReduceOp op) {
   const int64_t bytes = count * dtype_size(dt);
   const int64_t reg = (in == out) ? c.arena_offset(in, bytes) : -1;
-  bool one_shot = bytes <= std::min(t.one_shot_max_bytes, c.slot_bytes());
+  const int64_t one_shot_max = t.one_shot_max_bytes >= 0 ? t.one_shot_max_bytes : default_one_shot_max(c.size());
+  bool one_shot = bytes <= std::min(one_shot_max, c.slot_bytes());
   if (t.algo == AllreduceAlgo::kOneShot) one_shot = bytes <= c.slot_bytes();
   if (t.algo == AllreduceAlgo::kTwoShot) one_shot = false;
   // The algorithm is part of the descriptor (aux) so ranks that would pick

@@ -15,7 +15,8 @@ namespace cpu_shm {
 enum class AllreduceAlgo : int { kAuto = 0, kOneShot = 1, kTwoShot = 2 };
 
 struct ShmTuning {
-  // Largest message that goes one-shot (also capped by the slot size).
+  // Largest message that goes one-shot (also capped by the slot size); -1:
+  // the measured default for the communicator's size.
   int64_t one_shot_max_bytes;
   AllreduceAlgo algo;
 };

@@ -86,7 +86,7 @@ ShmComm::ShmComm(int rank, int size, std::vector<int> global_ranks, const Rendez
   if (size < 1 || size > kMaxShmRanks || rank < 0 || rank >= size || int(global_ranks_.size()) != size)
     throw std::invalid_argument("fastpar: bad communicator shape: rank " + std::to_string(rank) +
                                 " of size " + std::to_string(size) + " (at most " + std::to_string(kMaxShmRanks) + " ranks per host)");
-  const int64_t total = kHeaderBytes + 2 * opts_.slot_bytes + opts_.arena_bytes;
+  const int64_t total = kHeaderBytes + flags::kSlots * opts_.slot_bytes + opts_.arena_bytes;
   const auto t0 = std::chrono::steady_clock::now();
   auto remaining = [&] {
     const auto spent = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
@@ -212,10 +212,17 @@ void ShmComm::phase(const CollCall& call) {
       case flags::WaitStatus::kPeerDead:
         fail(me + ": " + peer + " (pid " + std::to_string(pids_[q]) + ") exited while this rank waited for it (timeout " +
              std::to_string(current_timeout_.count()) + " ms)");
-      case flags::WaitStatus::kPeerAborted:
+      case flags::WaitStatus::kPeerAborted: {
+        // Name the root cause when it is a dead rank: the aborting rank
+        // usually only saw that one die.
+        std::string dead;
+        for (int p = 0; p < size_; ++p)
+          if (p != rank_ && !peer_alive(p))
+            dead += " rank " + std::to_string(global_ranks_[p]) + " (pid " + std::to_string(pids_[p]) + ") has exited;";
         fail(me + ": rank " + std::to_string(global_ranks_[aborted >= 0 ? aborted : q]) +
-             " failed and aborted the communicator (see its error; timeout " +
+             " failed and aborted the communicator (" + (dead.empty() ? "see its error;" : dead) + " timeout " +
              std::to_string(current_timeout_.count()) + " ms)");
+      }
       case flags::WaitStatus::kMismatch:
         fail(me + ": collective mismatch at phase " + std::to_string(mine.seq) + ": rank " +
              std::to_string(global_ranks_[rank_]) + " called " + describe(mine) + " but " + peer +

@@ -5,7 +5,7 @@
 //
 // Segment layout (per rank, identical sizes on every rank):
 //   [0, 4 KiB)                   SegmentHeader + flags::ControlBlock
-//   [4 KiB, +2 * slot_bytes)     the two rotating data slots
+//   [4 KiB, +3 * slot_bytes)     the rotating data slots (flags::kSlots)
 //   [.., +arena_bytes)           registered buffers (registered_empty)
 #pragma once
 
@@ -61,7 +61,7 @@ class ShmComm {
   void set_timeout(std::chrono::milliseconds t) { opts_.timeout = t; }
 
   char* slot(int peer, int k) const { return base_[peer] + kHeaderBytes + int64_t(k) * opts_.slot_bytes; }
-  char* arena(int peer) const { return base_[peer] + kHeaderBytes + 2 * opts_.slot_bytes; }
+  char* arena(int peer) const { return base_[peer] + kHeaderBytes + flags::kSlots * opts_.slot_bytes; }
 
   // Starts a collective: checks the communicator is usable, fixes the deadline
   // (now + timeout) that every phase of this call waits against.
