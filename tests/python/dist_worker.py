@@ -27,12 +27,22 @@ FLOATS = {torch.float32, torch.float64, torch.float16, torch.bfloat16}
 OPS = [dist.ReduceOp.SUM, dist.ReduceOp.AVG, dist.ReduceOp.PRODUCT, dist.ReduceOp.MIN, dist.ReduceOp.MAX]
 
 
+_IN_SUITE = False
+
+
 def init(timeout_s: float = TIMEOUT_S, backend: str = "fastpar"):
+    if _IN_SUITE and dist.is_initialized():
+        return None
     store = dist.TCPStore("127.0.0.1", PORT, WORLD, RANK == 0, timeout=datetime.timedelta(seconds=30),
                           wait_for_workers=False)
     dist.init_process_group(backend, store=store, rank=RANK, world_size=WORLD,
                             timeout=datetime.timedelta(seconds=timeout_s))
     return store
+
+
+def finish():
+    if not _IN_SUITE:
+        dist.destroy_process_group()
 
 
 def data(rank: int, count: int, dtype: torch.dtype, salt: int = 0) -> torch.Tensor:
@@ -82,10 +92,9 @@ def ops_for(dtype):
 # ---------------------------------------------------------------- scenarios
 
 
-def sc_allreduce():
+def sc_allreduce(sizes=(0, 1, 7, 1000, 5003)):
     """all_reduce for every dtype, op and size (0, 1, odd, < slot, > slot)."""
     init()
-    sizes = [int(s) for s in ARGS] if ARGS else [0, 1, 7, 1000, 5003]
     for dtype in DTYPES:
         for op in ops_for(dtype):
             for n in sizes:
@@ -110,7 +119,7 @@ def sc_allreduce():
     big[10:20] = RANK + 1
     dist.all_reduce(big[10:20])
     assert big[10:20].tolist() == [WORLD * (WORLD + 1) // 2] * 10 and big[:10].abs().sum() == 0
-    dist.destroy_process_group()
+    finish()
 
 
 def sc_collectives():
@@ -182,7 +191,7 @@ def sc_collectives():
     work = dist.broadcast(torch.zeros(3), src=0, async_op=True)
     work.wait()
     assert work.get_future().done()
-    dist.destroy_process_group()
+    finish()
 
 
 def sc_registered():
@@ -208,7 +217,7 @@ def sc_registered():
     plain = torch.ones(5)
     dist.all_reduce(plain)
     assert torch.all(plain == WORLD)
-    dist.destroy_process_group()
+    finish()
 
 
 def sc_bad_input():
@@ -250,7 +259,7 @@ def sc_bad_input():
     dist.all_reduce(t)
     assert torch.all(t == sum(range(WORLD)))
     print("\n".join(errors))
-    dist.destroy_process_group()
+    finish()
 
 
 def sc_mismatch():
@@ -395,6 +404,27 @@ def sc_ddp():
         ref_opt.step()
     for (name, p), q in zip(model.named_parameters(), ref.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-12, atol=1e-12, msg=lambda m: f"{name}: {m}")
+    dist.destroy_process_group()
+
+
+def sc_suite():
+    """Several scenarios in one process group (process start-up dominates the
+    test time on a loaded 2-core machine): ARGS name them; allreduce_one_shot /
+    allreduce_two_shot force that schedule for the sizes that allow it."""
+    global _IN_SUITE
+    _IN_SUITE = True
+    init()
+    for part in ARGS:
+        t0 = time.monotonic()
+        if part.startswith("allreduce_"):
+            algo = {"allreduce_one_shot": 1, "allreduce_two_shot": 2}[part]
+            fd.get_fastpar_backend()._set_allreduce_tuning(-1, algo)
+            sc_allreduce(sizes=(0, 1, 33, 999))
+            fd.get_fastpar_backend()._set_allreduce_tuning(-1, 0)
+        else:
+            globals()["sc_" + part]()
+        print(f"{part}: ok in {time.monotonic() - t0:.1f}s", flush=True)
+    _IN_SUITE = False
     dist.destroy_process_group()
 
 

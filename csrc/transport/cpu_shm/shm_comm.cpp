@@ -1,6 +1,7 @@
 #include "shm_comm.h"
 
 #include <sched.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -32,8 +33,14 @@ static_assert(kControlOffset + sizeof(flags::ControlBlock) <= 4096, "control blo
 // Spin without yielding for this long: a peer that is running (it has its own
 // core) arrives within a few microseconds and we must not pay a syscall then.
 // Beyond it we sched_yield on every poll, so that when ranks outnumber free
-// cores (4 ranks on our 2-core CI) the peer we wait for gets the core.
+// cores (4 ranks on our 2-core CI) the peer we wait for gets the core. Past
+// 1 ms the peer is clearly not running (descheduled, or busy elsewhere), and a
+// yielding spinner still takes its share of a loaded machine's CPU from that
+// peer, so we sleep 50 us per poll instead. It costs nothing when ranks have
+// their own cores (they never wait that long).
 constexpr uint64_t kSpinBeforeYieldNs = 20 * 1000;
+constexpr uint64_t kYieldBeforeSleepNs = 1000 * 1000;
+constexpr long kSleepNs = 50 * 1000;
 // /proc/<pid>/stat is read at most this often while waiting on a peer.
 constexpr uint64_t kLivenessPeriodNs = 5 * 1000 * 1000;
 
@@ -66,8 +73,15 @@ bool process_alive(int64_t pid) {
 
 ShmOptions default_shm_options(std::chrono::milliseconds timeout) {
   ShmOptions o;
-  // 1 MiB slots: measured with benchmarks/bench_distributed.py (2 ranks, 2 cores):
-  // see the comment on kTwoShotChunk in ops/shm_collectives.cpp for the numbers.
+  // 1 MiB slots (3 per rank, so 3 MiB of shm per rank whatever the message).
+  // bench_distributed.py, 2 ranks, best of 3, plain-tensor allreduce busbw in
+  // GB/s on the shared 2-core box (load average 8: noisy):
+  //   slot      4 MiB  16 MiB  64 MiB
+  //   256 KiB    0.92    0.40    0.27   <- too many phases under contention
+  //   1 MiB      3.80    1.48    2.08
+  //   4 MiB      1.89    2.82    1.86
+  //   16 MiB     1.64    1.26    1.79
+  // 256 KiB is clearly worse; 1-16 MiB are within the noise, so the smallest.
   o.slot_bytes = env_bytes("FASTPAR_SHM_SLOT_BYTES", int64_t(1) << 20, 1024);
   o.slot_bytes = (o.slot_bytes + 63) / 64 * 64;
   // Address space only: tmpfs commits a page when it is first touched.
@@ -192,7 +206,12 @@ void ShmComm::phase(const CollCall& call) {
         }
       }
       const uint64_t now = HostMemory::now_ns();
-      if (now - start > kSpinBeforeYieldNs) sched_yield();
+      if (now - start > kYieldBeforeSleepNs) {
+        const timespec ts{0, kSleepNs};
+        nanosleep(&ts, nullptr);  // EINTR just ends the nap early
+      } else if (now - start > kSpinBeforeYieldNs) {
+        sched_yield();
+      }
       if (now >= next_liveness) {
         next_liveness = now + kLivenessPeriodNs;
         if (!peer_alive(q)) return flags::WaitStatus::kPeerDead;
