@@ -263,26 +263,38 @@ def sc_bad_input():
 
 
 def sc_mismatch():
-    """Ranks that call different collectives, sizes or dtypes get an error that says so."""
+    """Ranks that call different collectives, sizes, dtypes or splits get an
+    error that says so. Each case runs in a fresh fastpar group (a failed
+    communicator stays failed), and the world group must survive them all."""
     init()
-    kind = ARGS[0]
-    try:
-        if kind == "op":
-            if RANK == 0:
-                dist.all_reduce(torch.ones(10))
-            else:
-                dist.broadcast(torch.ones(10), src=0)
-        elif kind == "size":
-            dist.all_reduce(torch.ones(10 + RANK))
-        elif kind == "dtype":
-            dist.all_reduce(torch.ones(10, dtype=torch.float32 if RANK == 0 else torch.float64))
-        elif kind == "split":
-            dist.all_to_all_single(torch.empty(2 * WORLD), torch.ones(2 * WORLD), [2] * WORLD,
-                                   [2] * WORLD if RANK else [1] + [2] * (WORLD - 2) + [3])
-    except dist.DistBackendError as e:
-        print(f"ERROR: {e}", file=sys.stderr)
-        sys.exit(3)
-    sys.exit(0)
+    for kind in ARGS:
+        g = dist.new_group(backend="fastpar")
+        try:
+            if kind == "op":
+                if RANK == 0:
+                    dist.all_reduce(torch.ones(10), group=g)
+                else:
+                    dist.broadcast(torch.ones(10), src=0, group=g)
+            elif kind == "size":
+                dist.all_reduce(torch.ones(10 + RANK), group=g)
+            elif kind == "dtype":
+                dist.all_reduce(torch.ones(10, dtype=torch.float32 if RANK == 0 else torch.float64), group=g)
+            elif kind == "split":
+                dist.all_to_all_single(torch.empty(2 * WORLD), torch.ones(2 * WORLD), [2] * WORLD,
+                                       [2] * WORLD if RANK else [1] + [2] * (WORLD - 2) + [3], group=g)
+        except dist.DistBackendError as e:
+            print(f"{kind}: ERROR: {e}", flush=True)
+            try:
+                dist.all_reduce(torch.ones(1), group=g)
+                raise AssertionError("a failed communicator accepted another collective")
+            except dist.DistBackendError as again:
+                assert "unusable after an earlier error" in str(again), again
+            continue
+        raise AssertionError(f"{kind}: no error")
+    t = torch.ones(3)
+    dist.all_reduce(t)
+    assert torch.all(t == WORLD)
+    dist.destroy_process_group()
 
 
 def sc_missing_peer():
