@@ -75,13 +75,16 @@ ShmOptions default_shm_options(std::chrono::milliseconds timeout) {
   ShmOptions o;
   // 1 MiB slots (3 per rank, so 3 MiB of shm per rank whatever the message).
   // bench_distributed.py, 2 ranks, best of 3, plain-tensor allreduce busbw in
-  // GB/s on the shared 2-core box (load average 8: noisy):
-  //   slot      4 MiB  16 MiB  64 MiB
-  //   256 KiB    0.92    0.40    0.27   <- too many phases under contention
-  //   1 MiB      3.80    1.48    2.08
-  //   4 MiB      1.89    2.82    1.86
-  //   16 MiB     1.64    1.26    1.79
-  // 256 KiB is clearly worse; 1-16 MiB are within the noise, so the smallest.
+  // GB/s on the shared 2-core box (EPYC, 2 MiB L2 per core, 32 MiB L3), two
+  // sweeps at load averages ~8 and ~4:
+  //   slot      4 MiB        16 MiB       64 MiB
+  //   256 KiB   0.92 / 2.57  0.40 / 2.29  0.27 / 3.27
+  //   512 KiB     -  / 2.87    -  / 2.14    -  / 3.00
+  //   1 MiB     3.80 / 3.92  1.48 / 3.15  2.08 / 3.72
+  //   4 MiB     1.89 / 2.09  2.82 / 2.41  1.86 / 2.16
+  //   16 MiB    1.64 /  -    1.26 /  -    1.79 /  -
+  // 1 MiB is best or within the noise of it in both: chunks stay in L2 while
+  // the phases stay few.
   o.slot_bytes = env_bytes("FASTPAR_SHM_SLOT_BYTES", int64_t(1) << 20, 1024);
   o.slot_bytes = (o.slot_bytes + 63) / 64 * 64;
   // Address space only: tmpfs commits a page when it is first touched.
@@ -154,6 +157,7 @@ ShmComm::ShmComm(int rank, int size, std::vector<int> global_ranks, const Rendez
   cleanup();
   base_.resize(size_t(size));
   pids_.resize(size_t(size));
+  watch_.assign(size_t(size), false);
   for (int q = 0; q < size; ++q) {
     base_[q] = segs_[q].data();
     const auto* h = reinterpret_cast<const SegmentHeader*>(base_[q]);
@@ -165,6 +169,9 @@ ShmComm::ShmComm(int rank, int size, std::vector<int> global_ranks, const Rendez
                                std::to_string(h->arena_bytes) + " vs " + std::to_string(opts_.arena_bytes) +
                                "): set FASTPAR_SHM_* alike on every rank");
     pids_[q] = h->pid;
+    // A peer in another pid namespace (containers sharing /dev/shm) is not in
+    // our /proc: never call it dead, rely on the timeout for it.
+    watch_[q] = q != rank_ && process_alive(h->pid);
   }
   if (opts_.arena_bytes > 0) arena_free_[0] = opts_.arena_bytes;
 }
@@ -187,7 +194,7 @@ void ShmComm::fail(const std::string& msg) {
   throw std::runtime_error(msg);
 }
 
-bool ShmComm::peer_alive(int peer) const { return process_alive(pids_[peer]); }
+bool ShmComm::peer_alive(int peer) const { return !watch_[peer] || process_alive(pids_[peer]); }
 
 void ShmComm::phase(const CollCall& call) {
   const flags::OpDesc mine = call.desc(++seq_);

@@ -97,6 +97,7 @@ class ShmComm {
   std::vector<Segment> segs_;
   std::vector<char*> base_;
   std::vector<int64_t> pids_;
+  std::vector<bool> watch_;  // peers whose liveness we can see in /proc
   uint64_t seq_ = 0;
   uint64_t round_ = 0;
   Coll current_ = Coll::kBarrier;
