@@ -17,11 +17,13 @@ namespace {
 // One-shot up to this many bytes, two-shot above (-1 in ShmTuning: this
 // default). One-shot moves (n+3)B per rank in 1 phase, two-shot about 4B in 2
 // phases, so the crossover is where ~(n-1)B of extra traffic costs one flag
-// round trip. Measured, 2 ranks on the 2-core CI box (bench_distributed.py
-// --schedules, FASTPAR_SHM_SLOT_BYTES=4194304, best of 3, float32 SUM, us):
-//            64 KiB  256 KiB  1 MiB  4 MiB
-//   one-shot     90      133    363   1890
-//   two-shot     85      198    324   1269
+// round trip. Measured, 2 ranks on the shared 2-core CI box (bench_distributed.py
+// --schedules, FASTPAR_SHM_SLOT_BYTES=4194304, best of 3, float32 SUM, us per
+// call; load average 5, so +-30%):
+//                          16 KiB  64 KiB  256 KiB  1 MiB  4 MiB
+//   one-shot                   50      51      128    769   1080
+//   two-shot (pipelined)       72      90      145    493   1132
+//   two-shot (unpipelined)      -      85      198    324   1269   (earlier sweep)
 // so 256 KiB for 2 ranks. With more ranks the extra traffic grows with n and
 // the crossover falls (the model gives ~32 KiB at 4 ranks; 4 ranks on 2 cores
 // cannot be measured meaningfully here).
