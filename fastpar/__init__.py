@@ -23,6 +23,7 @@ from .comm import (  # noqa: F401
     reduce_scatter,
     scatter,
 )
+from . import distributed  # noqa: F401  registers the torch.distributed backend "fastpar"
 
 __version__ = "0.1.0"
 

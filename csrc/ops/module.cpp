@@ -2,6 +2,7 @@
 // ops (schema.cpp and the per-backend files) and exposes build facts and knobs.
 #include <torch/extension.h>
 
+#include "shm_backend.h"
 #include "tuning.h"
 
 namespace fastpar {
@@ -25,4 +26,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     fastpar::ops::tuning().ring_segment_bytes = b;
   });
   m.def("_get_ring_segment_bytes", [] { return fastpar::ops::tuning().ring_segment_bytes; });
+  fastpar::ops::register_distributed(m);
 }

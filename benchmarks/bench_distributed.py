@@ -1,0 +1,221 @@
+"""nccl-tests-style allreduce sweep: fastpar beside gloo (and NCCL when GPUs are
+present) in the same run, on plain tensors through dist.all_reduce and on
+fastpar registered buffers.
+
+    python benchmarks/bench_distributed.py                 # 2 ranks, 4 B .. 256 MiB
+    python benchmarks/bench_distributed.py --quick         # < 1 min
+    python benchmarks/bench_distributed.py --ranks 4 --csv out.csv --plot out.png
+
+time is per call (the slowest rank's mean), algbw = bytes / time,
+busbw = algbw * 2(n-1)/n (the bytes each rank's link must carry in any
+allreduce, so numbers compare across rank counts). Ratios are fastpar / gloo
+busbw and registered / plain fastpar.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import os
+import socket
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+def human(b: int) -> str:
+    for unit, s in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if b >= s:
+            return f"{b // s}{unit}" if b % s == 0 else f"{b / s:.1f}{unit}"
+    return f"{b}B"
+
+
+def sizes(lo: int, hi: int, quick: bool) -> list[int]:
+    if quick:
+        return [s for s in (4, 4096, 65536, 1 << 20, 16 << 20) if lo <= s <= hi]
+    out, s = [], lo
+    while s <= hi:
+        out.append(s)
+        s *= 4
+    return out
+
+
+# ------------------------------------------------------------------ worker
+
+
+def worker(args) -> None:
+    import torch
+    import torch.distributed as dist
+
+    import fastpar  # noqa: F401
+    import fastpar.distributed as fd
+
+    rank, n = args.rank, args.ranks
+    store = dist.TCPStore("127.0.0.1", args.port, n, rank == 0, timeout=datetime.timedelta(seconds=120),
+                          wait_for_workers=False)
+    dist.init_process_group("fastpar", store=store, rank=rank, world_size=n,
+                            timeout=datetime.timedelta(seconds=300))
+    gloo = dist.new_group(backend="gloo")
+    nccl = None
+    if torch.cuda.is_available() and torch.cuda.device_count() >= n and not args.no_nccl:
+        torch.cuda.set_device(rank)
+        nccl = dist.new_group(backend="nccl")
+    budget = 0.05 if args.quick else 0.25  # seconds of timed calls per point
+
+    def measure(fn, group) -> float:
+        """Best of --repeats means (seconds per call on the slowest rank)."""
+        return min(measure_once(fn, group) for _ in range(args.repeats))
+
+    def measure_once(fn, group) -> float:
+        """Mean seconds per call on the slowest rank; iteration count agreed via gloo."""
+        fn()
+        fn()  # warm: page faults, caches
+        dist.barrier(group=gloo)
+        t0 = time.perf_counter()
+        fn()
+        probe = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+        dist.all_reduce(probe, op=dist.ReduceOp.MAX, group=gloo)
+        iters = int(max(3, min(args.max_iters, budget / max(probe.item(), 1e-7))))
+        dist.barrier(group=gloo)
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        if group is nccl and nccl is not None:
+            torch.cuda.synchronize()
+        dt = torch.tensor([(time.perf_counter() - t0) / iters], dtype=torch.float64)
+        dist.all_reduce(dt, op=dist.ReduceOp.MAX, group=gloo)
+        return dt.item()
+
+    rows = []
+    for nbytes in sizes(args.min_bytes, args.max_bytes, args.quick):
+        count = max(1, nbytes // 4)
+        plain = torch.ones(count, dtype=torch.float32)
+        row = {"bytes": count * 4}
+        row["gloo"] = measure(lambda: dist.all_reduce(plain, group=gloo), gloo)
+        row["fastpar"] = measure(lambda: dist.all_reduce(plain), None)
+        if args.schedules:  # forced schedules, to place the auto threshold
+            be = fd.get_fastpar_backend()
+            for name, algo in (("one_shot", 1), ("two_shot", 2)):
+                be._set_allreduce_tuning(1 << 62, algo)
+                row["fastpar_" + name] = measure(lambda: dist.all_reduce(plain), None)
+            be._set_allreduce_tuning(int(os.environ.get("FASTPAR_SHM_ONESHOT_MAX_BYTES", -1)), 0)
+        reg = fd.registered_empty((count,), torch.float32)
+        reg.fill_(1.0)
+        row["fastpar_registered"] = measure(lambda: dist.all_reduce(reg), None)
+        del reg
+        if nccl is not None:
+            g = torch.ones(count, dtype=torch.float32, device=f"cuda:{rank}")
+            row["nccl"] = measure(lambda: dist.all_reduce(g, group=nccl), nccl)
+        rows.append(row)
+        if rank == 0:
+            print(f"  measured {human(row['bytes'])}", file=sys.stderr, flush=True)
+    if rank == 0:
+        report(rows, n, args)
+    dist.destroy_process_group()
+
+
+# ------------------------------------------------------------------ report
+
+
+def report(rows, n: int, args) -> None:
+    kinds = [k for k in ("gloo", "fastpar", "fastpar_registered", "fastpar_one_shot", "fastpar_two_shot", "nccl")
+             if k in rows[0]]
+    factor = 2 * (n - 1) / n
+    head = f"{'size':>9} " + " ".join(f"{k + ' us':>20} {'busbw GB/s':>10}" for k in kinds)
+    head += f" {'fastpar/gloo':>12} {'reg/plain':>9}"
+    print(f"\nallreduce float32 SUM, {n} ranks, {os.cpu_count()} CPUs; time = slowest rank's mean per call, "
+          f"best of {args.repeats}")
+    print(head)
+    out = []
+    for r in rows:
+        rec = {"bytes": r["bytes"], "ranks": n}
+        line = f"{human(r['bytes']):>9} "
+        for k in kinds:
+            t = r[k]
+            alg = r["bytes"] / t / 1e9
+            bus = alg * factor
+            rec[f"{k}_us"], rec[f"{k}_algbw"], rec[f"{k}_busbw"] = t * 1e6, alg, bus
+            line += f"{t * 1e6:>20.2f} {bus:>10.3f} "
+        rec["fastpar_over_gloo"] = r["gloo"] / r["fastpar"]
+        rec["registered_over_plain"] = r["fastpar"] / r["fastpar_registered"]
+        line += f"{rec['fastpar_over_gloo']:>12.2f} {rec['registered_over_plain']:>9.2f}"
+        print(line)
+        out.append(rec)
+    if args.csv:
+        with open(args.csv, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(out[0]))
+            w.writeheader()
+            w.writerows(out)
+        print(f"wrote {args.csv}")
+    if args.plot:
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError:
+            print("matplotlib is not importable: skipping the plot (pip install matplotlib)")
+            return
+        fig, ax = plt.subplots(figsize=(8, 5))
+        xs = [r["bytes"] for r in out]
+        for k in kinds:
+            ax.plot(xs, [r[f"{k}_busbw"] for r in out], marker="o", label=k)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("message size (bytes)")
+        ax.set_ylabel("busbw (GB/s)")
+        ax.set_title(f"allreduce float32, {n} CPU ranks")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+        fig.savefig(args.plot, dpi=120, bbox_inches="tight")
+        print(f"wrote {args.plot}")
+
+
+# ------------------------------------------------------------------ launcher
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ranks", type=int, default=2, help="processes (2 to 8)")
+    p.add_argument("--min-bytes", type=int, default=4)
+    p.add_argument("--max-bytes", type=int, default=256 << 20)
+    p.add_argument("--max-iters", type=int, default=20000)
+    p.add_argument("--quick", action="store_true", help="5 sizes, short timing: under a minute")
+    p.add_argument("--csv", default=None, help="write results to this CSV file")
+    p.add_argument("--plot", default=None, help="write a busbw plot (PNG) to this file")
+    p.add_argument("--no-nccl", action="store_true")
+    p.add_argument("--repeats", type=int, default=None,
+                   help="measure each point this many times and keep the best (default 3, 1 with --quick): "
+                        "on a shared machine the best run is the reproducible one")
+    p.add_argument("--schedules", action="store_true",
+                   help="also time fastpar's one-shot and two-shot schedules forced (one-shot only up to "
+                        "FASTPAR_SHM_SLOT_BYTES)")
+    p.add_argument("--rank", type=int, default=-1, help=argparse.SUPPRESS)
+    p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.repeats is None:
+        args.repeats = 1 if args.quick else 3
+    if not 2 <= args.ranks <= 8:
+        p.error(f"--ranks is {args.ranks} but must be between 2 and 8")
+    if args.rank >= 0:
+        worker(args)
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--rank", str(r),
+                               "--port", str(port)], env=env) for r in range(args.ranks)]
+    rc = [q.wait() for q in procs]
+    if any(rc):
+        sys.exit(f"benchmark ranks exited with {rc}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+// What one multi-process collective call is, as the schedules describe it to a
+// transport and as peers check it (flags::OpDesc). Torch-free.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "../kernels/reduce_ops.h"
+#include "flag_protocol.h"
+
+namespace fastpar {
+
+// Upper bound on ranks sharing one host communicator (stack arrays of source
+// pointers in the schedules); more ranks per host than this is not a CPU setup
+// that shared memory would serve well anyway.
+constexpr int kMaxShmRanks = 64;
+
+enum class Coll : int32_t {
+  kBarrier = 1,
+  kAllreduce,
+  kBroadcast,
+  kAllgather,
+  kGather,
+  kScatter,
+  kReduceScatter,
+  kReduce,
+  kAlltoall,
+  kRegister,  // registered_empty: agree on an arena offset
+};
+
+inline const char* coll_name(Coll c) {
+  switch (c) {
+    case Coll::kBarrier: return "barrier";
+    case Coll::kAllreduce: return "allreduce";
+    case Coll::kBroadcast: return "broadcast";
+    case Coll::kAllgather: return "allgather";
+    case Coll::kGather: return "gather";
+    case Coll::kScatter: return "scatter";
+    case Coll::kReduceScatter: return "reduce_scatter";
+    case Coll::kReduce: return "reduce";
+    case Coll::kAlltoall: return "alltoall";
+    case Coll::kRegister: return "registered_empty";
+  }
+  return "unknown";
+}
+
+// aux values that name a schedule instead of an arena offset (offsets are far
+// smaller), so ranks that would run different schedules disagree on aux.
+constexpr int64_t kAuxOneShot = int64_t(1) << 62;
+constexpr int64_t kAuxTwoShot = kAuxOneShot + 1;
+
+// count: elements per rank as the op defines them (-1: not compared);
+// aux: op-specific, e.g. a registered buffer's arena offset (-1: not compared).
+struct CollCall {
+  Coll op;
+  int64_t count;
+  DType dtype;
+  int root = -1;
+  int redop = -1;
+  int64_t aux = -1;
+
+  flags::OpDesc desc(uint64_t seq) const {
+    return flags::OpDesc{seq, count, aux, int32_t(op), int32_t(dtype), int32_t(root), int32_t(redop)};
+  }
+};
+
+// "allreduce(count=10, dtype=float32, op=SUM)" for error messages.
+inline std::string describe(const flags::OpDesc& d) {
+  std::string s = coll_name(Coll(d.op));
+  s += "(count=" + std::to_string(d.count) + ", dtype=" + dtype_name(DType(d.dtype));
+  if (d.root >= 0) s += ", root=" + std::to_string(d.root);
+  if (d.redop >= 0) s += std::string(", op=") + op_name(ReduceOp(d.redop));
+  if (d.aux == kAuxOneShot) s += ", schedule=one_shot";
+  else if (d.aux == kAuxTwoShot) s += ", schedule=two_shot";
+  else if (d.aux >= 0) s += ", registered offset=" + std::to_string(d.aux);
+  return s + ")";
+}
+
+}  // namespace fastpar

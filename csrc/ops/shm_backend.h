@@ -1,0 +1,102 @@
+// fastpar as a torch.distributed backend: a c10d::Backend whose collectives run
+// on the cpu_shm transport inside a host and, when ranks span several hosts,
+// hierarchically (shm inside the host, a gloo group of host leaders between).
+//
+// Collectives execute synchronously on the calling thread (a spin-waiting
+// shared-memory collective finishes in microseconds; a worker thread hand-off
+// would cost more than the work) and return an already-completed Work, so
+// async_op=True, wait() and get_future() behave as torch's. A failure throws
+// from the call itself.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+#include <torch/extension.h>
+
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+#include "../transport/cpu_shm/shm_collectives.h"
+#include "../transport/cpu_shm/shm_comm.h"
+
+namespace fastpar {
+namespace ops {
+
+class ShmBackend : public c10d::Backend {
+ public:
+  // `local_ranks`: the group ranks on this host, ascending, including `rank`.
+  // `leaders`: gloo group of the lowest rank of every host (only on those
+  // ranks, and only when there are several hosts); `world`: gloo over all
+  // ranks, for the collectives without a hierarchical schedule.
+  ShmBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::chrono::milliseconds timeout,
+             std::vector<int> local_ranks, std::vector<int> global_ranks,
+             c10::intrusive_ptr<c10d::Backend> leaders, c10::intrusive_ptr<c10d::Backend> world);
+
+  const std::string getBackendName() const override { return "fastpar"; }
+  c10::intrusive_ptr<Options> getBackendOptions() override;
+  void setSequenceNumberForGroup() override {}
+  uint64_t getSequenceNumberForGroup() override { return calls_; }
+  void setTimeout(std::chrono::milliseconds timeout) override { timeout_ = timeout; }
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                     const c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                        std::vector<at::Tensor>& inputs, const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
+                                         std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                      const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& output_split_sizes,
+                                               std::vector<int64_t>& input_split_sizes,
+                                               const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+
+  // A tensor in this rank's registered arena (collective: every rank of the
+  // group calls it with the same sizes, in the same order).
+  at::Tensor registered_empty(const std::vector<int64_t>& sizes, at::ScalarType dtype);
+  bool is_registered(const at::Tensor& t) const;
+  bool hierarchical() const { return bool(world_); }
+  int local_size() const { return comm_->size(); }
+  // Benchmarks flip schedules at run time (every rank must set the same).
+  void set_allreduce_tuning(int64_t one_shot_max_bytes, int algo);
+
+ private:
+  // Sets the per-call timeout on the comm and serializes calls.
+  std::unique_lock<std::mutex> start(std::chrono::milliseconds t);
+  c10::intrusive_ptr<c10d::Work> done(c10d::OpType type, std::vector<at::Tensor> outputs);
+  int local_root(const char* op, int64_t root) const;
+
+  std::shared_ptr<cpu_shm::ShmComm> comm_;
+  cpu_shm::ShmTuning tuning_;
+  std::chrono::milliseconds timeout_;
+  std::vector<int> local_ranks_;
+  c10::intrusive_ptr<c10d::Backend> leaders_, world_;
+  std::mutex mu_;
+  uint64_t calls_ = 0;
+};
+
+// Adds fastpar._C.ShmBackend and helpers to the extension module.
+void register_distributed(pybind11::module& m);
+
+}  // namespace ops
+}  // namespace fastpar

@@ -1,0 +1,186 @@
+#include "shm_collectives.h"
+
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "../../algorithms/allreduce_shm.h"
+#include "../../algorithms/copy_collectives_shm.h"
+#include "../../algorithms/reduce_shm.h"
+
+namespace fastpar {
+namespace cpu_shm {
+
+namespace {
+
+// One-shot up to this many bytes, two-shot above (-1 in ShmTuning: this
+// default). One-shot moves (n+3)B per rank in 1 phase, two-shot about 4B in 2
+// phases, so the crossover is where ~(n-1)B of extra traffic costs one flag
+// round trip. Measured, 2 ranks on the shared 2-core CI box (bench_distributed.py
+// --schedules, FASTPAR_SHM_SLOT_BYTES=4194304, best of 3, float32 SUM, us per
+// call; load average 5, so +-30%):
+//                          16 KiB  64 KiB  256 KiB  1 MiB  4 MiB
+//   one-shot                   50      51      128    769   1080
+//   two-shot (pipelined)       72      90      145    493   1132
+//   two-shot (unpipelined)      -      85      198    324   1269   (earlier sweep)
+// so 256 KiB for 2 ranks. With more ranks the extra traffic grows with n and
+// the crossover falls (the model gives ~32 KiB at 4 ranks; 4 ranks on 2 cores
+// cannot be measured meaningfully here).
+int64_t default_one_shot_max(int n) { return n <= 2 ? 256 * 1024 : 32 * 1024; }
+
+int64_t env_int(const char* name, int64_t dflt) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return dflt;
+  char* end = nullptr;
+  const long long x = std::strtoll(v, &end, 10);
+  if (*end != '\0' || x < 0)
+    throw std::invalid_argument(std::string("fastpar: ") + name + " is '" + v + "' but must be an integer >= 0");
+  return x;
+}
+
+}  // namespace
+
+ShmTuning default_shm_tuning() {
+  ShmTuning t{env_int("FASTPAR_SHM_ONESHOT_MAX_BYTES", -1), AllreduceAlgo::kAuto};
+  const char* a = std::getenv("FASTPAR_SHM_ALLREDUCE");
+  const std::string s = a ? a : "auto";
+  if (s == "one_shot") t.algo = AllreduceAlgo::kOneShot;
+  else if (s == "two_shot") t.algo = AllreduceAlgo::kTwoShot;
+  else if (s != "auto" && !s.empty())
+    throw std::invalid_argument("fastpar: FASTPAR_SHM_ALLREDUCE is '" + s +
+                                "' but must be 'auto', 'one_shot' or 'two_shot'");
+  return t;
+}
+
+void allreduce(ShmComm& c, const ShmTuning& t, const void* in, void* out, int64_t count, DType dt, ReduceOp op) {
+  const int64_t bytes = count * dtype_size(dt);
+  const int64_t reg = (in == out) ? c.arena_offset(in, bytes) : -1;
+  const int64_t one_shot_max = t.one_shot_max_bytes >= 0 ? t.one_shot_max_bytes : default_one_shot_max(c.size());
+  bool one_shot = bytes <= std::min(one_shot_max, c.slot_bytes());
+  if (t.algo == AllreduceAlgo::kOneShot) one_shot = bytes <= c.slot_bytes();
+  if (t.algo == AllreduceAlgo::kTwoShot) one_shot = false;
+  // The algorithm is part of the descriptor (aux) so ranks that would pick
+  // different schedules (different sizes, or registered on only some) fail
+  // with a mismatch instead of mixing phase patterns.
+  const int64_t aux = one_shot ? kAuxOneShot : (reg >= 0 ? reg : kAuxTwoShot);
+  CollCall call{Coll::kAllreduce, count, dt, -1, int(op), aux};
+  c.begin(Coll::kAllreduce, c.timeout());
+  FASTPAR_DISPATCH_DTYPE(dt, [&] {
+    FASTPAR_DISPATCH_OP(op, [&] {
+      if constexpr (kOp == ReduceOp::AVG && !is_floating<scalar_t>()) {
+        throw std::invalid_argument("fastpar: AVG needs a floating-point dtype");
+      } else {
+        const auto* i = static_cast<const scalar_t*>(in);
+        auto* o = static_cast<scalar_t*>(out);
+        if (one_shot) {
+          allreduce_one_shot<scalar_t, kOp>(c, call, i, o, count);
+        } else if (reg >= 0) {
+          allreduce_registered<scalar_t, kOp>(c, call, reg, count);
+        } else {
+          const int64_t chunk = c.slot_bytes() / int64_t(sizeof(scalar_t));
+          allreduce_two_shot<scalar_t, kOp>(c, call, i, o, count, chunk);
+        }
+      }
+    });
+  });
+}
+
+void reduce(ShmComm& c, const void* in, void* out, int64_t count, DType dt, ReduceOp op, int root) {
+  CollCall call{Coll::kReduce, count, dt, root, int(op)};
+  c.begin(Coll::kReduce, c.timeout());
+  FASTPAR_DISPATCH_DTYPE(dt, [&] {
+    FASTPAR_DISPATCH_OP(op, [&] {
+      if constexpr (kOp == ReduceOp::AVG && !is_floating<scalar_t>()) {
+        throw std::invalid_argument("fastpar: AVG needs a floating-point dtype");
+      } else {
+        reduce_to_root<scalar_t, kOp>(c, call, static_cast<const scalar_t*>(in), static_cast<scalar_t*>(out),
+                                      count, root);
+      }
+    });
+  });
+}
+
+void reduce_scatter(ShmComm& c, const void* in, void* out, int64_t count, DType dt, ReduceOp op) {
+  CollCall call{Coll::kReduceScatter, count, dt, -1, int(op)};
+  c.begin(Coll::kReduceScatter, c.timeout());
+  FASTPAR_DISPATCH_DTYPE(dt, [&] {
+    FASTPAR_DISPATCH_OP(op, [&] {
+      if constexpr (kOp == ReduceOp::AVG && !is_floating<scalar_t>()) {
+        throw std::invalid_argument("fastpar: AVG needs a floating-point dtype");
+      } else {
+        reduce_scatter_blocks<scalar_t, kOp>(c, call, static_cast<const scalar_t*>(in),
+                                             static_cast<scalar_t*>(out), count);
+      }
+    });
+  });
+}
+
+void broadcast(ShmComm& c, void* data, int64_t count, DType dt, int root) {
+  c.begin(Coll::kBroadcast, c.timeout());
+  broadcast_shm(c, CollCall{Coll::kBroadcast, count, dt, root}, static_cast<char*>(data),
+                count * dtype_size(dt), root);
+}
+
+void gather(ShmComm& c, const void* in, void* const* outs, int64_t count, DType dt, int root) {
+  const Coll op = root < 0 ? Coll::kAllgather : Coll::kGather;
+  c.begin(op, c.timeout());
+  std::vector<char*> o(size_t(c.size()));
+  for (int q = 0; q < c.size(); ++q) o[q] = static_cast<char*>(outs ? outs[q] : nullptr);
+  gather_shm(c, CollCall{op, count, dt, root}, static_cast<const char*>(in), o.data(), count * dtype_size(dt), root);
+}
+
+void scatter(ShmComm& c, const void* const* ins, void* out, int64_t count, DType dt, int root) {
+  c.begin(Coll::kScatter, c.timeout());
+  std::vector<const char*> i(size_t(c.size()));
+  for (int q = 0; q < c.size(); ++q) i[q] = static_cast<const char*>(ins ? ins[q] : nullptr);
+  scatter_shm(c, CollCall{Coll::kScatter, count, dt, root}, i.data(), static_cast<char*>(out),
+              count * dtype_size(dt), root);
+}
+
+void alltoall(ShmComm& c, const void* in, const int64_t* in_off, const int64_t* in_count, void* out,
+              const int64_t* out_off, const int64_t* out_count, DType dt) {
+  c.begin(Coll::kAlltoall, c.timeout());
+  const int n = c.size();
+  const int64_t es = dtype_size(dt);
+  std::vector<int64_t> io(n), ib(n), oo(n), ob(n);
+  for (int q = 0; q < n; ++q) {
+    io[q] = in_off[q] * es;
+    ib[q] = in_count[q] * es;
+    oo[q] = out_off[q] * es;
+    ob[q] = out_count[q] * es;
+  }
+  alltoall_shm(c, CollCall{Coll::kAlltoall, -1, dt}, static_cast<const char*>(in), io.data(), ib.data(),
+               static_cast<char*>(out), oo.data(), ob.data());
+}
+
+void barrier(ShmComm& c) {
+  c.begin(Coll::kBarrier, c.timeout());
+  barrier_shm(c, CollCall{Coll::kBarrier, 0, DType::U8});
+}
+
+int64_t register_alloc(ShmComm& c, int64_t bytes) {
+  c.begin(Coll::kRegister, c.timeout());
+  const int64_t off = c.arena_alloc(bytes);
+  if (off < 0) {
+    // Still meet the peers (with a descriptor that cannot match) so they fail
+    // now rather than at some later collective.
+    try {
+      c.phase(CollCall{Coll::kRegister, bytes, DType::U8, -1, -1, c.arena_bytes() + 1});
+    } catch (const std::exception&) {
+    }
+    c.fail("fastpar: registered_empty on rank " + std::to_string(c.global_rank(c.rank())) + ": " +
+           std::to_string(bytes) + " bytes do not fit in the registered arena of " +
+           std::to_string(c.arena_bytes()) + " bytes (raise FASTPAR_SHM_REGISTERED_BYTES)");
+  }
+  try {
+    c.phase(CollCall{Coll::kRegister, bytes, DType::U8, -1, -1, off});
+  } catch (...) {
+    c.arena_free(off);
+    throw;
+  }
+  return off;
+}
+
+}  // namespace cpu_shm
+}  // namespace fastpar

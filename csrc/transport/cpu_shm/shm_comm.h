@@ -1,0 +1,114 @@
+// The CPU shared-memory transport: n processes on one host, one segment each,
+// every segment mapped by every rank. The schedules in algorithms/ drive it
+// through rank(), size(), slot(), arena(), next_round() and phase(); it knows
+// nothing about which collective runs or in what order chunks move.
+//
+// Segment layout (per rank, identical sizes on every rank):
+//   [0, 4 KiB)                   SegmentHeader + flags::ControlBlock
+//   [4 KiB, +3 * slot_bytes)     the rotating data slots (flags::kSlots)
+//   [.., +arena_bytes)           registered buffers (registered_empty)
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "../../algorithms/collective_call.h"
+#include "../../algorithms/flag_protocol.h"
+#include "shm_segment.h"
+
+namespace fastpar {
+namespace cpu_shm {
+
+// How ranks find each other: key/value calls on a shared store (a c10d::Store
+// in the extension). `wait` throws if the keys do not appear within `timeout`.
+struct Rendezvous {
+  std::function<void(const std::string& key, const std::string& value)> set;
+  std::function<std::string(const std::string& key)> get;
+  std::function<void(const std::string& key, std::chrono::milliseconds timeout)> wait;
+};
+
+struct ShmOptions {
+  int64_t slot_bytes;   // one rotating data slot; the chunk unit of every schedule
+  int64_t arena_bytes;  // registered-buffer arena
+  std::chrono::milliseconds timeout;
+};
+
+// Defaults, overridable by FASTPAR_SHM_SLOT_BYTES / FASTPAR_SHM_REGISTERED_BYTES
+// (tests shrink the slot so small tensors cross many chunks).
+ShmOptions default_shm_options(std::chrono::milliseconds timeout);
+
+class ShmComm {
+ public:
+  // rank/size within this communicator; `global_ranks[i]` is the torch rank of
+  // local rank i (used in messages only).
+  ShmComm(int rank, int size, std::vector<int> global_ranks, const Rendezvous& rv, ShmOptions opts);
+  ~ShmComm();
+  ShmComm(const ShmComm&) = delete;
+  ShmComm& operator=(const ShmComm&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  int global_rank(int r) const { return global_ranks_[r]; }
+  int64_t slot_bytes() const { return opts_.slot_bytes; }
+  int64_t arena_bytes() const { return opts_.arena_bytes; }
+  std::chrono::milliseconds timeout() const { return opts_.timeout; }
+  // The timeout the next collectives use (a per-call override from torch).
+  void set_timeout(std::chrono::milliseconds t) { opts_.timeout = t; }
+
+  char* slot(int peer, int k) const { return base_[peer] + kHeaderBytes + int64_t(k) * opts_.slot_bytes; }
+  char* arena(int peer) const { return base_[peer] + kHeaderBytes + flags::kSlots * opts_.slot_bytes; }
+
+  // Starts a collective: checks the communicator is usable, fixes the deadline
+  // (now + timeout) that every phase of this call waits against.
+  void begin(Coll op, std::chrono::milliseconds timeout);
+  // The next rotating-buffer round (see flag_protocol.h); returns its slot.
+  int next_round() { return flags::slot_of_round(round_++); }
+  // Post one phase for `call` and wait for every peer to reach it; throws (and
+  // aborts this rank so peers stop waiting) on timeout, a dead peer, an aborted
+  // peer or a peer that called something else.
+  void phase(const CollCall& call);
+
+  // Registered buffers: local first-fit bookkeeping. Ranks that allocate and
+  // free in the same order get the same offsets; registered_empty verifies it.
+  int64_t arena_alloc(int64_t bytes);
+  void arena_free(int64_t offset);
+  // Offset of [p, p+bytes) in this rank's arena, or -1 if it is not inside.
+  int64_t arena_offset(const void* p, int64_t bytes) const;
+
+  uint64_t phases() const { return seq_; }
+
+  // A schedule found the ranks disagree (e.g. alltoall split sizes): abort this
+  // rank like a failed wait does, and throw `msg`.
+  [[noreturn]] void fail(const std::string& msg);
+
+ private:
+  static constexpr int64_t kHeaderBytes = 4096;
+  flags::ControlBlock* control(int peer) const;
+  bool peer_alive(int peer) const;
+
+  int rank_, size_;
+  std::vector<int> global_ranks_;
+  ShmOptions opts_;
+  std::vector<Segment> segs_;
+  std::vector<char*> base_;
+  std::vector<int64_t> pids_;
+  std::vector<bool> watch_;  // peers whose liveness we can see in /proc
+  uint64_t seq_ = 0;
+  uint64_t round_ = 0;
+  Coll current_ = Coll::kBarrier;
+  std::chrono::milliseconds current_timeout_{0};
+  uint64_t deadline_ns_ = 0;
+  std::string broken_;  // non-empty once a collective failed
+
+  std::mutex arena_mu_;  // deleters of registered tensors may run on any thread
+  std::map<int64_t, int64_t> arena_free_;  // offset -> bytes
+  std::map<int64_t, int64_t> arena_used_;
+};
+
+}  // namespace cpu_shm
+}  // namespace fastpar

@@ -1,0 +1,116 @@
+"""Creates the fastpar c10d backend for a process group.
+
+Ranks are grouped by host (socket.gethostname(), or FASTPAR_HOST_ID to fake
+several hosts on one machine in tests). Inside a host the ranks share memory
+(fastpar._C.ShmBackend); with several hosts, allreduce and barrier run
+hierarchically (shm reduce inside the host -> gloo allreduce between host
+leaders -> shm broadcast inside the host) and the other collectives run on a
+gloo group over all ranks.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+
+from .. import _C
+
+SEGMENT_PREFIX: str = _C.SHM_SEGMENT_PREFIX
+BACKEND_NAME = "fastpar"
+
+
+def _host_id() -> str:
+    return os.environ.get("FASTPAR_HOST_ID") or socket.gethostname()
+
+
+def _millis(timeout) -> int:
+    if isinstance(timeout, datetime.timedelta):
+        return max(1, int(timeout.total_seconds() * 1000))
+    return max(1, int(timeout))
+
+
+def _exchange_hosts(store, rank: int, size: int, timeout: datetime.timedelta) -> list[str]:
+    store.set(f"fastpar/host/{rank}", _host_id())
+    keys = [f"fastpar/host/{r}" for r in range(size)]
+    for r, key in enumerate(keys):
+        try:
+            store.wait([key], timeout)
+        except Exception as e:  # DistStoreError: say who did not come, and how long we waited
+            raise dist.DistBackendError(
+                f"fastpar: init on rank {rank} timed out after {_millis(timeout)} ms waiting for rank {r} "
+                f"to join (store key '{key}'): {e}"
+            ) from e
+    return [store.get(k).decode() for k in keys]
+
+
+def _gloo(store, rank: int, size: int, timeout: datetime.timedelta):
+    return dist.ProcessGroupGloo(store, rank, size, timeout)
+
+
+def create_backend(store, rank: int, size: int, timeout: datetime.timedelta, global_ranks=None):
+    """Builds the backend for one group: `store` is the group's (prefixed) store."""
+    hosts = _exchange_hosts(store, rank, size, timeout)
+    order = list(dict.fromkeys(hosts))  # hosts in order of their lowest rank
+    me = hosts[rank]
+    local = [r for r in range(size) if hosts[r] == me]
+    global_ranks = list(global_ranks) if global_ranks and len(global_ranks) == size else list(range(size))
+    ms = _millis(timeout)
+    if len(order) == 1:
+        return _C.ShmBackend(store, rank, size, ms, local, global_ranks)
+    leaders = [min(r for r in range(size) if hosts[r] == h) for h in order]
+    leader_pg = None
+    if rank in leaders:
+        leader_pg = _gloo(dist.PrefixStore("fastpar/leaders/", store), leaders.index(rank), len(leaders), timeout)
+    world_pg = _gloo(dist.PrefixStore("fastpar/world/", store), rank, size, timeout)
+    node_store = dist.PrefixStore(f"fastpar/host{order.index(me)}/", store)
+    return _C.ShmBackend(node_store, rank, size, ms, local, global_ranks, leader_pg, world_pg)
+
+
+def _create_from_options(dist_opts, backend_options=None):
+    """The extended-API creator torch calls from init_process_group / new_group."""
+    return create_backend(
+        dist_opts.store,
+        dist_opts.group_rank,
+        dist_opts.group_size,
+        dist_opts.timeout,
+        getattr(dist_opts, "global_ranks_in_group", None),
+    )
+
+
+def register() -> None:
+    """Registers "fastpar" with torch.distributed (idempotent)."""
+    if not dist.is_available():
+        return
+    if BACKEND_NAME.upper() in getattr(dist.Backend, "_plugins", {}):
+        return
+    dist.Backend.register_backend(BACKEND_NAME, _create_from_options, extended_api=True, devices=["cpu"])
+
+
+def get_fastpar_backend(group=None) -> _C.ShmBackend:
+    """The fastpar backend object of `group` (default: the world group)."""
+    pg = group if group is not None else dist.group.WORLD
+    if pg is None:
+        raise RuntimeError("fastpar: no default process group; call dist.init_process_group('fastpar') first")
+    backend = pg._get_backend(torch.device("cpu"))
+    if not isinstance(backend, _C.ShmBackend):
+        raise TypeError(
+            f"fastpar: group's CPU backend is {type(backend).__name__}, not fastpar; "
+            "initialize it with backend 'fastpar' (or 'cpu:fastpar,...')"
+        )
+    return backend
+
+
+def registered_empty(shape, dtype: torch.dtype = torch.float32, group=None) -> torch.Tensor:
+    """An uninitialized CPU tensor allocated in this rank's shared segment.
+
+    Collective: every rank of `group` must call it with the same shape and
+    dtype, in the same order. all_reduce on such a tensor (whole, in place)
+    reduces straight out of shared memory without the copy-in. The memory
+    returns to the arena when the tensor is freed.
+    """
+    if isinstance(shape, int):
+        shape = (shape,)
+    return get_fastpar_backend(group).registered_empty([int(s) for s in shape], dtype)

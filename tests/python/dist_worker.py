@@ -1,0 +1,456 @@
+"""Scenarios run by the distributed tests, one process per rank:
+
+    python dist_worker.py SCENARIO RANK WORLD PORT [ARGS...]
+
+Each scenario asserts on its own results (a failed assert exits non-zero with
+the traceback on stderr); the pytest side checks exit codes and messages."""
+from __future__ import annotations
+
+import datetime
+import os
+import signal
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+import fastpar  # noqa: F401  registers the "fastpar" backend
+import fastpar.distributed as fd
+
+SCENARIO, RANK, WORLD, PORT = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+ARGS = sys.argv[5:]
+TIMEOUT_S = float(os.environ.get("FASTPAR_TEST_TIMEOUT_S", "10"))
+
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8, torch.int32, torch.int64]
+FLOATS = {torch.float32, torch.float64, torch.float16, torch.bfloat16}
+OPS = [dist.ReduceOp.SUM, dist.ReduceOp.AVG, dist.ReduceOp.PRODUCT, dist.ReduceOp.MIN, dist.ReduceOp.MAX]
+
+
+_IN_SUITE = False
+
+
+def init(timeout_s: float = TIMEOUT_S, backend: str = "fastpar"):
+    if _IN_SUITE and dist.is_initialized():
+        return None
+    store = dist.TCPStore("127.0.0.1", PORT, WORLD, RANK == 0, timeout=datetime.timedelta(seconds=30),
+                          wait_for_workers=False)
+    dist.init_process_group(backend, store=store, rank=RANK, world_size=WORLD,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+    return store
+
+
+def finish():
+    if not _IN_SUITE:
+        dist.destroy_process_group()
+
+
+def data(rank: int, count: int, dtype: torch.dtype, salt: int = 0) -> torch.Tensor:
+    """Small exact integers (-2..2, or 0..4 unsigned): sums and products of up
+    to 8 ranks are exact in every dtype (or wrap identically for integers)."""
+    v = (torch.arange(count, dtype=torch.int64) * 7 + rank * 3 + salt) % 5
+    if dtype != torch.uint8:
+        v = v - 2
+    return v.to(dtype)
+
+
+def reference(xs: list[torch.Tensor], op, dtype: torch.dtype) -> torch.Tensor:
+    wide = torch.float64 if dtype in FLOATS else torch.int64
+    s = torch.stack([x.to(wide) for x in xs])
+    if op == dist.ReduceOp.SUM:
+        r = s.sum(0)
+    elif op == dist.ReduceOp.AVG:
+        r = s.sum(0) / len(xs)
+    elif op == dist.ReduceOp.PRODUCT:
+        r = s.prod(0)
+    elif op == dist.ReduceOp.MIN:
+        r = s.min(0).values
+    else:
+        r = s.max(0).values
+    return r.to(dtype)
+
+
+def check(got: torch.Tensor, want: torch.Tensor, what: str, exact: bool = True):
+    if exact:
+        assert torch.equal(got, want), f"{what}: got {got[:8]} want {want[:8]}"
+    else:
+        torch.testing.assert_close(got, want, msg=lambda m: f"{what}: {m}")
+
+
+def same_bits_everywhere(t: torch.Tensor, what: str):
+    b = t.contiguous().view(torch.uint8).flatten() if t.numel() else torch.zeros(0, dtype=torch.uint8)
+    gathered = [torch.empty_like(b) for _ in range(WORLD)]
+    dist.all_gather(gathered, b)
+    for q in range(WORLD):
+        assert torch.equal(gathered[q], b), f"{what}: rank {q} has different bits than rank {RANK}"
+
+
+def ops_for(dtype):
+    return [op for op in OPS if op != dist.ReduceOp.AVG or dtype in FLOATS]
+
+
+# ---------------------------------------------------------------- scenarios
+
+
+def sc_allreduce(sizes=(0, 1, 7, 1000, 5003)):
+    """all_reduce for every dtype, op and size (0, 1, odd, < slot, > slot)."""
+    init()
+    for dtype in DTYPES:
+        for op in ops_for(dtype):
+            for n in sizes:
+                xs = [data(q, n, dtype) for q in range(WORLD)]
+                t = xs[RANK].clone()
+                dist.all_reduce(t, op=op)
+                what = f"all_reduce {dtype} {op} n={n}"
+                check(t, reference(xs, op, dtype), what, exact=op != dist.ReduceOp.AVG)
+                if op == dist.ReduceOp.AVG:
+                    same_bits_everywhere(t, what)
+    # async: wait() and get_future() as torch's
+    t = data(RANK, 100, torch.float32)
+    work = dist.all_reduce(t, async_op=True)
+    assert work.wait() is True
+    assert work.is_completed()
+    fut = work.get_future().wait()
+    want = reference([data(q, 100, torch.float32) for q in range(WORLD)], dist.ReduceOp.SUM, torch.float32)
+    check(fut[0], want, "async all_reduce future value")
+    check(t, want, "async all_reduce tensor")
+    # a non-contiguous-free view inside a bigger tensor: in place on the slice
+    big = torch.zeros(30, dtype=torch.int32)
+    big[10:20] = RANK + 1
+    dist.all_reduce(big[10:20])
+    assert big[10:20].tolist() == [WORLD * (WORLD + 1) // 2] * 10 and big[:10].abs().sum() == 0
+    finish()
+
+
+def sc_collectives():
+    """Every other collective against a pure-torch reference."""
+    init()
+    sizes = [0, 1, 7, 1000, 5003]
+    for dtype in DTYPES:
+        for n in sizes:
+            xs = [data(q, n, dtype) for q in range(WORLD)]
+            tag = f"{dtype} n={n}"
+            for root in range(WORLD):
+                t = xs[RANK].clone()
+                dist.broadcast(t, src=root)
+                check(t, xs[root], f"broadcast root={root} {tag}")
+            out = [torch.full((n,), 9, dtype=dtype) for _ in range(WORLD)]
+            dist.all_gather(out, xs[RANK])
+            for q in range(WORLD):
+                check(out[q], xs[q], f"all_gather [{q}] {tag}")
+            flat = torch.empty(WORLD * n, dtype=dtype)
+            dist.all_gather_into_tensor(flat, xs[RANK])
+            check(flat, torch.cat(xs), f"all_gather_into_tensor {tag}")
+            root = WORLD - 1
+            g = [torch.empty(n, dtype=dtype) for _ in range(WORLD)] if RANK == root else None
+            dist.gather(xs[RANK], g, dst=root)
+            if RANK == root:
+                for q in range(WORLD):
+                    check(g[q], xs[q], f"gather [{q}] {tag}")
+            chunks = [data(q, n, dtype, salt=11) for q in range(WORLD)]
+            o = torch.empty(n, dtype=dtype)
+            dist.scatter(o, chunks if RANK == 0 else None, src=0)
+            check(o, chunks[RANK], f"scatter {tag}")
+            # all_to_all (lists) and all_to_all_single (even and uneven)
+            ins = [data(RANK * WORLD + q, n + q, dtype) for q in range(WORLD)]
+            outs = [torch.empty(n + RANK, dtype=dtype) for _ in range(WORLD)]
+            dist.all_to_all(outs, ins)
+            for q in range(WORLD):
+                check(outs[q], data(q * WORLD + RANK, n + RANK, dtype), f"all_to_all from {q} {tag}")
+            src = torch.cat([data(RANK * WORLD + q, n, dtype) for q in range(WORLD)])
+            dst = torch.empty_like(src)
+            dist.all_to_all_single(dst, src)
+            check(dst, torch.cat([data(q * WORLD + RANK, n, dtype) for q in range(WORLD)]), f"all_to_all_single {tag}")
+            in_split = [n + q + RANK for q in range(WORLD)]
+            out_split = [n + RANK + q for q in range(WORLD)]
+            src = torch.cat([data(RANK * 31 + q, in_split[q], dtype) for q in range(WORLD)])
+            dst = torch.empty(sum(out_split), dtype=dtype)
+            dist.all_to_all_single(dst, src, out_split, in_split)
+            want = torch.cat([data(q * 31 + RANK, out_split[q], dtype) for q in range(WORLD)])
+            check(dst, want, f"all_to_all_single uneven {tag}")
+            for op in ops_for(dtype):
+                exact = op != dist.ReduceOp.AVG
+                full = [data(q, WORLD * n, dtype, salt=5) for q in range(WORLD)]
+                ref = reference(full, op, dtype)
+                o = torch.empty(n, dtype=dtype)
+                dist.reduce_scatter_tensor(o, full[RANK], op=op)
+                check(o, ref[RANK * n:(RANK + 1) * n], f"reduce_scatter_tensor {op} {tag}", exact)
+                o2 = torch.empty(n, dtype=dtype)
+                dist.reduce_scatter(o2, list(full[RANK].chunk(WORLD)) if n else [torch.empty(0, dtype=dtype)] * WORLD,
+                                    op=op)
+                check(o2, ref[RANK * n:(RANK + 1) * n], f"reduce_scatter {op} {tag}", exact)
+                for root in (0, WORLD - 1):
+                    t = xs[RANK].clone()
+                    dist.reduce(t, dst=root, op=op)
+                    if RANK == root:
+                        check(t, reference(xs, op, dtype), f"reduce root={root} {op} {tag}", exact)
+                    else:
+                        check(t, xs[RANK], f"reduce leaves non-root input alone {op} {tag}")
+    for _ in range(3):
+        dist.barrier()
+    work = dist.broadcast(torch.zeros(3), src=0, async_op=True)
+    work.wait()
+    assert work.get_future().done()
+    finish()
+
+
+def sc_registered():
+    """registered_empty + all_reduce (no copy-in), against the reference."""
+    init()
+    for dtype in DTYPES:
+        for op in ops_for(dtype):
+            for n in (0, 1, 7, 3000, 70001):
+                t = fd.registered_empty((n,), dtype)
+                assert fd.get_fastpar_backend().is_registered(t) or n == 0
+                xs = [data(q, n, dtype) for q in range(WORLD)]
+                t.copy_(xs[RANK])
+                dist.all_reduce(t, op=op)
+                check(t, reference(xs, op, dtype), f"registered all_reduce {dtype} {op} n={n}",
+                      exact=op != dist.ReduceOp.AVG)
+                del t
+    # 2-D, reused after free, and mixed with plain tensors
+    keep = [fd.registered_empty((64, 33), torch.float32) for _ in range(3)]
+    for i, k in enumerate(keep):
+        k.fill_(RANK + i)
+        dist.all_reduce(k)
+        assert torch.all(k == sum(q + i for q in range(WORLD))), k
+    plain = torch.ones(5)
+    dist.all_reduce(plain)
+    assert torch.all(plain == WORLD)
+    finish()
+
+
+def sc_bad_input():
+    """Mistakes are caught before any work, with argument, index and values;
+    the communicator stays usable afterwards."""
+    init()
+    errors = []
+
+    def expect(fn, *fragments):
+        try:
+            fn()
+        except (ValueError, TypeError, RuntimeError) as e:
+            msg = str(e)
+            for f in fragments:
+                assert f in msg, f"expected {f!r} in: {msg}"
+            errors.append(msg)
+            return
+        raise AssertionError(f"no error; expected {fragments}")
+
+    expect(lambda: dist.all_reduce(torch.ones(4, 4).t()), "fastpar.all_reduce: tensors[0] must be contiguous",
+           "strides")
+    expect(lambda: dist.all_reduce(torch.ones(3, dtype=torch.bool)), "tensors[0] has dtype torch.bool", "which fastpar does not support")
+    expect(lambda: dist.all_reduce(torch.ones(3, dtype=torch.int32), op=dist.ReduceOp.AVG),
+           "ReduceOp.AVG cannot reduce tensors[0] of dtype torch.int32")
+    expect(lambda: dist.all_reduce(torch.ones(3), op=dist.ReduceOp.BAND), "is not supported")
+    expect(lambda: dist.all_gather([torch.ones(3)] * (WORLD + 1), torch.ones(3)),
+           f"output_tensors[0] has {WORLD + 1} tensors but the group has {WORLD} ranks")
+    expect(lambda: dist.all_gather([torch.ones(3)] * (WORLD - 1) + [torch.ones(4)], torch.ones(3)),
+           f"output_tensors[0][{WORLD - 1}] has 4 elements but 3 were expected")
+    expect(lambda: dist.all_gather_into_tensor(torch.empty(WORLD * 3 + 1), torch.ones(3)),
+           f"output_tensor has {WORLD * 3 + 1} elements but {WORLD * 3} were expected")
+    expect(lambda: dist.reduce_scatter_tensor(torch.empty(3), torch.ones(WORLD * 3 - 1)),
+           f"input has {WORLD * 3 - 1} elements but {WORLD * 3} were expected")
+    expect(lambda: dist.all_to_all_single(torch.empty(WORLD + 1), torch.ones(WORLD + 1)),
+           f"has {WORLD + 1} rows, which do not split evenly over {WORLD} ranks")
+    expect(lambda: fd.registered_empty((-1,), torch.float32), "shape[0] is -1")
+    assert len(errors) == 10
+    t = torch.full((5,), float(RANK))
+    dist.all_reduce(t)
+    assert torch.all(t == sum(range(WORLD)))
+    print("\n".join(errors))
+    finish()
+
+
+def sc_mismatch():
+    """Ranks that call different collectives, sizes, dtypes or splits get an
+    error that says so. Each case runs in a fresh fastpar group (a failed
+    communicator stays failed), and the world group must survive them all."""
+    init()
+    for kind in ARGS:
+        g = dist.new_group(backend="fastpar")
+        try:
+            if kind == "op":
+                if RANK == 0:
+                    dist.all_reduce(torch.ones(10), group=g)
+                else:
+                    dist.broadcast(torch.ones(10), src=0, group=g)
+            elif kind == "size":
+                dist.all_reduce(torch.ones(10 + RANK), group=g)
+            elif kind == "dtype":
+                dist.all_reduce(torch.ones(10, dtype=torch.float32 if RANK == 0 else torch.float64), group=g)
+            elif kind == "split":
+                dist.all_to_all_single(torch.empty(2 * WORLD), torch.ones(2 * WORLD), [2] * WORLD,
+                                       [2] * WORLD if RANK else [1] + [2] * (WORLD - 2) + [3], group=g)
+        except dist.DistBackendError as e:
+            print(f"{kind}: ERROR: {e}", flush=True)
+            try:
+                dist.all_reduce(torch.ones(1), group=g)
+                raise AssertionError("a failed communicator accepted another collective")
+            except dist.DistBackendError as again:
+                assert "unusable after an earlier error" in str(again), again
+            continue
+        raise AssertionError(f"{kind}: no error")
+    t = torch.ones(3)
+    dist.all_reduce(t)
+    assert torch.all(t == WORLD)
+    dist.destroy_process_group()
+
+
+def sc_missing_peer():
+    """Rank WORLD-1 never starts; the others must fail within the timeout."""
+    t0 = time.monotonic()
+    try:
+        init(timeout_s=float(ARGS[0]))
+    except Exception as e:  # noqa: BLE001  the type is DistBackendError; print it for the test
+        print(f"ERROR after {time.monotonic() - t0:.1f}s: {type(e).__name__}: {e}", file=sys.stderr)
+        sys.exit(3)
+    sys.exit(0)
+
+
+def sc_absent_in_collective():
+    """Everyone joins; the last rank then never calls all_reduce."""
+    init(timeout_s=float(ARGS[0]))
+    dist.barrier()
+    if RANK == WORLD - 1:
+        time.sleep(float(ARGS[0]) * 3)
+        sys.exit(0)
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(10))
+    except dist.DistBackendError as e:
+        print(f"ERROR after {time.monotonic() - t0:.1f}s: {e}", file=sys.stderr)
+        sys.exit(3)
+    sys.exit(0)
+
+
+def sc_sigkill():
+    """Rank ARGS[1] SIGKILLs itself in the middle of a stream of all_reduces; the
+    others must fail fast (liveness), well within the long timeout."""
+    init(timeout_s=float(ARGS[0]))
+    victim = int(ARGS[1])
+    t = torch.ones(100000)
+    for i in range(20):
+        if RANK == victim and i == 10:
+            os.kill(os.getpid(), signal.SIGKILL)
+        t0 = time.monotonic()
+        try:
+            dist.all_reduce(t)
+        except dist.DistBackendError as e:
+            print(f"ERROR after {time.monotonic() - t0:.1f}s: {e}", file=sys.stderr)
+            sys.exit(3)
+    sys.exit(0)
+
+
+def sc_exception_exit():
+    """A rank raises (uncaught) after a few collectives: segments must be gone anyway."""
+    init()
+    t = torch.ones(10)
+    dist.all_reduce(t)
+    if RANK == 0:
+        raise RuntimeError("user code failed on purpose")
+    sys.exit(0)
+
+
+def sc_job_value():
+    """One of two simultaneous jobs: allreduce a job-specific value many times."""
+    init()
+    base = float(ARGS[0])
+    for i in range(200):
+        t = torch.full((1000,), base + RANK)
+        dist.all_reduce(t)
+        want = sum(base + q for q in range(WORLD))
+        assert torch.all(t == want), f"job {base} iteration {i}: got {t[0].item()} want {want}"
+    dist.destroy_process_group()
+
+
+def sc_hierarchical():
+    """FASTPAR_HOST_ID fakes hosts: shm inside, gloo between leaders."""
+    init()
+    backend = fd.get_fastpar_backend()
+    assert backend.hierarchical, "expected the hierarchical path with several FASTPAR_HOST_IDs"
+    for dtype in (torch.float32, torch.float64, torch.int32, torch.int64, torch.bfloat16):
+        for op in ops_for(dtype):
+            for n in (0, 1, 7, 5003):
+                xs = [data(q, n, dtype) for q in range(WORLD)]
+                t = xs[RANK].clone()
+                dist.all_reduce(t, op=op)
+                check(t, reference(xs, op, dtype), f"hierarchical all_reduce {dtype} {op} n={n}",
+                      exact=op != dist.ReduceOp.AVG)
+    xs = [data(q, 33, torch.float32) for q in range(WORLD)]
+    t = xs[RANK].clone()
+    dist.broadcast(t, src=WORLD - 1)
+    check(t, xs[WORLD - 1], "hierarchical broadcast")
+    out = [torch.empty(33) for _ in range(WORLD)]
+    dist.all_gather(out, xs[RANK])
+    for q in range(WORLD):
+        check(out[q], xs[q], f"hierarchical all_gather [{q}]")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def sc_ddp():
+    """Stock DistributedDataParallel on fastpar matches single-process training."""
+    init()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4)).double()
+    ref = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4)).double()
+    ref.load_state_dict(model.state_dict())
+    if RANK != 0:  # different local init: DDP must broadcast rank 0's weights
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(1.0)
+    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.0001)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(1)
+    for step in range(5):
+        x = torch.randn(WORLD * 6, 8, generator=g, dtype=torch.float64)
+        y = torch.randn(WORLD * 6, 4, generator=g, dtype=torch.float64)
+        mine = slice(RANK * 6, (RANK + 1) * 6)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(ddp(x[mine]), y[mine]).backward()
+        opt.step()
+        ref_opt.zero_grad()
+        torch.nn.functional.mse_loss(ref(x), y).backward()
+        ref_opt.step()
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-12, atol=1e-12, msg=lambda m: f"{name}: {m}")
+    dist.destroy_process_group()
+
+
+def sc_suite():
+    """Several scenarios in one process group (process start-up dominates the
+    test time on a loaded 2-core machine): ARGS name them; allreduce_one_shot /
+    allreduce_two_shot force that schedule for the sizes that allow it."""
+    global _IN_SUITE
+    _IN_SUITE = True
+    init()
+    for part in ARGS:
+        t0 = time.monotonic()
+        if part.startswith("allreduce_"):
+            algo = {"allreduce_one_shot": 1, "allreduce_two_shot": 2}[part]
+            fd.get_fastpar_backend()._set_allreduce_tuning(-1, algo)
+            sc_allreduce(sizes=(0, 1, 33, 999))
+            fd.get_fastpar_backend()._set_allreduce_tuning(-1, 0)
+        else:
+            globals()["sc_" + part]()
+        print(f"{part}: ok in {time.monotonic() - t0:.1f}s", flush=True)
+    _IN_SUITE = False
+    dist.destroy_process_group()
+
+
+def sc_torchrun():
+    """Run under torchrun (env://): the 'done when' smoke test."""
+    dist.init_process_group("fastpar", timeout=datetime.timedelta(seconds=TIMEOUT_S))
+    r, w = dist.get_rank(), dist.get_world_size()
+    t = torch.full((4,), float(r))
+    dist.all_reduce(t)
+    assert torch.all(t == sum(range(w)))
+    assert dist.get_backend() == "fastpar"
+    dist.destroy_process_group()
+    print(f"torchrun rank {r} ok")
+
+
+if __name__ == "__main__":
+    globals()["sc_" + SCENARIO]()

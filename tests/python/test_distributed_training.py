@@ -1,0 +1,30 @@
+"""Stock DDP on fastpar, the hierarchical path (2 fake hosts x 2 ranks), and
+torchrun with env:// -- the issue's 'done when'."""
+import os
+import subprocess
+import sys
+
+from dist_harness import ROOT, WORKER, assert_ok, child_env, free_port, run, shm_entries
+
+
+def test_ddp_matches_single_process():
+    before = shm_entries()
+    assert_ok(run("ddp", 2))
+    assert shm_entries() - before == set()
+
+
+def test_hierarchical_two_hosts_of_two():
+    before = shm_entries()
+    host = lambda r: {"FASTPAR_HOST_ID": "nodeA" if r < 2 else "nodeB"}  # noqa: E731
+    assert_ok(run("hierarchical", 4, per_rank_env=host, timeout=120))
+    assert shm_entries() - before == set()
+
+
+def test_torchrun_env_init():
+    before = shm_entries()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+           "--master-port", str(free_port()), WORKER, "torchrun", "0", "0", "0"]
+    p = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "torchrun rank 0 ok" in p.stdout and "torchrun rank 1 ok" in p.stdout
+    assert shm_entries() - before == set()
