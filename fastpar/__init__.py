@@ -35,3 +35,6 @@ def cuda_built() -> bool:
 def build_info() -> dict:
     return {"version": __version__, "torch": torch.__version__, "cuda_built": cuda_built(),
             "torch_cuda": torch.version.cuda}
+
+# Training wrappers (issue 4): single-process DataParallel, multi-process DDP, stock-DDP comm hook.
+from .data_parallel import DataParallel  # noqa: E402,F401
