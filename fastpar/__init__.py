@@ -38,3 +38,5 @@ def build_info() -> dict:
 
 # Training wrappers (issue 4): single-process DataParallel, multi-process DDP, stock-DDP comm hook.
 from .data_parallel import DataParallel  # noqa: E402,F401
+from .ddp import DistributedDataParallel  # noqa: E402,F401
+from .ddp_comm_hook import comm_hook  # noqa: E402,F401
