@@ -15,7 +15,6 @@ ProcessGroup; None means the default group):
   is all_reduced in place and divided by the world size, exactly what torch's
   default allreduce hook does, so registering the hook never changes results.
 """
-from __future__ import annotations
 
 from typing import Dict, Optional, Tuple
 
@@ -41,7 +40,7 @@ def _group(state: object) -> Optional[dist.ProcessGroup]:
                     f"process_group attribute, got {type(state).__name__}")
 
 
-def comm_hook(state: object, bucket: dist.GradBucket) -> torch.futures.Future:
+def comm_hook(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     group = _group(state)
     world = dist.get_world_size(group)
     buf = bucket.buffer()
