@@ -42,6 +42,7 @@ from torch import nn
 
 from . import _nested
 from ._replicas import ReplicaSet
+from .ddp import _to_device
 
 __all__ = ["DataParallel"]
 
@@ -119,8 +120,8 @@ class DataParallel(nn.Module):
         batch = _nested.batch_size((inputs, kwargs), self.dim, "(inputs, kwargs)")
         if batch is None or len(self.devices) == 1:
             # Nothing to split (or one device): run the module itself, inputs on its device.
-            args = _nested.scatter_nested((inputs, kwargs), [self.src_device_obj], [batch or 0], self.dim)[0]
-            out = self.module(*args[0], **args[1])
+            args, kw = _to_device((inputs, kwargs), self.src_device_obj)
+            out = self.module(*args, **kw)
             return _nested.gather_nested([out], [batch or 1], self.output_device, self.dim, self.scalar_gather)
         sizes = _nested.balanced_chunk_sizes(batch, len(self.devices))
         devices = self.devices[: len(sizes)]
