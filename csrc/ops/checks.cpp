@@ -10,7 +10,24 @@ std::string indexed(const char* arg, size_t i) { return std::string(arg) + "[" +
 
 static std::string device_str(const at::Tensor& t) { return "'" + t.device().str() + "'"; }
 
-static std::string dtype_str(at::ScalarType t) { return std::string("torch.") + c10::toString(t); }
+// Python's spelling (torch.float16), not c10's (Half): users read these.
+static std::string dtype_str(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return "torch.float32";
+    case at::kDouble: return "torch.float64";
+    case at::kHalf: return "torch.float16";
+    case at::kBFloat16: return "torch.bfloat16";
+    case at::kChar: return "torch.int8";
+    case at::kByte: return "torch.uint8";
+    case at::kShort: return "torch.int16";
+    case at::kInt: return "torch.int32";
+    case at::kLong: return "torch.int64";
+    case at::kBool: return "torch.bool";
+    case at::kComplexFloat: return "torch.complex64";
+    case at::kComplexDouble: return "torch.complex128";
+    default: return std::string("torch.") + c10::toString(t);
+  }
+}
 
 DType to_dtype(const char* op, const std::string& arg_index, at::ScalarType t) {
   switch (t) {

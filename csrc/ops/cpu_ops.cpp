@@ -145,7 +145,7 @@ void copy_many_cpu(at::TensorList srcs, at::TensorList dsts) {
                       dsts[i].sizes(), " but ", indexed("srcs", i), " has shape ", srcs[i].sizes());
     TORCH_CHECK_TYPE(dsts[i].scalar_type() == srcs[i].scalar_type(), "fastpar.copy_many_: ", name,
                      " has dtype ", dsts[i].scalar_type(), " but ", indexed("srcs", i), " has dtype ",
-                     srcs[i].scalar_type());
+                     srcs[i].scalar_type(), " (copies do not convert)");
   }
   for (size_t i = 0; i < srcs.size(); ++i) {
     if (srcs[i].is_contiguous() && dsts[i].is_contiguous()) {

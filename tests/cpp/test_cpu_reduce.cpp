@@ -1,0 +1,60 @@
+// The CPU reduce loop: fixed order, in-place aliasing, fp32 accumulation for
+// 16-bit floats, AVG as a division, non-temporal stores on aligned and
+// misaligned destinations.
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "check.h"
+#include "kernels/cpu_reduce.h"
+
+using namespace fastpar;
+
+int main() {
+  // In place, 3 sources, every block/tail length around kCpuBlock, both store paths.
+  for (bool streaming : {false, true}) {
+    for (int64_t count : {int64_t(0), int64_t(1), kCpuBlock - 1, kCpuBlock, kCpuBlock + 1, 3 * kCpuBlock + 5}) {
+      for (int64_t offset : {0, 1}) {  // offset 1: misaligned destinations fall back to plain stores
+        std::vector<std::vector<float>> buf(3, std::vector<float>(static_cast<size_t>(count + 1)));
+        std::vector<const float*> srcs;
+        std::vector<float*> dsts;
+        for (int s = 0; s < 3; ++s) {
+          for (int64_t i = 0; i < count; ++i) buf[s][i + offset] = float(i % 5 + s);
+          srcs.push_back(buf[s].data() + offset);
+          dsts.push_back(buf[s].data() + offset);
+        }
+        cpu_reduce_range<float, ReduceOp::AVG>(srcs.data(), 3, dsts.data(), 3, 0, count, 3, streaming);
+        for (int s = 0; s < 3; ++s)
+          for (int64_t i = 0; i < count; ++i) CHECK(buf[s][i + offset] == float(3 * (i % 5) + 3) / 3.0f);
+      }
+    }
+  }
+  // fp16: 2048 + 1 + 1 is 2050 with fp32 accumulation (2049 is not a half).
+  {
+    std::vector<f16> a(5, to_f16(2048.f)), b(5, to_f16(1.f)), c(5, to_f16(1.f)), out(5);
+    const f16* srcs[] = {a.data(), b.data(), c.data()};
+    f16* dsts[] = {out.data()};
+    cpu_reduce_range<f16, ReduceOp::SUM>(srcs, 3, dsts, 1, 0, 5, 3);
+    CHECK(to_float(out[4]) == 2050.f);
+  }
+  // MIN/MAX propagate NaN from any position, as torch.minimum/maximum do.
+  {
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    float x[] = {1.f, nan, 3.f}, y[] = {nan, 2.f, 0.f}, out[3];
+    const float* srcs[] = {x, y};
+    float* dsts[] = {out};
+    cpu_reduce_range<float, ReduceOp::MAX>(srcs, 2, dsts, 1, 0, 3, 2);
+    CHECK(out[0] != out[0] && out[1] != out[1] && out[2] == 3.f);
+    cpu_reduce_range<float, ReduceOp::MIN>(srcs, 2, dsts, 1, 0, 3, 2);
+    CHECK(out[0] != out[0] && out[1] != out[1] && out[2] == 0.f);
+  }
+  // Integers wrap like NCCL's: int8 127 + 1 == -128.
+  {
+    int8_t a[] = {127}, b[] = {1}, out[1];
+    const int8_t* srcs[] = {a, b};
+    int8_t* dsts[] = {out};
+    cpu_reduce_range<int8_t, ReduceOp::SUM>(srcs, 2, dsts, 1, 0, 1, 2);
+    CHECK(out[0] == -128);
+  }
+  return TEST_MAIN_RESULT();
+}

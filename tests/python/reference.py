@@ -1,0 +1,54 @@
+"""Pure-torch references and exact test data for the collective tests."""
+import torch
+from torch.distributed import ReduceOp
+
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16,
+          torch.int8, torch.uint8, torch.int32, torch.int64]
+OPS = [ReduceOp.SUM, ReduceOp.AVG, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX]
+FLOATING = {torch.float32, torch.float64, torch.float16, torch.bfloat16}
+
+
+def supported(dtype, op):
+    return op != ReduceOp.AVG or dtype in FLOATING
+
+
+def make_inputs(n, numel, dtype, op, seed=0):
+    """Integer-valued data small enough that every op is exact in every dtype:
+    sums of 8 values stay < 2^7, products of 8 values in {-2..2} stay in int8
+    range modulo wrap (the reference wraps the same way)."""
+    g = torch.Generator().manual_seed(seed * 1000 + n * 37 + numel)
+    lo, hi = (-2, 3) if op == ReduceOp.PRODUCT else (-8, 9)
+    if dtype == torch.uint8:
+        lo, hi = (0, 3) if op == ReduceOp.PRODUCT else (0, 16)
+    return [torch.randint(lo, hi, (numel,), generator=g).to(dtype) for _ in range(n)]
+
+
+def reference(tensors, op):
+    """op over the list, computed the way fastpar promises: fp32 accumulation for
+    16-bit floats, the dtype itself otherwise (integers wrap), AVG = sum / n."""
+    dtype = tensors[0].dtype
+    acc = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    if dtype in (torch.int8, torch.uint8, torch.int32):
+        acc = torch.int64  # exact, then wrapped back to the dtype as fastpar's arithmetic does
+    s = torch.stack([t.to(acc) for t in tensors])
+    if op == ReduceOp.SUM:
+        r = s.sum(0)
+    elif op == ReduceOp.AVG:
+        r = s.sum(0) / len(tensors)
+    elif op == ReduceOp.PRODUCT:
+        r = s.prod(0)
+    elif op == ReduceOp.MIN:
+        r = s.amin(0)
+    else:
+        r = s.amax(0)
+    if dtype in (torch.int8, torch.uint8, torch.int32):
+        bits = {torch.int8: 8, torch.uint8: 8, torch.int32: 32}[dtype]
+        r = r & ((1 << bits) - 1)
+        if dtype != torch.uint8:
+            r = torch.where(r >= (1 << (bits - 1)), r - (1 << bits), r)
+    return r.to(dtype)
+
+
+def bits(t):
+    """A view whose equality is bitwise equality (NaN == NaN, -0 != +0)."""
+    return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
