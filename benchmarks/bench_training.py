@@ -2,7 +2,7 @@
 
     PYTHONPATH=. python benchmarks/bench_training.py                 # 2 ranks, 3 rounds
     PYTHONPATH=. python benchmarks/bench_training.py --quick         # 1 round, short
-    PYTHONPATH=. python benchmarks/bench_training.py --csv bench_out/train.csv --data /path/to/fashion-mnist
+    PYTHONPATH=. python benchmarks/bench_training.py --rounds 5 --data /path/to/fashion-mnist
 
 LeNet, one thread per rank, the same seed, data and steps in every mode
 (fastpar/training_benchmark.py). The modes run interleaved for --rounds
@@ -34,7 +34,7 @@ def main() -> None:
     ap.add_argument("--bucket-cap-mb", type=float, default=25.0)
     ap.add_argument("--data", default=None, help="folder of Fashion-MNIST IDX files (default: synthetic)")
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--csv", default=None, help="write every run and the medians to this CSV")
+    ap.add_argument("--csv", default="bench_out/training.csv", help="every run and the medians ('' for none)")
     args = ap.parse_args()
     rounds = args.rounds or (1 if args.quick else 3)
     cfg = tb.Config(world=args.world, batch_per_rank=args.batch, bucket_cap_mb=args.bucket_cap_mb,

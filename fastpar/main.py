@@ -70,11 +70,15 @@ def write_csv(rows: list, path: str) -> None:
 
 def run_collective_sweep(out_dir: str, quick: bool) -> None:
     """Runs benchmarks/bench_distributed.py when it exists, passing the options its --help offers."""
-    script = os.path.join(_REPO, "benchmarks", "bench_distributed.py")
-    if not os.path.exists(script):
+    # the checkout this package runs from, else the current directory (for an installed fastpar)
+    found = [os.path.join(root, "benchmarks", "bench_distributed.py") for root in (_REPO, os.getcwd())]
+    found = [p for p in found if os.path.exists(p)]
+    if not found:
         print("collective sweep: skipped (benchmarks/bench_distributed.py is not in this checkout)")
         return
-    env = dict(os.environ, PYTHONPATH=_REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    script = found[0]
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(script)) + os.pathsep
+               + os.environ.get("PYTHONPATH", ""))
     helptext = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True, env=env).stdout
     cmd = [sys.executable, script]
     if quick and "--quick" in helptext:
