@@ -3,8 +3,8 @@ them every forward (nn.DataParallel's design), and sequential vs threaded
 replicas on CPU devices. Each variant is checked against single-device
 training before it is timed, so only correct designs are compared.
 
-    PYTHONPATH=. python benchmarks/bench_data_parallel.py                  # 2 CPU devices
-    PYTHONPATH=. python benchmarks/bench_data_parallel.py --devices 4 --csv bench_out/dp.csv
+    python benchmarks/bench_data_parallel.py                  # 2 CPU devices
+    python benchmarks/bench_data_parallel.py --devices 4 --csv bench_out/dp.csv
 
 Variants (all use fastpar collectives):
   single device      the module alone on the whole batch (baseline)
@@ -14,22 +14,23 @@ Variants (all use fastpar collectives):
   rebuild            nn.DataParallel's design: Module replicas rebuilt each
                      forward, parameters broadcast by an autograd function
                      whose backward reduce-adds the gradients
+
+fastpar is imported as installed (bash scripts/setup.sh, then .venv/bin/python
+benchmarks/...); with an in-place build (setup.py build_ext --inplace) put
+PYTHONPATH=. in front.
 """
 import argparse
 import csv
 import os
 import statistics
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import torch
+import torch.nn.functional as F
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-import fastpar  # noqa: E402
-from fastpar import _nested, data_parallel  # noqa: E402
-from fastpar.lenet import lenet  # noqa: E402
+import fastpar
+from fastpar import _nested, data_parallel
+from fastpar.lenet import lenet
 
 
 class _BroadcastParams(torch.autograd.Function):

@@ -1,26 +1,29 @@
 """Training throughput: fastpar DDP vs stock DDP over gloo vs no communication.
 
-    PYTHONPATH=. python benchmarks/bench_training.py                 # 2 ranks, 3 rounds
-    PYTHONPATH=. python benchmarks/bench_training.py --quick         # 1 round, short
-    PYTHONPATH=. python benchmarks/bench_training.py --rounds 5 --data /path/to/fashion-mnist
+    python benchmarks/bench_training.py                 # 2 ranks, 3 rounds
+    python benchmarks/bench_training.py --quick         # 1 round, short
+    python benchmarks/bench_training.py --rounds 5 --data /path/to/fashion-mnist
 
 LeNet, one thread per rank, the same seed, data and steps in every mode
 (fastpar/training_benchmark.py). The modes run interleaved for --rounds
 rounds so that load from other processes on the machine hits all of them
-alike; the table reports each mode's median samples/s and its ratio to the
-no-communication upper bound and to stock DDP, all measured in this run.
+alike. samples/s is the global batch over the slowest rank's median step
+time (wall: the same steps timed barrier to barrier); the table reports each
+mode's median over rounds and its ratio to the no-communication upper bound
+and to stock DDP, all measured in this run.
+
+fastpar is imported as installed (bash scripts/setup.sh, then .venv/bin/python
+benchmarks/...); with an in-place build (setup.py build_ext --inplace) put
+PYTHONPATH=. in front.
 """
 import argparse
 import csv
 import os
 import statistics
-import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from fastpar import training_benchmark as tb  # noqa: E402
-from fastpar._progress import ProgressBar  # noqa: E402
+from fastpar import training_benchmark as tb
+from fastpar._progress import ProgressBar
 
 MODES = ("no_comm", "fastpar_ddp", "stock_ddp_gloo")
 
@@ -58,13 +61,14 @@ def main() -> None:
         mine = [x for x in runs if x["mode"] == mode]
         row = dict(mine[0])
         row["samples_per_s"] = statistics.median(x["samples_per_s"] for x in mine)
+        row["wall_samples_per_s"] = statistics.median(x["wall_samples_per_s"] for x in mine)
         row["round"] = "median"
         medians.append(row)
     print()
     print(tb.format_table(medians, baseline_mode="no_comm", extra_baseline="stock_ddp_gloo"))
     fp = next(x for x in medians if x["mode"] == "fastpar_ddp")
     print(f"\nfastpar DDP backend: {fp['backend']}, bucket storage: {fp['bucket_storage']}")
-    if args.csv:
+    if args.csv:  # '' disables
         os.makedirs(os.path.dirname(os.path.abspath(args.csv)), exist_ok=True)
         with open(args.csv, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(runs[0]))

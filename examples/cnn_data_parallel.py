@@ -1,9 +1,13 @@
 """A small CNN trained with fastpar.DataParallel on 32x32x3 batches.
 
-Run from the repository root (after `python setup.py build_ext --inplace`):
+Run from the repository root of a fresh clone:
 
-    PYTHONPATH=. python examples/cnn_data_parallel.py              # 2 CPU "devices"
-    PYTHONPATH=. python examples/cnn_data_parallel.py --devices 0 1   # two GPUs
+    bash scripts/setup.sh                                   # once: .venv with torch + fastpar installed
+    .venv/bin/python examples/cnn_data_parallel.py              # 2 CPU "devices"
+    .venv/bin/python examples/cnn_data_parallel.py --devices 0 1   # two GPUs
+
+With an in-place build (`python setup.py build_ext --inplace`) use `PYTHONPATH=. python`
+in place of `.venv/bin/python`.
 
 The data is SYNTHETIC (random images whose class sets the mean of one colour
 channel), enough to watch the loss fall. The last batch has 3 samples on

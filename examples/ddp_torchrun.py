@@ -1,9 +1,13 @@
 """LeNet with fastpar.DistributedDataParallel and a DistributedSampler, launched by torchrun.
 
-Run from the repository root (after `python setup.py build_ext --inplace`):
+Run from the repository root of a fresh clone:
 
-    PYTHONPATH=. torchrun --standalone --nproc_per_node=2 examples/ddp_torchrun.py
-    PYTHONPATH=. torchrun --standalone --nproc_per_node=2 examples/ddp_torchrun.py --data ~/fashion-mnist
+    bash scripts/setup.sh                                   # once: .venv with torch + fastpar installed
+    .venv/bin/torchrun --standalone --nproc_per_node=2 examples/ddp_torchrun.py
+    .venv/bin/torchrun --standalone --nproc_per_node=2 examples/ddp_torchrun.py --data ~/fashion-mnist
+
+With an in-place build (`python setup.py build_ext --inplace`) prefix `PYTHONPATH=.`
+and use the torchrun on your PATH.
 
 (`python -m torch.distributed.run` works where the torchrun script is not on PATH.)
 The backend is "fastpar" when fastpar's torch.distributed backend is built,

@@ -3,11 +3,15 @@
 fastpar.scatter splitting the batch and fastpar.allreduce summing gradients,
 where the textbook writes its own `split_batch` and `allreduce` loops.
 
-Run from the repository root (after `python setup.py build_ext --inplace`):
+Run from the repository root of a fresh clone:
 
-    PYTHONPATH=. python examples/lenet_textbook.py                        # 2 CPU "devices", synthetic data
-    PYTHONPATH=. python examples/lenet_textbook.py --data ~/fashion-mnist  # the four IDX files, read locally
-    PYTHONPATH=. python examples/lenet_textbook.py --devices 0 1          # two GPUs
+    bash scripts/setup.sh                                   # once: .venv with torch + fastpar installed
+    .venv/bin/python examples/lenet_textbook.py                        # 2 CPU "devices", synthetic data
+    .venv/bin/python examples/lenet_textbook.py --data ~/fashion-mnist  # the four IDX files, read locally
+    .venv/bin/python examples/lenet_textbook.py --devices 0 1          # two GPUs
+
+With an in-place build (`python setup.py build_ext --inplace`) use `PYTHONPATH=. python`
+in place of `.venv/bin/python`.
 
 Without --data the images are SYNTHETIC (fastpar/datasets.py; nothing is downloaded).
 """

@@ -5,10 +5,14 @@
   3. fastpar.DistributedDataParallel over N processes started by
      torch.multiprocessing.spawn (gloo, or the fastpar backend when built).
 
-Run from the repository root (after `python setup.py build_ext --inplace`):
+Run from the repository root of a fresh clone:
 
-    PYTHONPATH=. python examples/single_vs_dp_vs_ddp.py            # N = 2
-    PYTHONPATH=. python examples/single_vs_dp_vs_ddp.py --world 3 --steps 20
+    bash scripts/setup.sh                                   # once: .venv with torch + fastpar installed
+    .venv/bin/python examples/single_vs_dp_vs_ddp.py            # N = 2
+    .venv/bin/python examples/single_vs_dp_vs_ddp.py --world 3 --steps 20
+
+With an in-place build (`python setup.py build_ext --inplace`) use `PYTHONPATH=. python`
+in place of `.venv/bin/python`.
 
 Data: SYNTHETIC Fashion-MNIST-shaped images (fastpar/datasets.py). The global
 batch of 50 does not divide by 3 on purpose: DataParallel splits it 17/17/16

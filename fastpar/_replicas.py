@@ -38,6 +38,14 @@ class ReplicaSet:
         # overwritten unless the master really changed (see _sync).
         self._graph_pending = False
 
+    def __getstate__(self):
+        # Copies, hooks and the lock are rebuilt on first use: this keeps
+        # copy.deepcopy(model) and torch.save(model) working.
+        return {"master": self.master, "devices": self.devices}
+
+    def __setstate__(self, state):
+        self.__init__(state["master"], state["devices"])
+
     # -- building ---------------------------------------------------------------
     def _stale(self, params: List[torch.Tensor], buffers: List[torch.Tensor]) -> bool:
         if len(params) != len(self._params) or len(buffers) != len(self._buffers):

@@ -4,7 +4,8 @@ fastpar.DistributedDataParallel and fastpar.comm_hook allocate every flat
 bucket through ``allocate_bucket_storage``. When the process group runs the
 fastpar backend and ``fastpar.distributed`` provides ``registered_empty``
 (tensors placed in the backend's shared memory, whose all_reduce needs no
-copy in or out), buckets are allocated there; otherwise, as on gloo or NCCL,
+copy in; allocating one is collective over the group, so every rank must
+allocate the same buckets in the same order), buckets are allocated there; otherwise, as on gloo or NCCL,
 they are ordinary ``torch.empty`` tensors. Either way the result is a plain
 1-D tensor that torch.distributed collectives accept, so callers never branch.
 """
@@ -41,7 +42,8 @@ def allocate_bucket_storage(numel: int, dtype: torch.dtype, device: torch.device
     when available, ``torch.empty`` otherwise."""
     registered = _registered_allocator()
     if registered is not None and device.type == "cpu" and uses_fastpar_backend(process_group):
-        return registered((numel,), dtype).zero_()
+        # Collective: every rank allocates its buckets in the same order (same model, same bucketing).
+        return registered((numel,), dtype, group=process_group).zero_()
     return torch.zeros(numel, dtype=dtype, device=device)
 
 

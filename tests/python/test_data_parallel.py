@@ -162,3 +162,18 @@ def test_bad_arguments_are_reported_before_any_work():
     with pytest.raises(ValueError, match=r"inputs, kwargs\)\[1\]\['extra'\]\['w'\] has size 5 along dim 0 but "
                                          r"\(inputs, kwargs\)\[0\]\[0\]\[0\] has size 4"):
         dp((torch.randn(4, 4), torch.randn(4, 4)), extra={"w": torch.randn(5, 1)}, scale=1.0)
+
+
+def test_deepcopy_and_pickle_of_the_wrapper_work():
+    import io
+    dp = fastpar.DataParallel(small_cnn(), device_ids=["cpu"] * 2)
+    x, y = batches([6])[0]
+    F.cross_entropy(dp(x), y).backward()
+    twin = copy.deepcopy(dp)
+    buf = io.BytesIO()
+    torch.save(dp, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    with torch.no_grad():
+        for other in (twin, loaded):
+            torch.testing.assert_close(other(x), dp(x))
