@@ -37,9 +37,15 @@ def main() -> None:
     ap.add_argument("--bucket-cap-mb", type=float, default=25.0)
     ap.add_argument("--data", default=None, help="folder of Fashion-MNIST IDX files (default: synthetic)")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--modes", default=",".join(MODES),
+                    help=f"comma-separated, from {list(tb.MODES)} (default: {','.join(MODES)})")
     ap.add_argument("--csv", default="bench_out/training.csv", help="every run and the medians ('' for none)")
     args = ap.parse_args()
     rounds = args.rounds or (1 if args.quick else 3)
+    modes = [m for m in args.modes.split(",") if m]
+    for m in modes:
+        if m not in tb.MODES:
+            ap.error(f"--modes: {m!r} is not one of {list(tb.MODES)}")
     cfg = tb.Config(world=args.world, batch_per_rank=args.batch, bucket_cap_mb=args.bucket_cap_mb,
                     epochs=args.epochs or (0.5 if args.quick else 2.0), data_path=args.data)
     data_file, description = tb.prepare_data(cfg, tempfile.mkdtemp(prefix="fastpar_bench_"))
@@ -48,7 +54,7 @@ def main() -> None:
           f"({cfg.warmup_steps} untimed), {rounds} interleaved round(s)")
     runs = []
     for r in range(rounds):
-        for mode in MODES:
+        for mode in modes:
             bar = ProgressBar(cfg.steps(), f"round {r + 1}: {tb.MODES[mode]}")
             try:
                 res = tb.run_mode(mode, cfg, data_file, on_progress=lambda n, total: bar.update_to(n))
@@ -57,7 +63,7 @@ def main() -> None:
             res["round"] = r + 1
             runs.append(res)
     medians = []
-    for mode in MODES:
+    for mode in modes:
         mine = [x for x in runs if x["mode"] == mode]
         row = dict(mine[0])
         row["samples_per_s"] = statistics.median(x["samples_per_s"] for x in mine)
@@ -65,9 +71,11 @@ def main() -> None:
         row["round"] = "median"
         medians.append(row)
     print()
-    print(tb.format_table(medians, baseline_mode="no_comm", extra_baseline="stock_ddp_gloo"))
-    fp = next(x for x in medians if x["mode"] == "fastpar_ddp")
-    print(f"\nfastpar DDP backend: {fp['backend']}, bucket storage: {fp['bucket_storage']}")
+    print(tb.format_table(medians, baseline_mode=modes[0],
+                          extra_baseline="stock_ddp_gloo" if "stock_ddp_gloo" in modes else None))
+    for x in medians:
+        if x["mode"].startswith("fastpar_ddp"):
+            print(f"{x['label']}: backend {x['backend']}, bucket storage {x['bucket_storage']}")
     if args.csv:  # '' disables
         os.makedirs(os.path.dirname(os.path.abspath(args.csv)), exist_ok=True)
         with open(args.csv, "w", newline="") as f:

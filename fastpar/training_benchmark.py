@@ -9,6 +9,8 @@ Used by ``python -m fastpar.main`` and benchmarks/bench_training.py. Modes:
                   throughput upper bound for any data-parallel scheme
   single          one process (with as many threads as the others have
                   processes) training on the whole global batch
+  fastpar_ddp_gloo, stock_ddp_fastpar
+                  the wrapper and the backend swapped, to tell their costs apart
 
 Every mode trains the same LeNet from the same seed on the same global
 batches (world_size * batch_per_rank samples per step), one thread per rank.
@@ -37,6 +39,9 @@ MODES = {
     "stock_ddp_gloo": "stock DDP (gloo)",
     "no_comm": "no communication",
     "single": "one process",
+    # diagnostics: each wrapper on the other backend
+    "fastpar_ddp_gloo": "fastpar DDP (gloo)",
+    "stock_ddp_fastpar": "stock DDP (fastpar)",
 }
 
 
@@ -86,13 +91,16 @@ def _worker(rank: int, world: int, mode: str, cfg: Config, data_file: str, store
     x, y = data["train"]
     backend = None
     if mode != "single":
-        backend = "fastpar" if mode == "fastpar_ddp" and fastpar_backend_available() else "gloo"
+        wants_fastpar = mode in ("fastpar_ddp", "stock_ddp_fastpar")
+        if mode == "stock_ddp_fastpar" and not fastpar_backend_available():
+            raise RuntimeError("fastpar.training_benchmark: mode stock_ddp_fastpar needs the fastpar backend")
+        backend = "fastpar" if wants_fastpar and fastpar_backend_available() else "gloo"
         dist.init_process_group(backend, store=dist.FileStore(store_path, world), rank=rank, world_size=world)
     torch.manual_seed(0)
     net = lenet()
-    if mode == "fastpar_ddp":
+    if mode in ("fastpar_ddp", "fastpar_ddp_gloo"):
         model = fastpar.DistributedDataParallel(net, bucket_cap_mb=cfg.bucket_cap_mb)
-    elif mode == "stock_ddp_gloo":
+    elif mode in ("stock_ddp_gloo", "stock_ddp_fastpar"):
         model = torch.nn.parallel.DistributedDataParallel(net, bucket_cap_mb=cfg.bucket_cap_mb)
     else:
         model = net
