@@ -1,10 +1,12 @@
 """Design check for fastpar.DataParallel: persistent replicas vs rebuilding
 them every forward (nn.DataParallel's design), and sequential vs threaded
-replicas on CPU devices. Each variant is checked against single-device
-training before it is timed, so only correct designs are compared.
+replicas on CPU devices. Every variant trains the same model on the same
+batches, and its parameters are compared with single-device training at the
+end (last column), so only correct designs are compared.
 
     python benchmarks/bench_data_parallel.py                  # 2 CPU devices
     python benchmarks/bench_data_parallel.py --devices 4 --csv bench_out/dp.csv
+    python benchmarks/bench_data_parallel.py --model deep_mlp --batch 32   # wrapper overhead
 
 Variants (all use fastpar collectives):
   single device      the module alone on the whole batch (baseline)
@@ -107,9 +109,20 @@ def _threaded_cpu_apply(replicas, args, devices):
     return results
 
 
-def make_variant(name, devices):
+def deep_mlp():
+    """Little compute, many modules: the per-step cost of the wrapper itself shows."""
+    layers = [torch.nn.Flatten(), torch.nn.Linear(28 * 28, 64)]
+    for _ in range(12):
+        layers += [torch.nn.ReLU(), torch.nn.Linear(64, 64)]
+    return torch.nn.Sequential(*layers, torch.nn.ReLU(), torch.nn.Linear(64, 10))
+
+
+MODELS = {"lenet": lenet, "deep_mlp": deep_mlp}
+
+
+def make_variant(name, devices, model_name):
     torch.manual_seed(0)
-    net = lenet()
+    net = MODELS[model_name]()
     if name == "single device":
         return net, net
     if name == "rebuild":
@@ -117,11 +130,11 @@ def make_variant(name, devices):
     return fastpar.DataParallel(net, device_ids=devices), net
 
 
-def run_interleaved(names, devices, batches, timed):
+def run_interleaved(names, devices, batches, timed, model_name):
     """One step of every variant in turn, so that load from other processes hits them alike."""
     setups = {}
     for n in names:
-        model, net = make_variant(n, devices)
+        model, net = make_variant(n, devices, model_name)
         setups[n] = (model, net, torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9))
     times = {n: [] for n in names}
     original = data_parallel._parallel_apply
@@ -147,6 +160,8 @@ def main():
     ap.add_argument("--devices", type=int, default=2, help="number of CPU devices")
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--model", choices=sorted(MODELS), default="lenet",
+                    help="lenet (compute-bound) or deep_mlp (27 modules, little compute: shows wrapper overhead)")
     ap.add_argument("--csv", default=None)
     args = ap.parse_args()
     devices = ["cpu"] * args.devices
@@ -154,10 +169,10 @@ def main():
     batches = [(torch.randn(args.batch, 1, 28, 28, generator=g), torch.randint(0, 10, (args.batch,), generator=g))
                for _ in range(args.steps)]
     names = ["single device", "persistent", "persistent+threads", "rebuild"]
-    results = run_interleaved(names, devices, batches, args.steps // 2)
+    results = run_interleaved(names, devices, batches, args.steps // 2, args.model)
     ref = list(results["single device"][0].parameters())
     base, base_med = results["single device"][1], results["single device"][2]
-    print(f"LeNet, batch {args.batch}, {args.devices} CPU devices, torch threads {torch.get_num_threads()}, "
+    print(f"{args.model}, batch {args.batch}, {args.devices} CPU devices, torch threads {torch.get_num_threads()}, "
           f"best and median of the last {args.steps // 2} of {args.steps} steps, variants interleaved step by step")
     print(f"{'variant':<20} {'best ms':>8} {'vs single':>10} {'median ms':>10} {'vs single':>10} "
           f"{'max |param diff| vs single':>28}")

@@ -58,7 +58,7 @@ class ReplicaSet:
         self._params, self._buffers = params, buffers
         self._shapes = [(t.shape, t.dtype, t.device, t.requires_grad) for t in params + buffers]
         self._synced: List[List[int]] = []
-        self.copies, self._flats, self._views = [], [], []
+        self.copies, self._flats, self._views, self._module_pairs = [], [], [], []
         self._groups: Dict[torch.dtype, List[int]] = {}
         for j, p in enumerate(params):
             if p.requires_grad:
@@ -80,19 +80,20 @@ class ReplicaSet:
                 if p.requires_grad:
                     p.register_post_accumulate_grad_hook(functools.partial(self._on_grad, r, j))
             self.copies.append(replica)
+            self._module_pairs.append(list(zip(self.master.modules(), replica.modules())))
             self._flats.append(flats)
             self._views.append(views)
             self._synced.append([-1] * (len(params) + len(buffers)))
 
     # -- forward ------------------------------------------------------------------
-    def prepare(self, n: int) -> List[nn.Module]:
-        """The n modules to run (master first), holding the master's current values."""
-        params, buffers = list(self.master.parameters()), list(self.master.buffers())
+    def prepare(self, n: int, params: List[torch.Tensor], buffers: List[torch.Tensor]) -> List[nn.Module]:
+        """The n modules to run (master first), holding the master's current values;
+        ``params`` and ``buffers`` are the master's, in registration order."""
         if self._stale(params, buffers):
             self._build(params, buffers)
         self._sync(n - 1)
         for r in range(n - 1):
-            for mm, cm in zip(self.master.modules(), self.copies[r].modules()):
+            for mm, cm in self._module_pairs[r]:
                 cm.training = mm.training
         if torch.is_grad_enabled():
             self._graph_pending = True

@@ -108,15 +108,19 @@ class DataParallel(nn.Module):
         self._register_state_dict_hook(_strip_module_prefix)
         self._register_load_state_dict_pre_hook(_add_module_prefix, with_module=True)
 
-    def _check_on_source(self) -> None:
-        for name, t in list(self.module.named_parameters()) + list(self.module.named_buffers()):
-            if t.device != self.src_device_obj:
-                raise RuntimeError(f"fastpar.DataParallel: module must have its parameters and buffers on "
-                                   f"device '{self.src_device_obj}' (device_ids[0]) but '{name}' is on "
-                                   f"'{t.device}'")
+    def _check_on_source(self) -> tuple:
+        """The module's parameters and buffers, after checking they are all on device_ids[0]."""
+        params, buffers = list(self.module.parameters()), list(self.module.buffers())
+        src = self.src_device_obj
+        if any(t.device != src for t in params) or any(t.device != src for t in buffers):
+            for name, t in list(self.module.named_parameters()) + list(self.module.named_buffers()):
+                if t.device != src:
+                    raise RuntimeError(f"fastpar.DataParallel: module must have its parameters and buffers on "
+                                       f"device '{src}' (device_ids[0]) but '{name}' is on '{t.device}'")
+        return params, buffers
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
-        self._check_on_source()
+        params, buffers = self._check_on_source()
         batch = _nested.batch_size((inputs, kwargs), self.dim, "(inputs, kwargs)")
         if batch is None or len(self.devices) == 1:
             # Nothing to split (or one device): run the module itself, inputs on its device.
@@ -126,7 +130,7 @@ class DataParallel(nn.Module):
         sizes = _nested.balanced_chunk_sizes(batch, len(self.devices))
         devices = self.devices[: len(sizes)]
         per_replica = _nested.scatter_nested((inputs, kwargs), devices, sizes, self.dim)
-        replicas = self._replica_set.prepare(len(sizes))
+        replicas = self._replica_set.prepare(len(sizes), params, buffers)
         outputs = _parallel_apply(replicas, per_replica, devices)
         return _nested.gather_nested(outputs, sizes, self.output_device, self.dim, self.scalar_gather)
 
