@@ -135,7 +135,7 @@ def run_interleaved(names, devices, batches, timed, model_name):
     setups = {}
     for n in names:
         model, net = make_variant(n, devices, model_name)
-        setups[n] = (model, net, torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9))
+        setups[n] = (model, net, torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9))
     times = {n: [] for n in names}
     original = data_parallel._parallel_apply
     for i, (x, y) in enumerate(batches):

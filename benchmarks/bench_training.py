@@ -5,10 +5,11 @@
     python benchmarks/bench_training.py --rounds 5 --data /path/to/fashion-mnist
 
 LeNet, one thread per rank, the same seed, data and steps in every mode
-(fastpar/training_benchmark.py). The modes run interleaved for --rounds
-rounds so that load from other processes on the machine hits all of them
-alike. samples/s is the global batch over the slowest rank's median step
-time (wall: the same steps timed barrier to barrier); the table reports each
+(fastpar/training_benchmark.py). All modes live in the same processes and
+take turns step by step, each step starting from a barrier, so that load from
+other processes on the machine hits all of them alike; --rounds repeats that
+in fresh processes. samples/s is the global batch over the slowest rank's
+median step time (wall: over its mean step time); the table reports each
 mode's median over rounds and its ratio to the no-communication upper bound
 and to stock DDP, all measured in this run.
 
@@ -50,16 +51,16 @@ def main() -> None:
                     epochs=args.epochs or (0.5 if args.quick else 2.0), data_path=args.data)
     data_file, description = tb.prepare_data(cfg, tempfile.mkdtemp(prefix="fastpar_bench_"))
     print(f"data: {description}")
-    print(f"LeNet, {cfg.world} ranks x {cfg.batch_per_rank} samples, {cfg.steps()} steps per run "
-          f"({cfg.warmup_steps} untimed), {rounds} interleaved round(s)")
+    print(f"LeNet, {cfg.world} ranks x {cfg.batch_per_rank} samples, {cfg.steps()} steps per mode "
+          f"({cfg.warmup_steps} untimed), modes interleaved step by step, {rounds} round(s)")
     runs = []
     for r in range(rounds):
-        for mode in modes:
-            bar = ProgressBar(cfg.steps(), f"round {r + 1}: {tb.MODES[mode]}")
-            try:
-                res = tb.run_mode(mode, cfg, data_file, on_progress=lambda n, total: bar.update_to(n))
-            finally:
-                bar.close()
+        bar = ProgressBar(cfg.steps(), f"round {r + 1}/{rounds}: all modes")
+        try:
+            results = tb.run_modes(modes, cfg, data_file, on_progress=lambda n, total: bar.update_to(n))
+        finally:
+            bar.close()
+        for res in results:
             res["round"] = r + 1
             runs.append(res)
     medians = []

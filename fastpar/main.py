@@ -56,12 +56,13 @@ def run_training(args: argparse.Namespace) -> list:
     data_file, description = tb.prepare_data(cfg, tempfile.mkdtemp(prefix="fastpar_main_"))
     print(f"data: {description}")
     print(f"LeNet, {cfg.world} x {cfg.batch_per_rank} samples per step, {cfg.steps()} steps per mode "
-          f"({cfg.warmup_steps} warm-up steps not timed), SGD momentum 0.9, lr {cfg.lr}")
+          f"({cfg.warmup_steps} warm-up steps not timed), SGD momentum 0.9, lr {cfg.lr}; the two DDP modes "
+          f"share {cfg.world} processes and take turns step by step")
     rows = []
-    for mode in ("fastpar_ddp", "stock_ddp_gloo", "single"):
-        bar = ProgressBar(cfg.steps(), tb.MODES[mode])
+    for modes, label in ((("fastpar_ddp", "stock_ddp_gloo"), "fastpar DDP + stock DDP"), (("single",), "one process")):
+        bar = ProgressBar(cfg.steps(), label)
         try:
-            rows.append(tb.run_mode(mode, cfg, data_file, on_progress=lambda n, total: bar.update_to(n)))
+            rows += tb.run_modes(modes, cfg, data_file, on_progress=lambda n, total: bar.update_to(n))
         finally:
             bar.close()
     return rows

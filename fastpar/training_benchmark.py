@@ -7,17 +7,19 @@ Used by ``python -m fastpar.main`` and benchmarks/bench_training.py. Modes:
   stock_ddp_gloo  torch.nn.parallel.DistributedDataParallel over gloo
   no_comm         the same processes and steps with no gradient exchange: the
                   throughput upper bound for any data-parallel scheme
-  single          one process (with as many threads as the others have
-                  processes) training on the whole global batch
+  single          one process with one thread per rank it stands in for,
+                  training on the whole global batch (run after the others,
+                  in a process of its own)
   fastpar_ddp_gloo, stock_ddp_fastpar
                   the wrapper and the backend swapped, to tell their costs apart
 
-Every mode trains the same LeNet from the same seed on the same global
-batches (world_size * batch_per_rank samples per step), one thread per rank.
+Every mode trains its own LeNet from the same seed on the same global
+batches (world_size * batch_per_rank samples per step), one thread per rank,
+all in one set of processes and interleaved step by step (see _worker).
 Throughput counts the steps after ``warmup_steps``: ``samples_per_s`` is the
 global batch over the slowest rank's median step time (robust to load spikes
-from other processes on a shared machine), ``wall_samples_per_s`` the same
-steps timed from a barrier to a barrier.
+from other processes on a shared machine), ``wall_samples_per_s`` the global
+batch over the slowest rank's mean step time.
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ import queue as queue_mod
 import statistics
 import tempfile
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -82,58 +84,73 @@ def _global_batches(n: int, steps: int, global_batch: int, seed: int = 0):
         yield perm[i * global_batch: (i + 1) * global_batch]
 
 
-def _worker(rank: int, world: int, mode: str, cfg: Config, data_file: str, store_path: str, q) -> None:
+def _build(mode: str, groups: Dict[str, Optional[dist.ProcessGroup]], cfg: Config):
+    """The model (wrapped as the mode says) and its optimizer, from seed 0."""
     import fastpar
-    from fastpar.lenet import accuracy, lenet
+    from fastpar.lenet import lenet
 
-    torch.set_num_threads(world if mode == "single" else 1)
-    data = torch.load(data_file)
-    x, y = data["train"]
-    backend = None
-    if mode != "single":
-        wants_fastpar = mode in ("fastpar_ddp", "stock_ddp_fastpar")
-        if mode == "stock_ddp_fastpar" and not fastpar_backend_available():
-            raise RuntimeError("fastpar.training_benchmark: mode stock_ddp_fastpar needs the fastpar backend")
-        backend = "fastpar" if wants_fastpar and fastpar_backend_available() else "gloo"
-        dist.init_process_group(backend, store=dist.FileStore(store_path, world), rank=rank, world_size=world)
     torch.manual_seed(0)
     net = lenet()
     if mode in ("fastpar_ddp", "fastpar_ddp_gloo"):
-        model = fastpar.DistributedDataParallel(net, bucket_cap_mb=cfg.bucket_cap_mb)
+        group = groups["fastpar"] if mode == "fastpar_ddp" else groups["gloo"]
+        model = fastpar.DistributedDataParallel(net, process_group=group, bucket_cap_mb=cfg.bucket_cap_mb)
     elif mode in ("stock_ddp_gloo", "stock_ddp_fastpar"):
-        model = torch.nn.parallel.DistributedDataParallel(net, bucket_cap_mb=cfg.bucket_cap_mb)
+        group = groups["fastpar"] if mode == "stock_ddp_fastpar" else groups["gloo"]
+        model = torch.nn.parallel.DistributedDataParallel(net, process_group=group, bucket_cap_mb=cfg.bucket_cap_mb)
     else:
         model = net
-    opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9)
+    return net, model, torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9)
+
+
+def _worker(rank: int, world: int, modes: List[str], cfg: Config, data_file: str, store_path: str, q) -> None:
+    """Every mode lives in these processes; each step runs every mode once, each
+    mode's step starting from a barrier, so load from other processes on the
+    machine falls on all modes alike (separate runs differed by 2x on our
+    shared 2-core machine)."""
+    from fastpar.lenet import accuracy
+
+    # one thread per rank; "single" runs alone in its own process with one thread per rank it stands in for
+    torch.set_num_threads(cfg.world if modes == ["single"] else 1)
+    data = torch.load(data_file)
+    x, y = data["train"]
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world)
+    groups: Dict[str, Optional[dist.ProcessGroup]] = {"gloo": None, "fastpar": None}
+    if fastpar_backend_available():
+        groups["fastpar"] = dist.new_group(backend="fastpar")
+    backends = {m: ("-" if m == "single" else "gloo" if m == "no_comm" else
+                    "fastpar" if m in ("fastpar_ddp", "stock_ddp_fastpar") and groups["fastpar"] else "gloo")
+                for m in modes}
+    if "stock_ddp_fastpar" in modes and groups["fastpar"] is None:
+        raise RuntimeError("fastpar.training_benchmark: mode stock_ddp_fastpar needs the fastpar backend")
+    built = {m: _build(m, groups, cfg) for m in modes}
     steps = cfg.steps()
-    global_batch = world * cfg.batch_per_rank if mode != "single" else cfg.world * cfg.batch_per_rank
-    t0, step_times = None, []
+    global_batch = cfg.world * cfg.batch_per_rank
+    times: Dict[str, List[float]] = {m: [] for m in modes}
     for step, idx in enumerate(_global_batches(len(y), steps, global_batch)):
-        if step == cfg.warmup_steps:
-            if backend:
-                dist.barrier()
-            t0 = time.perf_counter()
-        start = time.perf_counter()
-        mine = idx if mode == "single" else idx[rank * cfg.batch_per_rank: (rank + 1) * cfg.batch_per_rank]
-        opt.zero_grad(set_to_none=True)
-        F.cross_entropy(model(x[mine]), y[mine]).backward()
-        opt.step()
-        if step >= cfg.warmup_steps:
-            step_times.append(time.perf_counter() - start)
-        if rank == 0 and (step % 10 == 0 or step == steps - 1):
+        mine = idx[rank * cfg.batch_per_rank: (rank + 1) * cfg.batch_per_rank]
+        for mode in modes:
+            dist.barrier()
+            net, model, opt = built[mode]
+            batch = idx if mode == "single" else mine
+            start = time.perf_counter()
+            opt.zero_grad(set_to_none=True)
+            F.cross_entropy(model(x[batch]), y[batch]).backward()
+            opt.step()
+            if step >= cfg.warmup_steps:
+                times[mode].append(time.perf_counter() - start)
+        if rank == 0 and (step % 5 == 0 or step == steps - 1):
             q.put(("progress", step + 1, steps))
-    if backend:
-        dist.barrier()
-    elapsed = time.perf_counter() - t0
-    q.put(("result", rank, {
-        "mode": mode, "label": MODES[mode], "backend": backend or "-", "world": 1 if mode == "single" else world,
-        "steps": len(step_times), "global_batch": global_batch, "seconds": elapsed,
-        "median_step_s": statistics.median(step_times),
-        "accuracy": accuracy(net, *data["test"]) if rank == 0 else None,
-        "bucket_storage": getattr(model, "bucket_storage_kind", "-"),
-    }))
-    if backend:
-        dist.destroy_process_group()
+    for mode in modes:
+        net = built[mode][0]
+        q.put(("result", rank, {
+            "mode": mode, "label": MODES[mode], "backend": backends[mode],
+            "world": 1 if mode == "single" else world, "steps": len(times[mode]), "global_batch": global_batch,
+            "seconds": sum(times[mode]), "median_step_s": statistics.median(times[mode]),
+            "accuracy": accuracy(net, *data["test"]) if rank == 0 else None,
+            "bucket_storage": getattr(built[mode][1], "bucket_storage_kind", "-"),
+        }))
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 def prepare_data(cfg: Config, folder: str) -> tuple:
@@ -146,45 +163,58 @@ def prepare_data(cfg: Config, folder: str) -> tuple:
     return path, data.description
 
 
-def run_mode(mode: str, cfg: Config, data_file: str,
-             on_progress: Optional[Callable[[int, int], None]] = None, timeout_s: float = 1800) -> Dict:
-    """Trains in fresh processes (world of them; 1 for "single") and returns rank 0's result."""
-    if mode not in MODES:
-        raise ValueError(f"fastpar.training_benchmark: mode is {mode!r}; it must be one of {list(MODES)}")
-    world = 1 if mode == "single" else cfg.world
+def run_modes(modes: Sequence[str], cfg: Config, data_file: str,
+              on_progress: Optional[Callable[[int, int], None]] = None, timeout_s: float = 1800) -> List[Dict]:
+    """Trains the multi-process modes in one set of cfg.world fresh processes,
+    interleaved step by step, then "single" (if asked) in a process of its own;
+    returns one result per mode, in the order given."""
+    for m in modes:
+        if m not in MODES:
+            raise ValueError(f"fastpar.training_benchmark: mode is {m!r}; it must be one of {list(MODES)}")
+    together = [m for m in modes if m != "single"]
+    results: Dict[str, Dict] = {}
+    if together:
+        results.update(_spawn(together, cfg.world, cfg, data_file, on_progress, timeout_s))
+    if "single" in modes:
+        results.update(_spawn(["single"], 1, cfg, data_file, on_progress, timeout_s))
+    return [results[m] for m in modes]
+
+
+def _spawn(modes: List[str], world: int, cfg: Config, data_file: str,
+           on_progress: Optional[Callable[[int, int], None]], timeout_s: float) -> Dict[str, Dict]:
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    folder = tempfile.mkdtemp(prefix="fastpar_train_")
-    store = os.path.join(folder, "store")
-    procs = [ctx.Process(target=_worker, args=(r, world, mode, cfg, data_file, store, q), daemon=True)
+    store = os.path.join(tempfile.mkdtemp(prefix="fastpar_train_"), "store")
+    procs = [ctx.Process(target=_worker, args=(r, world, modes, cfg, data_file, store, q), daemon=True)
              for r in range(world)]
     for p in procs:
         p.start()
-    per_rank: Dict[int, Dict] = {}
-    deadline = time.time() + timeout_s
+    per_mode: Dict[str, Dict[int, Dict]] = {m: {} for m in modes}
+    expected, received, deadline = world * len(modes), 0, time.time() + timeout_s
     try:
-        while len(per_rank) < world:
+        while received < expected:
             try:
                 kind, *payload = q.get(timeout=0.5)
             except queue_mod.Empty:
                 failed = [p for p in procs if p.exitcode not in (None, 0)]
                 if failed:
-                    raise RuntimeError(f"fastpar.training_benchmark: mode {mode}: a worker exited with code "
-                                       f"{failed[0].exitcode}")
+                    raise RuntimeError(f"fastpar.training_benchmark: a worker exited with code {failed[0].exitcode}")
                 if time.time() > deadline:
-                    raise TimeoutError(f"fastpar.training_benchmark: mode {mode} ran past {timeout_s} s")
+                    raise TimeoutError(f"fastpar.training_benchmark: the run went past {timeout_s} s")
                 continue
             if kind == "progress" and on_progress:
                 on_progress(*payload)
             elif kind == "result":
-                per_rank[payload[0]] = payload[1]
+                rank, res = payload
+                per_mode[res["mode"]][rank] = res
+                received += 1
         for p in procs:
             p.join(timeout=60)
     finally:
         for p in procs:
             if p.is_alive():
                 p.terminate()
-    return _combine(per_rank)
+    return {m: _combine(per_mode[m]) for m in modes}
 
 
 def _combine(per_rank: Dict[int, Dict]) -> Dict:

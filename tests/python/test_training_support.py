@@ -57,4 +57,4 @@ def test_table_shows_ratios_to_both_baselines():
 
 def test_unknown_mode_is_refused():
     with pytest.raises(ValueError, match="mode is 'nccl_ddp'"):
-        tb.run_mode("nccl_ddp", tb.Config(), "unused")
+        tb.run_modes(["fastpar_ddp", "nccl_ddp"], tb.Config(), "unused")
