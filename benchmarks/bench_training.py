@@ -8,8 +8,9 @@ LeNet, one thread per rank, the same seed, data and steps in every mode
 (fastpar/training_benchmark.py). All modes live in the same processes and
 take turns step by step, each step starting from a barrier, so that load from
 other processes on the machine hits all of them alike; --rounds repeats that
-in fresh processes. samples/s is the global batch over the slowest rank's
-median step time (wall: over its mean step time); the table reports each
+in fresh processes. samples/s is the global batch over the median step
+time, each step timed by its slowest rank (wall: over the mean); for
+no_comm that is the bound for any synchronous scheme. The table reports each
 mode's median over rounds and its ratio to the no-communication upper bound
 and to stock DDP, all measured in this run.
 

@@ -16,10 +16,10 @@ Used by ``python -m fastpar.main`` and benchmarks/bench_training.py. Modes:
 Every mode trains its own LeNet from the same seed on the same global
 batches (world_size * batch_per_rank samples per step), one thread per rank,
 all in one set of processes and interleaved step by step (see _worker).
-Throughput counts the steps after ``warmup_steps``: ``samples_per_s`` is the
-global batch over the slowest rank's median step time (robust to load spikes
-from other processes on a shared machine), ``wall_samples_per_s`` the global
-batch over the slowest rank's mean step time.
+Throughput counts the steps after ``warmup_steps``, each timed by its
+slowest rank (see _combine): ``samples_per_s`` is the global batch over the
+median of those step times (robust to load spikes from other processes on a
+shared machine), ``wall_samples_per_s`` over their mean.
 """
 from __future__ import annotations
 
@@ -145,7 +145,7 @@ def _worker(rank: int, world: int, modes: List[str], cfg: Config, data_file: str
         q.put(("result", rank, {
             "mode": mode, "label": MODES[mode], "backend": backends[mode],
             "world": 1 if mode == "single" else world, "steps": len(times[mode]), "global_batch": global_batch,
-            "seconds": sum(times[mode]), "median_step_s": statistics.median(times[mode]),
+            "seconds": sum(times[mode]), "step_times": times[mode],
             "accuracy": accuracy(net, *data["test"]) if rank == 0 else None,
             "bucket_storage": getattr(built[mode][1], "bucket_storage_kind", "-"),
         }))
@@ -218,13 +218,17 @@ def _spawn(modes: List[str], world: int, cfg: Config, data_file: str,
 
 
 def _combine(per_rank: Dict[int, Dict]) -> Dict:
-    """Rank 0's result, timed by the slowest rank: wall time from barrier to
-    barrier, and the median step (robust to load spikes from other processes
-    on a shared machine, which only ever add time)."""
-    out = dict(per_rank[0])
-    out["seconds"] = max(r["seconds"] for r in per_rank.values())
-    out["median_step_s"] = max(r["median_step_s"] for r in per_rank.values())
-    out["wall_samples_per_s"] = out["steps"] * out["global_batch"] / out["seconds"]
+    """Rank 0's result, timed by the slowest rank of each step. Steps start from
+    a barrier, so step i of every rank covers the same moment; a synchronous
+    data-parallel step can finish no sooner than its slowest rank, which makes
+    this the right bound for no_comm too (its ranks would otherwise never wait
+    for a rank that other processes on the machine have slowed down)."""
+    out = {k: v for k, v in per_rank[0].items() if k != "step_times"}
+    steps = zip(*(r["step_times"] for r in per_rank.values()))
+    slowest = [max(ts) for ts in steps]
+    out["seconds"] = sum(slowest)
+    out["median_step_s"] = statistics.median(slowest)
+    out["wall_samples_per_s"] = len(slowest) * out["global_batch"] / out["seconds"]
     out["samples_per_s"] = out["global_batch"] / out["median_step_s"]
     return out
 

@@ -85,6 +85,7 @@ def worker(rank, world, backend, store_path, out_dir):
                 net[0].weight.add_(1.0)  # construction must broadcast rank 0's values
         model = fastpar.DistributedDataParallel(net, bucket_cap_mb=0.002, **kwargs)  # several buckets
         results[name + "_buckets"] = len(model.buckets)
+        results["bucket_storage"] = model.bucket_storage_kind
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
         train(model, opt, data, rank, world)
         results[name] = snapshot(net)
@@ -115,6 +116,7 @@ def worker(rank, world, backend, store_path, out_dir):
         results["unused_error"] = None
     except RuntimeError as e:
         results["unused_error"] = str(e)
+    results["backend"] = backend
     torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
     dist.destroy_process_group()
 
@@ -183,6 +185,13 @@ def test_every_rank_holds_identical_bits(session, scenario):
     for rank, res in enumerate(results[1:], start=1):
         for i, (p, q) in enumerate(zip(res[scenario], results[0][scenario])):
             assert torch.equal(p, q), f"rank {rank} parameter {i} differs from rank 0"
+
+
+def test_buckets_live_in_registered_memory_exactly_on_the_fastpar_backend(session):
+    _, results = session
+    for res in results:
+        expected = "registered" if res["backend"] == "fastpar" else "torch.empty"
+        assert res["bucket_storage"] == expected
 
 
 def test_small_bucket_cap_gives_several_buckets(session):

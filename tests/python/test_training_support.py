@@ -38,14 +38,13 @@ def test_ddp_refuses_bad_arguments_before_any_work():
         dist.destroy_process_group()
 
 
-def test_results_are_timed_by_the_slowest_rank():
-    rank0 = {"mode": "fastpar_ddp", "steps": 10, "global_batch": 128, "seconds": 2.0, "median_step_s": 0.1,
-             "accuracy": 0.9}
-    rank1 = dict(rank0, seconds=2.5, median_step_s=0.2, accuracy=None)
-    out = tb._combine({0: rank0, 1: rank1})
-    assert out["accuracy"] == 0.9 and out["seconds"] == 2.5
-    assert out["samples_per_s"] == pytest.approx(128 / 0.2)
-    assert out["wall_samples_per_s"] == pytest.approx(10 * 128 / 2.5)
+def test_each_step_is_timed_by_its_slowest_rank():
+    rank0 = {"mode": "no_comm", "steps": 3, "global_batch": 128, "step_times": [0.1, 0.4, 0.1], "accuracy": 0.9}
+    rank1 = dict(rank0, step_times=[0.3, 0.1, 0.2], accuracy=None)
+    out = tb._combine({0: rank0, 1: rank1})  # slowest per step: 0.3, 0.4, 0.2
+    assert out["accuracy"] == 0.9 and out["seconds"] == pytest.approx(0.9) and "step_times" not in out
+    assert out["samples_per_s"] == pytest.approx(128 / 0.3)
+    assert out["wall_samples_per_s"] == pytest.approx(3 * 128 / 0.9)
 
 
 def test_table_shows_ratios_to_both_baselines():
