@@ -88,12 +88,11 @@ def run_collective_sweep(out_dir: str, quick: bool) -> None:
                + os.environ.get("PYTHONPATH", ""))
     helptext = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True, env=env).stdout
     cmd = [sys.executable, script]
-    if quick and "--quick" in helptext:
+    if quick and "--quick" in helptext.split():
         cmd.append("--quick")
-    for flag, value in (("--png", "collective_sweep.png"), ("--plot", "collective_sweep.png"),
-                        ("--csv", "collective_sweep.csv"), ("--out", None)):
-        if flag in helptext:
-            cmd += [flag, out_dir if value is None else os.path.join(out_dir, value)]
+    for flag, value in (("--plot", "collective_sweep.png"), ("--csv", "collective_sweep.csv")):
+        if flag in helptext.split():
+            cmd += [flag, os.path.join(out_dir, value)]
     print(f"collective sweep: {' '.join(cmd)}")
     done = subprocess.run(cmd, env=env)
     if done.returncode != 0:
