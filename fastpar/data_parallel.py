@@ -65,7 +65,7 @@ def _normalize_devices(device_ids: Optional[Sequence[Any]]) -> List[torch.device
             dev = torch.device("cuda", torch.cuda.current_device())
         if dev.type not in ("cpu", "cuda"):
             raise ValueError(f"fastpar.DataParallel: device_ids[{i}] is '{dev}'; only CPU and CUDA devices are supported")
-        if dev.type != devs[0].type if devs else False:
+        if devs and dev.type != devs[0].type:
             raise ValueError(f"fastpar.DataParallel: device_ids[{i}] is '{dev}' but device_ids[0] is '{devs[0]}'; "
                              f"all devices must be CPU or all CUDA")
         if dev.type == "cuda" and dev in devs:

@@ -6,7 +6,10 @@ gradient buckets allreduced while backward is still running.
     loss_fn(model(x), y).backward(); opt.step()
 
 Same constructor names and semantics as torch.nn.parallel.DistributedDataParallel
-(the subset listed in __init__). How it works:
+for the subset in __init__ (output_device and dim are accepted for
+compatibility: one device per process needs neither). Not provided:
+static_graph, join() for uneven numbers of batches, comm hooks of its own
+(use fastpar.comm_hook with stock DDP), mixed-device modules. How it works:
 
 * At construction rank 0's parameters and buffers are broadcast to every rank.
 * Parameters that need gradients are packed, in reverse registration order
@@ -17,7 +20,10 @@ Same constructor names and semantics as torch.nn.parallel.DistributedDataParalle
 * A post-accumulate-grad hook copies each gradient into its bucket slot
   (nothing to copy when .grad already is that slot); when a bucket is full
   its all_reduce is launched asynchronously, in bucket order on every rank,
-  while backward computes the remaining gradients.
+  while backward computes the remaining gradients (on the fastpar backend,
+  whose collectives complete on the calling thread in microseconds, launching
+  is running). ``launched_from_hooks`` counts the buckets of the last backward
+  that went out before it finished.
 * When backward ends (an autograd engine callback) all work is waited on, the
   sums are divided by the world size and written to ``.grad``.
 
@@ -161,6 +167,8 @@ class DistributedDataParallel(nn.Module):
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad][::-1]
         self._build_buckets(named, int(bucket_cap_mb * 1024 * 1024))
         self._lock = threading.Lock()
+        self._finishing = False
+        self.launched_from_hooks = 0
         self._armed = False
         self._callback_queued = False
         self._next_bucket = 0
@@ -199,6 +207,8 @@ class DistributedDataParallel(nn.Module):
         for b in self.buckets:
             b.reset()
         self._next_bucket = 0
+        self._finishing = False
+        self.launched_from_hooks = 0
         self._callback_queued = False
         self._armed = True
 
@@ -236,12 +246,14 @@ class DistributedDataParallel(nn.Module):
         # Strictly in bucket order, so every rank issues the same collectives in the same order.
         while self._next_bucket < len(self.buckets) and self.buckets[self._next_bucket].pending == 0:
             b = self.buckets[self._next_bucket]
+            self.launched_from_hooks += 0 if self._finishing else 1
             b.work = dist.all_reduce(b.flat, op=dist.ReduceOp.SUM, group=self.process_group, async_op=True)
             self._next_bucket += 1
 
     def _finish_backward(self) -> None:
         with self._lock:
             self._armed = False
+            self._finishing = True
             unused = [(b, pos) for b in self.buckets for pos in range(len(b.params)) if not b.ready[pos]]
             if unused and not self.find_unused_parameters:
                 names = [b.names[pos] for b, pos in unused]

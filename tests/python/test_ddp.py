@@ -89,6 +89,7 @@ def worker(rank, world, backend, store_path, out_dir):
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
         train(model, opt, data, rank, world)
         results[name] = snapshot(net)
+        results["launched_from_hooks"] = model.launched_from_hooks
 
     net = make_model()
     model = fastpar.DistributedDataParallel(net, bucket_cap_mb=0.002)
@@ -194,9 +195,12 @@ def test_buckets_live_in_registered_memory_exactly_on_the_fastpar_backend(sessio
         assert res["bucket_storage"] == expected
 
 
-def test_small_bucket_cap_gives_several_buckets(session):
+def test_small_bucket_cap_gives_several_buckets_launched_during_backward(session):
     _, results = session
-    assert results[0]["fastpar_buckets"] >= 3
+    for res in results:
+        assert res["fastpar_bucket_view_buckets"] >= 3
+        # every bucket went out from a gradient hook, before backward had finished
+        assert res["launched_from_hooks"] == res["fastpar_bucket_view_buckets"]
 
 
 def test_find_unused_parameters_averages_what_some_rank_used(session):
