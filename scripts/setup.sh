@@ -11,8 +11,16 @@ TORCH_SPEC=${FASTPAR_TORCH:-torch==2.14.1}
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
-.venv/bin/pip install -q --upgrade pip setuptools wheel ninja
-.venv/bin/pip install -q "$TORCH_SPEC" numpy pytest matplotlib
+.venv/bin/pip install -q setuptools wheel ninja 2>&1 | grep -v "^WARNING: Location" >&2 || true
+.venv/bin/pip install -q "$TORCH_SPEC" numpy pytest matplotlib 2>&1 | grep -v "^WARNING: Location" >&2 || true
+.venv/bin/python -c "import torch" # fails loudly if the install above did
 # --no-build-isolation: compile against the torch installed above (its C++ ABI must match).
-MAX_JOBS=${MAX_JOBS:-2} .venv/bin/pip install -q --no-build-isolation . 2>&1 | grep -v "^WARNING: Location" || true
+# -e: the checkout is the package (fastpar/_C*.so is built in place), so the
+# examples, `python -m fastpar.main` and the tests all import the same build.
+if ! MAX_JOBS=${MAX_JOBS:-2} .venv/bin/pip install -v --no-build-isolation -e . > .venv/fastpar-build.log 2>&1; then
+  grep -v "^WARNING: Location" .venv/fastpar-build.log | tail -60
+  echo "fastpar build failed; full log: .venv/fastpar-build.log" >&2
+  exit 1
+fi
+grep -ho "fastpar: building.*" .venv/fastpar-build.log | head -1 || true
 .venv/bin/python -c "import fastpar; print('fastpar ready:', fastpar.build_info())"

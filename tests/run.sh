@@ -6,5 +6,4 @@ cd "$(dirname "$0")/.."
 cmake -S . -B build/cpp -DFASTPAR_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build build/cpp -j 2
 ctest --test-dir build/cpp --output-on-failure
-# Run from tests/ so `import fastpar` finds the installed package, not ./fastpar.
-cd tests && ../.venv/bin/python -m pytest -q -p no:cacheprovider python "$@"
+.venv/bin/python -m pytest -q -p no:cacheprovider tests/python "$@"
