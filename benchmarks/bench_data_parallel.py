@@ -4,9 +4,9 @@ replicas on CPU devices. Every variant trains the same model on the same
 batches, and its parameters are compared with single-device training at the
 end (last column), so only correct designs are compared.
 
-    python benchmarks/bench_data_parallel.py                  # 2 CPU devices
-    python benchmarks/bench_data_parallel.py --devices 4 --csv bench_out/dp.csv
-    python benchmarks/bench_data_parallel.py --model deep_mlp --batch 32   # wrapper overhead
+    .venv/bin/python benchmarks/bench_data_parallel.py                  # 2 CPU devices
+    .venv/bin/python benchmarks/bench_data_parallel.py --devices 4 --csv bench_out/dp.csv
+    .venv/bin/python benchmarks/bench_data_parallel.py --model deep_mlp --batch 32   # wrapper overhead
 
 Variants (all use fastpar collectives):
   single device      the module alone on the whole batch (baseline)
@@ -17,9 +17,8 @@ Variants (all use fastpar collectives):
                      forward, parameters broadcast by an autograd function
                      whose backward reduce-adds the gradients
 
-fastpar is imported as installed (bash scripts/setup.sh, then .venv/bin/python
-benchmarks/...); with an in-place build (setup.py build_ext --inplace) put
-PYTHONPATH=. in front.
+After `bash scripts/setup.sh` run them with .venv/bin/python; any other Python
+with torch needs PYTHONPATH=. and an in-place build (setup.py build_ext --inplace).
 """
 import argparse
 import csv

@@ -1,8 +1,8 @@
 """Training throughput: fastpar DDP vs stock DDP over gloo vs no communication.
 
-    python benchmarks/bench_training.py                 # 2 ranks, 3 rounds
-    python benchmarks/bench_training.py --quick         # 1 round, short
-    python benchmarks/bench_training.py --rounds 5 --data /path/to/fashion-mnist
+    .venv/bin/python benchmarks/bench_training.py                 # 2 ranks, 3 rounds
+    .venv/bin/python benchmarks/bench_training.py --quick         # 1 round, short
+    .venv/bin/python benchmarks/bench_training.py --rounds 5 --data /path/to/fashion-mnist
 
 LeNet, one thread per rank, the same seed, data and steps in every mode
 (fastpar/training_benchmark.py). All modes live in the same processes and
@@ -14,9 +14,8 @@ no_comm that is the bound for any synchronous scheme. The table reports each
 mode's median over rounds and its ratio to the no-communication upper bound
 and to stock DDP, all measured in this run.
 
-fastpar is imported as installed (bash scripts/setup.sh, then .venv/bin/python
-benchmarks/...); with an in-place build (setup.py build_ext --inplace) put
-PYTHONPATH=. in front.
+After `bash scripts/setup.sh` run them with .venv/bin/python; any other Python
+with torch needs PYTHONPATH=. and an in-place build (setup.py build_ext --inplace).
 """
 import argparse
 import csv

@@ -2,12 +2,12 @@
 
 Run from the repository root of a fresh clone:
 
-    bash scripts/setup.sh                                   # once: .venv with torch + fastpar installed
+    bash scripts/setup.sh                                   # once: .venv with torch, fastpar built in place
     .venv/bin/python examples/cnn_data_parallel.py              # 2 CPU "devices"
     .venv/bin/python examples/cnn_data_parallel.py --devices 0 1   # two GPUs
 
-With an in-place build (`python setup.py build_ext --inplace`) use `PYTHONPATH=. python`
-in place of `.venv/bin/python`.
+Any Python that has torch works too once the extension is built in place
+(`python setup.py build_ext --inplace`): `PYTHONPATH=. python examples/...`.
 
 The data is SYNTHETIC (random images whose class sets the mean of one colour
 channel), enough to watch the loss fall. The last batch has 3 samples on

@@ -2,12 +2,12 @@
 
 Run from the repository root of a fresh clone:
 
-    bash scripts/setup.sh                                   # once: .venv with torch + fastpar installed
+    bash scripts/setup.sh                                   # once: .venv with torch, fastpar built in place
     .venv/bin/torchrun --standalone --nproc_per_node=2 examples/ddp_torchrun.py
     .venv/bin/torchrun --standalone --nproc_per_node=2 examples/ddp_torchrun.py --data ~/fashion-mnist
 
-With an in-place build (`python setup.py build_ext --inplace`) prefix `PYTHONPATH=.`
-and use the torchrun on your PATH.
+Any torchrun works too once the extension is built in place
+(`python setup.py build_ext --inplace`): prefix `PYTHONPATH=.`.
 
 (`python -m torch.distributed.run` works where the torchrun script is not on PATH.)
 The backend is "fastpar" when fastpar's torch.distributed backend is built,

@@ -5,13 +5,13 @@ where the textbook writes its own `split_batch` and `allreduce` loops.
 
 Run from the repository root of a fresh clone:
 
-    bash scripts/setup.sh                                   # once: .venv with torch + fastpar installed
+    bash scripts/setup.sh                                   # once: .venv with torch, fastpar built in place
     .venv/bin/python examples/lenet_textbook.py                        # 2 CPU "devices", synthetic data
     .venv/bin/python examples/lenet_textbook.py --data ~/fashion-mnist  # the four IDX files, read locally
     .venv/bin/python examples/lenet_textbook.py --devices 0 1          # two GPUs
 
-With an in-place build (`python setup.py build_ext --inplace`) use `PYTHONPATH=. python`
-in place of `.venv/bin/python`.
+Any Python that has torch works too once the extension is built in place
+(`python setup.py build_ext --inplace`): `PYTHONPATH=. python examples/...`.
 
 Without --data the images are SYNTHETIC (fastpar/datasets.py; nothing is downloaded).
 """

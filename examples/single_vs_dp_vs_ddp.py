@@ -7,12 +7,12 @@
 
 Run from the repository root of a fresh clone:
 
-    bash scripts/setup.sh                                   # once: .venv with torch + fastpar installed
+    bash scripts/setup.sh                                   # once: .venv with torch, fastpar built in place
     .venv/bin/python examples/single_vs_dp_vs_ddp.py            # N = 2
     .venv/bin/python examples/single_vs_dp_vs_ddp.py --world 3 --steps 20
 
-With an in-place build (`python setup.py build_ext --inplace`) use `PYTHONPATH=. python`
-in place of `.venv/bin/python`.
+Any Python that has torch works too once the extension is built in place
+(`python setup.py build_ext --inplace`): `PYTHONPATH=. python examples/...`.
 
 Data: SYNTHETIC Fashion-MNIST-shaped images (fastpar/datasets.py). The global
 batch of 50 does not divide by 3 on purpose: DataParallel splits it 17/17/16

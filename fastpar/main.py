@@ -1,14 +1,9 @@
 """The main job: data-parallel LeNet training on 2 local CPU processes.
 
-    bash scripts/setup.sh                                  # once, in a fresh clone
-    .venv/bin/python -P -m fastpar.main --quick            # ~1-2 minutes
-    .venv/bin/python -P -m fastpar.main                    # 3 epochs per mode, a few minutes on 2 cores
-    .venv/bin/python -P -m fastpar.main --data /path/to/fashion-mnist   # real IDX files
-
--P (Python >= 3.11) keeps ./fastpar, the sources without the compiled
-extension, from shadowing the installed package when run from the
-repository root; from any other directory, or with an in-place build
-(setup.py build_ext --inplace, PYTHONPATH=.), plain `python -m fastpar.main`.
+    bash scripts/setup.sh                               # once, in a fresh clone
+    .venv/bin/python -m fastpar.main --quick            # ~1-2 minutes
+    .venv/bin/python -m fastpar.main                    # 3 epochs per mode, a few minutes on 2 cores
+    .venv/bin/python -m fastpar.main --data /path/to/fashion-mnist   # real IDX files
 
 Prints samples/s and final test accuracy for fastpar DDP, stock DDP over gloo
 and one process, with a progress bar on stderr, and writes the table as CSV
