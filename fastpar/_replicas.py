@@ -95,7 +95,7 @@ class ReplicaSet:
         for r in range(n - 1):
             for mm, cm in self._module_pairs[r]:
                 cm.training = mm.training
-        if torch.is_grad_enabled():
+        if torch.is_grad_enabled() and n > 1:  # only copies' tensors matter here
             self._graph_pending = True
         return [self.master] + self.copies[: n - 1]
 

@@ -177,3 +177,16 @@ def test_deepcopy_and_pickle_of_the_wrapper_work():
     with torch.no_grad():
         for other in (twin, loaded):
             torch.testing.assert_close(other(x), dp(x))
+
+
+def test_updates_through_dot_data_reach_the_replicas():
+    # .data updates bump no version counter: the replicas must be refreshed anyway
+    ref = small_cnn()
+    dp = fastpar.DataParallel(copy.deepcopy(ref), device_ids=["cpu"] * 3)
+    for x, y in batches([9, 9, 9]):
+        for model, params in ((ref, ref.parameters()), (dp, dp.module.parameters())):
+            model.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            for p in params:
+                p.data -= 0.1 * p.grad
+    assert_close_params(dp.module, ref)
