@@ -49,6 +49,10 @@ def comm_hook(state: object, bucket: dist.GradBucket) -> torch.futures.Future[to
         key = (id(group), bucket.index(), buf.numel(), buf.dtype)
         staged = _staging.get(key)
         if staged is None:
+            # Stock DDP rebuilds its buckets once after the first step: let the
+            # old buffer of this bucket index go back to the shared arena.
+            for old in [k for k in _staging if k[:2] == key[:2]]:
+                del _staging[old]
             staged = _staging[key] = allocate_bucket_storage(buf.numel(), buf.dtype, buf.device, group)
         staged.copy_(buf)
         target = staged
