@@ -106,5 +106,15 @@ void check_tensor_list(const char* op, const char* arg, const at::TensorList& ts
   }
 }
 
+void check_like_any_device(const char* op, const std::string& name, const at::Tensor& t,
+                           const std::string& ref_name, const at::Tensor& ref) {
+  TORCH_CHECK_TYPE(t.scalar_type() == ref.scalar_type(), "fastpar.", op, ": ", name, " has dtype ",
+                   dtype_str(t.scalar_type()), " but ", ref_name, " has dtype ",
+                   dtype_str(ref.scalar_type()));
+  TORCH_CHECK_VALUE(t.is_contiguous(), "fastpar.", op, ": ", name,
+                    " must be contiguous, but it has sizes ", t.sizes(), " and strides ", t.strides(),
+                    " (call .contiguous() first)");
+}
+
 }  // namespace ops
 }  // namespace fastpar

@@ -37,5 +37,11 @@ void check_op_dtype(const char* op, ReduceOp rop, const std::string& name, const
 
 std::string indexed(const char* arg, size_t i);
 
+// check_like without the device-type rule, for sources that may be on the CPU
+// while the outputs are CUDA tensors (broadcast from host memory, as
+// torch.cuda.comm.broadcast allows): same dtype and contiguous, same messages.
+void check_like_any_device(const char* op, const std::string& name, const at::Tensor& t,
+                           const std::string& ref_name, const at::Tensor& ref);
+
 }  // namespace ops
 }  // namespace fastpar

@@ -1,0 +1,112 @@
+// Launchers for cuda_reduce.cuh: dtype / op dispatch, the alignment test that
+// picks the 16-byte path, and the launch shape.
+#include "cuda_reduce.cuh"
+#include "cuda_reduce_launch.h"
+
+namespace fastpar {
+namespace cuda_kernels {
+namespace {
+
+static_assert(kMaxReducePtrs == kMaxPtrs, "launcher and kernel disagree on the pointer limit");
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// Blocks for `units` units of work (packs, or elements on the scalar path):
+// one unit per thread up to 4 blocks of 512 threads per SM (a full SM's worth
+// of threads on sm_80/sm_90); beyond that the grid-stride loop takes over, so
+// a block is never launched for less than a thread's share of work.
+cudaError_t grid_for(int64_t units, unsigned* blocks) {
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  int sms = 0;
+  err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (err != cudaSuccess) return err;
+  const int64_t wanted = (units + kThreads - 1) / kThreads;
+  const int64_t cap = int64_t(sms) * 4;
+  *blocks = unsigned(wanted < 1 ? 1 : (wanted < cap ? wanted : cap));
+  return cudaSuccess;
+}
+
+template <typename T>
+int64_t work_units(int64_t count, bool vec) {
+  return vec ? count / vec_width<T>() + count % vec_width<T>() : count;
+}
+
+}  // namespace
+
+cudaError_t launch_reduce(DType dt, ReduceOp op, const ReduceLaunch& a, cudaStream_t stream) {
+  if (a.count == 0) return cudaSuccess;
+  if (a.nsrc < 1 || a.nsrc > kMaxPtrs || a.ndst < 0 || a.ndst > kMaxPtrs) return cudaErrorInvalidValue;
+  bool vec = true;
+  for (int s = 0; s < a.nsrc; ++s) vec = vec && aligned16(a.srcs[s]);
+  for (int d = 0; d < a.ndst; ++d) vec = vec && aligned16(a.dsts[d]);
+  // The dispatch lambdas return void (the macros' switch has no final return)
+  // and hand their result out through `result`.
+  cudaError_t result = cudaSuccess;
+  FASTPAR_DISPATCH_DTYPE(dt, [&] {
+    FASTPAR_DISPATCH_OP(op, [&] {
+      if constexpr (kOp == ReduceOp::AVG && !is_floating<scalar_t>()) {
+        result = cudaErrorInvalidValue;  // the op layer rejects AVG on integers first
+      } else {
+        ReducePtrs<scalar_t> p{};
+        for (int s = 0; s < a.nsrc; ++s) p.src[s] = static_cast<const scalar_t*>(a.srcs[s]);
+        for (int d = 0; d < a.ndst; ++d) p.dst[d] = static_cast<scalar_t*>(a.dsts[d]);
+        p.nsrc = a.nsrc;
+        p.ndst = a.ndst;
+        p.guard = a.guard;
+        unsigned blocks = 0;
+        result = grid_for(work_units<scalar_t>(a.count, vec), &blocks);
+        if (result != cudaSuccess) return;
+        reduce_kernel<scalar_t, kOp><<<blocks, kThreads, 0, stream>>>(p, a.count, a.contributions, vec);
+        result = cudaGetLastError();
+      }
+    });
+  });
+  return result;
+}
+
+namespace {
+
+template <bool kFinish>
+cudaError_t launch_ring(DType dt, ReduceOp op, const void* prev_acc, const void* prev_data,
+                        const void* mine, void* out, int64_t count, int contributions,
+                        cudaStream_t stream) {
+  if (count == 0) return cudaSuccess;
+  const bool vec = aligned16(prev_acc ? prev_acc : prev_data) && aligned16(mine) && aligned16(out);
+  cudaError_t result = cudaSuccess;
+  FASTPAR_DISPATCH_DTYPE(dt, [&] {
+    FASTPAR_DISPATCH_OP(op, [&] {
+      if constexpr (kOp == ReduceOp::AVG && !is_floating<scalar_t>()) {
+        result = cudaErrorInvalidValue;
+      } else {
+        using A = acc_t<scalar_t>;
+        unsigned blocks = 0;
+        result = grid_for(work_units<scalar_t>(count, vec), &blocks);
+        if (result != cudaSuccess) return;
+        ring_step_kernel<scalar_t, kOp, kFinish><<<blocks, kThreads, 0, stream>>>(
+            static_cast<const A*>(prev_acc), static_cast<const scalar_t*>(prev_data),
+            static_cast<const scalar_t*>(mine), kFinish ? nullptr : static_cast<A*>(out),
+            kFinish ? static_cast<scalar_t*>(out) : nullptr, count, contributions, vec);
+        result = cudaGetLastError();
+      }
+    });
+  });
+  return result;
+}
+
+}  // namespace
+
+cudaError_t launch_ring_fold(DType dt, ReduceOp op, const void* prev_acc, const void* prev_data,
+                             const void* mine, void* out_acc, int64_t count, cudaStream_t stream) {
+  return launch_ring<false>(dt, op, prev_acc, prev_data, mine, out_acc, count, 1, stream);
+}
+
+cudaError_t launch_ring_finish(DType dt, ReduceOp op, const void* prev_acc, const void* prev_data,
+                               const void* mine, void* out, int64_t count, int contributions,
+                               cudaStream_t stream) {
+  return launch_ring<true>(dt, op, prev_acc, prev_data, mine, out, count, contributions, stream);
+}
+
+}  // namespace cuda_kernels
+}  // namespace fastpar

@@ -1,0 +1,70 @@
+#include "cuda_side_streams.h"
+
+#include <c10/cuda/CUDAGuard.h>
+
+#include <algorithm>
+
+namespace fastpar {
+namespace ops {
+namespace {
+
+// Each stream in `waiters` waits for the work enqueued so far on every stream
+// in `producers` (one event per producer, recorded once).
+void wait_all(const std::vector<c10::cuda::CUDAStream>& waiters,
+              const std::vector<c10::cuda::CUDAStream>& producers) {
+  std::vector<c10::cuda::CUDAEvent> events(producers.size());
+  for (size_t i = 0; i < producers.size(); ++i) events[i].record(producers[i]);
+  for (const auto& w : waiters)
+    for (size_t i = 0; i < producers.size(); ++i)
+      if (producers[i] != w) events[i].block(w);
+}
+
+std::vector<c10::cuda::CUDAStream> current_streams(const std::vector<c10::DeviceIndex>& devices) {
+  std::vector<c10::cuda::CUDAStream> out;
+  for (auto d : devices) out.push_back(c10::cuda::getCurrentCUDAStream(d));
+  return out;
+}
+
+}  // namespace
+
+SideStreams::SideStreams(const std::vector<c10::DeviceIndex>& devices) {
+  for (auto d : devices)
+    if (std::find(devices_.begin(), devices_.end(), d) == devices_.end()) devices_.push_back(d);
+  for (auto d : devices_) sides_.push_back(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, d));
+  wait_all(sides_, current_streams(devices_));
+}
+
+SideStreams::~SideStreams() {
+  // Reached without join() only while an exception unwinds after some work was
+  // enqueued: still order the current streams after it, so that tensors freed
+  // by the unwinding are not reused under running kernels. A second failure
+  // here cannot be reported from a destructor; the first one is propagating.
+  if (!joined_) {
+    try {
+      join();
+    } catch (...) {
+    }
+  }
+}
+
+size_t SideStreams::index_of(c10::DeviceIndex device) const {
+  const auto it = std::find(devices_.begin(), devices_.end(), device);
+  TORCH_INTERNAL_ASSERT(it != devices_.end(), "fastpar: no side stream for cuda:", int(device));
+  return size_t(it - devices_.begin());
+}
+
+c10::cuda::CUDAStream SideStreams::stream(c10::DeviceIndex device) const { return sides_[index_of(device)]; }
+
+void SideStreams::record(const at::Tensor& t) const {
+  if (!t.defined() || !t.is_cuda()) return;
+  t.record_stream(sides_[index_of(t.device().index())].unwrap());
+}
+
+void SideStreams::join() {
+  joined_ = true;
+  wait_all(current_streams(devices_), sides_);
+  wait_all(sides_, sides_);
+}
+
+}  // namespace ops
+}  // namespace fastpar

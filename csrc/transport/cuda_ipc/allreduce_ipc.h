@@ -1,0 +1,64 @@
+// Allreduce across processes, one GPU each, through IPC-mapped arenas
+// (ipc_arena.h). The schedules are those of the CPU shared-memory transport
+// (algorithms/allreduce_shm.h) and the flag protocol is the same header
+// (algorithms/flag_protocol.h) over DeviceMemory; here every step is enqueued
+// on one CUDA stream:
+//   copy-in   cudaMemcpyAsync into this rank's slot
+//   phase     a one-thread kernel: post our flag, wait for every peer's
+//   reduce    the shared reduce kernel reading peers' slots, order 0..n-1
+// Stream order is what makes "a rank posts phase p+1 only after its reads of
+// phase p" true on the GPU: the phase kernel starts after the reduce kernel
+// before it has finished.
+//
+// Nothing here blocks the host. A failed wait (timeout, peer abort, a peer in
+// a different call) is recorded in the arena's status word; later kernels of
+// this transport then do nothing, and the host learns of it from read_status.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "../../kernels/reduce_ops.h"
+#include "ipc_arena.h"
+
+namespace fastpar {
+namespace cuda_ipc {
+
+// One rank's view of the communicator. Built by the caller after exchanging
+// handles: bases[rank] is this rank's own arena, bases[q] peer q's as mapped here.
+struct IpcComm {
+  int rank = 0;
+  int size = 0;
+  int device = 0;  // this rank's GPU (the arena's and the stream's)
+  void* bases[kMaxIpcRanks] = {};
+  size_t slot_bytes = 0;
+  uint64_t timeout_ns = 120ull * 1000 * 1000 * 1000;  // a wait this long means a peer is gone
+  uint64_t seq = 0;     // last phase posted (the protocol's phase number)
+  uint64_t rounds = 0;  // slot rounds started; slot = rounds % flags::kSlots
+};
+
+// Descriptor op ids: peers running different schedules fail with kMismatch
+// instead of reading each other's slots with different layouts.
+enum class IpcOp : int32_t { kAllreduceOneShot = 1, kAllreduceTwoShot = 2 };
+
+// One-shot: each chunk (a slot's worth) is copied in, one phase, and every rank
+// reduces all n slots. Latency: one flag round trip per chunk. `out` may be `in`.
+cudaError_t allreduce_one_shot(IpcComm& c, DType dt, ReduceOp op, const void* in, void* out, int64_t count,
+                               cudaStream_t stream);
+
+// Two-shot, pipelined over chunks: rank r publishes the shards q != r, reduces
+// shard r from every rank into its slot and `out`, and copies the other final
+// shards from their owners one phase later, overlapped with the next chunk (m
+// chunks, m + 1 phases). Each rank reads 2(n-1)/n of the data instead of n-1
+// times it. `out` may be `in`.
+cudaError_t allreduce_two_shot(IpcComm& c, DType dt, ReduceOp op, const void* in, void* out, int64_t count,
+                               cudaStream_t stream);
+
+// Copies the status word to the host (synchronizes `stream`): 0, or the
+// flags::WaitStatus of the first failed phase.
+cudaError_t read_status(const IpcComm& c, cudaStream_t stream, uint32_t* status);
+
+}  // namespace cuda_ipc
+}  // namespace fastpar

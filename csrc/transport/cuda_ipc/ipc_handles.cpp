@@ -1,0 +1,35 @@
+#include "ipc_handles.h"
+
+#include "../cuda_p2p/cuda_try.h"
+#include "ipc_arena.h"
+
+namespace fastpar {
+namespace cuda_ipc {
+
+cudaError_t arena_alloc(size_t slot_bytes, void** base) {
+  *base = nullptr;
+  void* p = nullptr;
+  FASTPAR_CUDA_TRY(cudaMalloc(&p, arena_bytes(slot_bytes)));
+  // Synchronous on purpose: the header must read as zero before the handle is
+  // handed to any peer, whose first wait reads our flag.
+  const cudaError_t err = cudaMemset(p, 0, kHeaderBytes);
+  if (err != cudaSuccess) {
+    cudaFree(p);
+    return err;
+  }
+  *base = p;
+  return cudaSuccess;
+}
+
+cudaError_t arena_free(void* base) { return base ? cudaFree(base) : cudaSuccess; }
+
+cudaError_t export_handle(void* base, cudaIpcMemHandle_t* handle) { return cudaIpcGetMemHandle(handle, base); }
+
+cudaError_t open_handle(const cudaIpcMemHandle_t& handle, void** base) {
+  return cudaIpcOpenMemHandle(base, handle, cudaIpcMemLazyEnablePeerAccess);
+}
+
+cudaError_t close_handle(void* base) { return cudaIpcCloseMemHandle(base); }
+
+}  // namespace cuda_ipc
+}  // namespace fastpar

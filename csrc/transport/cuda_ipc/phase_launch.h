@@ -1,0 +1,32 @@
+// The one piece of the IPC schedules that is device code: launching the phase
+// step (phase_kernel.cuh). Split out so that the schedules (allreduce_ipc.cpp)
+// are plain host code.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "../../algorithms/flag_protocol.h"
+#include "ipc_arena.h"
+
+namespace fastpar {
+namespace cuda_ipc {
+
+struct PhaseArgs {
+  flags::ControlBlock* self;
+  const flags::ControlBlock* peers[kMaxIpcRanks];  // peers[rank] is unused
+  uint32_t* status;                                 // this rank's status word
+  flags::OpDesc desc;
+  int rank;
+  int size;
+  uint64_t timeout_ns;
+};
+
+// Enqueues on `stream` (a stream of the current device): if *status != 0,
+// abort this rank; else post desc.seq and wait until every peer has posted it
+// with the same descriptor, recording a failure in *status.
+cudaError_t launch_phase(const PhaseArgs& a, cudaStream_t stream);
+
+}  // namespace cuda_ipc
+}  // namespace fastpar

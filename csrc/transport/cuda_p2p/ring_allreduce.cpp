@@ -1,0 +1,134 @@
+#include "ring_allreduce.h"
+
+#include <algorithm>
+
+#include "../../algorithms/ring_schedule.h"
+#include "../../kernels/cuda_reduce_launch.h"
+#include "cuda_try.h"
+#include "peer_copy.h"
+
+namespace fastpar {
+namespace cuda_p2p {
+namespace {
+
+// One event per rank, destroyed on every path out (destroying an event that is
+// still pending is allowed: the driver releases it once it completes).
+class RankEvents {
+ public:
+  ~RankEvents() {
+    for (cudaEvent_t e : events_) cudaEventDestroy(e);
+  }
+  cudaError_t create(const std::vector<RingRank>& ranks) {
+    for (const RingRank& r : ranks) {
+      FASTPAR_CUDA_TRY(cudaSetDevice(r.device));
+      cudaEvent_t e = nullptr;
+      FASTPAR_CUDA_TRY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+      events_.push_back(e);
+    }
+    return cudaSuccess;
+  }
+  cudaEvent_t operator[](size_t i) const { return events_[i]; }
+
+ private:
+  std::vector<cudaEvent_t> events_;
+};
+
+char* at_elem(void* base, int64_t index, int64_t elem_bytes) {
+  return static_cast<char*>(base) + index * elem_bytes;
+}
+
+// The partial rank `me` folds in at this step: rank src's data (still T) or
+// accumulator, read in place over peer access or first copied into my staging
+// buffer. `offset` is the element offset inside the window (acc and staging
+// buffers hold one window).
+cudaError_t partial_source(const RingRank& me, const RingRank& src, bool from_data, int64_t data_index,
+                           int64_t offset, int64_t len, int64_t ts, int64_t as, const void** prev) {
+  const int64_t eb = from_data ? ts : as;
+  const void* remote = from_data ? at_elem(src.data, data_index, ts) : at_elem(src.acc, offset, as);
+  if (!me.staging) {
+    *prev = remote;
+    return cudaSuccess;
+  }
+  void* local = at_elem(me.staging, offset, eb);
+  FASTPAR_CUDA_TRY(peer_copy(local, me.device, remote, src.device, size_t(len * eb), me.stream));
+  *prev = local;
+  return cudaSuccess;
+}
+
+cudaError_t run_step(const RingOptions& opt, const std::vector<RingRank>& ranks, const RingStep& st,
+                     int64_t wbegin, const Range& seg, int64_t ts, int64_t as) {
+  const int n = int(ranks.size());
+  const RingRank& me = ranks[size_t(st.dst)];
+  const RingRank& src = ranks[size_t(st.src)];
+  const int64_t offset = seg.begin - wbegin;
+  const int64_t len = seg.size();
+  void* mine = at_elem(me.data, seg.begin, ts);
+  const void* prev = nullptr;
+  switch (st.action) {
+    case RingAction::kFoldFirst:
+      FASTPAR_CUDA_TRY(partial_source(me, src, true, seg.begin, offset, len, ts, as, &prev));
+      return cuda_kernels::launch_ring_fold(opt.dtype, opt.op, nullptr, prev, mine,
+                                            at_elem(me.acc, offset, as), len, me.stream);
+    case RingAction::kFold:
+      FASTPAR_CUDA_TRY(partial_source(me, src, false, seg.begin, offset, len, ts, as, &prev));
+      return cuda_kernels::launch_ring_fold(opt.dtype, opt.op, prev, nullptr, mine,
+                                            at_elem(me.acc, offset, as), len, me.stream);
+    case RingAction::kFinish:
+      FASTPAR_CUDA_TRY(partial_source(me, src, st.src_is_data, seg.begin, offset, len, ts, as, &prev));
+      return cuda_kernels::launch_ring_finish(opt.dtype, opt.op, st.src_is_data ? nullptr : prev,
+                                              st.src_is_data ? prev : nullptr, mine, mine, len, n,
+                                              me.stream);
+    case RingAction::kCopy:
+      return peer_copy(mine, me.device, at_elem(src.data, seg.begin, ts), src.device, size_t(len * ts),
+                       me.stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace
+
+int ring_acc_bytes(DType dt) {
+  int bytes = 0;
+  FASTPAR_DISPATCH_DTYPE(dt, [&] { bytes = int(sizeof(acc_t<scalar_t>)); });
+  return bytes;
+}
+
+cudaError_t ring_allreduce(const RingOptions& opt, const std::vector<RingRank>& ranks) {
+  const int n = int(ranks.size());
+  if (n <= 1 || opt.count == 0) return cudaSuccess;  // one rank: op over x alone is x
+  const int64_t ts = dtype_size(opt.dtype);
+  const int64_t as = ring_acc_bytes(opt.dtype);
+  const int64_t window = opt.segment_elems * n;
+  DeviceRestore restore;
+  RankEvents events;
+  FASTPAR_CUDA_TRY(events.create(ranks));
+  bool first = true;
+  for (int64_t w = 0; w < num_windows(opt.count, window); ++w) {
+    const int64_t wbegin = w * window;
+    const int64_t wend = std::min(opt.count, wbegin + window);
+    for (int step = 0; step < ring_num_steps(n); ++step) {
+      // All waits of this step are enqueued before any record of it: a wait
+      // binds to the event's latest record at the time of the call, which must
+      // be the neighbour's previous step.
+      if (!first) {
+        for (int r = 0; r < n; ++r) {
+          FASTPAR_CUDA_TRY(cudaSetDevice(ranks[size_t(r)].device));
+          FASTPAR_CUDA_TRY(cudaStreamWaitEvent(ranks[size_t(r)].stream, events[size_t(ring_mod(r - 1, n))], 0));
+        }
+      }
+      first = false;
+      for (int r = 0; r < n; ++r) {
+        FASTPAR_CUDA_TRY(cudaSetDevice(ranks[size_t(r)].device));
+        const RingStep st = ring_step(n, step, r);
+        const Range seg = split_range(wbegin, wend, n, st.segment, opt.align);
+        if (seg.size() > 0) FASTPAR_CUDA_TRY(run_step(opt, ranks, st, wbegin, seg, ts, as));
+        // Recorded even after an empty segment: the neighbour's next step waits on it.
+        FASTPAR_CUDA_TRY(cudaEventRecord(events[size_t(r)], ranks[size_t(r)].stream));
+      }
+    }
+  }
+  return cudaSuccess;
+}
+
+}  // namespace cuda_p2p
+}  // namespace fastpar

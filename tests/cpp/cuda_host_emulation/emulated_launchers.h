@@ -1,0 +1,86 @@
+// The kernel launchers of kernels/cuda_reduce.cu for the host emulation: the
+// same dispatch and 16-byte alignment rule, with run_grid (every block, every
+// thread, one after the other) in place of <<<...>>>.
+#pragma once
+
+#include <cstdint>
+
+#include "csrc/kernels/cuda_reduce.cuh"
+#include "csrc/kernels/cuda_reduce_launch.h"
+
+namespace fastpar {
+namespace cuda_kernels {
+
+// The grid the emulated launches use: small and odd, so that grid-stride
+// loops wrap several times and threads get unequal shares.
+inline unsigned g_blocks = 3, g_threads = 5;
+
+template <class F>
+inline void run_grid(F body) {
+  gridDim.x = g_blocks;
+  blockDim.x = g_threads;
+  for (unsigned b = 0; b < g_blocks; ++b)
+    for (unsigned t = 0; t < g_threads; ++t) {
+      blockIdx.x = b;
+      threadIdx.x = t;
+      body();
+    }
+}
+
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+inline cudaError_t launch_reduce(DType dt, ReduceOp op, const ReduceLaunch& a, cudaStream_t) {
+  if (a.count == 0) return cudaSuccess;
+  bool vec = true;
+  for (int s = 0; s < a.nsrc; ++s) vec = vec && aligned16(a.srcs[s]);
+  for (int d = 0; d < a.ndst; ++d) vec = vec && aligned16(a.dsts[d]);
+  FASTPAR_DISPATCH_DTYPE(dt, [&] {
+    FASTPAR_DISPATCH_OP(op, [&] {
+      if constexpr (!(kOp == ReduceOp::AVG && !is_floating<scalar_t>())) {
+        ReducePtrs<scalar_t> p{};
+        for (int s = 0; s < a.nsrc; ++s) p.src[s] = static_cast<const scalar_t*>(a.srcs[s]);
+        for (int d = 0; d < a.ndst; ++d) p.dst[d] = static_cast<scalar_t*>(a.dsts[d]);
+        p.nsrc = a.nsrc;
+        p.ndst = a.ndst;
+        p.guard = a.guard;
+        run_grid([&] { reduce_kernel<scalar_t, kOp>(p, a.count, a.contributions, vec); });
+      }
+    });
+  });
+  return cudaSuccess;
+}
+
+template <bool kFinish>
+inline cudaError_t launch_ring(DType dt, ReduceOp op, const void* prev_acc, const void* prev_data, const void* mine,
+                        void* out, int64_t count, int contributions) {
+  if (count == 0) return cudaSuccess;
+  const bool vec = aligned16(prev_acc ? prev_acc : prev_data) && aligned16(mine) && aligned16(out);
+  FASTPAR_DISPATCH_DTYPE(dt, [&] {
+    FASTPAR_DISPATCH_OP(op, [&] {
+      if constexpr (!(kOp == ReduceOp::AVG && !is_floating<scalar_t>())) {
+        using A = acc_t<scalar_t>;
+        run_grid([&] {
+          ring_step_kernel<scalar_t, kOp, kFinish>(
+              static_cast<const A*>(prev_acc), static_cast<const scalar_t*>(prev_data),
+              static_cast<const scalar_t*>(mine), kFinish ? nullptr : static_cast<A*>(out),
+              kFinish ? static_cast<scalar_t*>(out) : nullptr, count, contributions, vec);
+        });
+      }
+    });
+  });
+  return cudaSuccess;
+}
+
+inline cudaError_t launch_ring_fold(DType dt, ReduceOp op, const void* prev_acc, const void* prev_data, const void* mine,
+                             void* out_acc, int64_t count, cudaStream_t) {
+  return launch_ring<false>(dt, op, prev_acc, prev_data, mine, out_acc, count, 1);
+}
+
+inline cudaError_t launch_ring_finish(DType dt, ReduceOp op, const void* prev_acc, const void* prev_data, const void* mine,
+                               void* out, int64_t count, int contributions, cudaStream_t) {
+  return launch_ring<true>(dt, op, prev_acc, prev_data, mine, out, count, contributions);
+}
+
+}  // namespace cuda_kernels
+}  // namespace fastpar
+

@@ -1,0 +1,243 @@
+// The CUDA IPC allreduce schedules (transport/cuda_ipc/allreduce_ipc.cpp) run
+// on the host: one thread per rank stands for one process, the arenas are
+// plain host memory every thread can read (as IPC mappings are), the phase
+// step is the same flag protocol (algorithms/flag_protocol.h) over host
+// atomics, and the reduce kernel is emulated (emulated_launchers.h). Checked:
+//   * every rank's output equals the in-order reduction bit for bit, for
+//     one-shot and two-shot, in and out of place, single- and multi-chunk
+//     messages, in one long sequence of calls (slot and descriptor rotation);
+//   * ranks that disagree on the call fail with kMismatch on every rank and
+//     do not hang, and a failed rank's later kernels leave outputs untouched.
+// Exit status 0 = every check passed.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "emulated_launchers.h"
+#include "csrc/kernels/cpu_reduce.h"
+#include "csrc/transport/cuda_ipc/allreduce_ipc.h"
+#include "csrc/transport/cuda_ipc/phase_launch.h"
+
+namespace fastpar {
+namespace cuda_ipc {
+
+// The host memory-ordering policy, as the CPU shared-memory transport's.
+struct HostMemory {
+  static uint64_t load_acquire(const uint64_t* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+  static void store_release(uint64_t* p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+  static void pause() { std::this_thread::yield(); }
+  static uint64_t now_ns() {
+    return uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                        std::chrono::steady_clock::now().time_since_epoch())
+                        .count());
+  }
+};
+
+struct NoPoll {
+  flags::WaitStatus operator()() const { return flags::WaitStatus::kOk; }
+};
+
+// phase_kernel's body (phase_kernel.cuh) over HostMemory.
+cudaError_t launch_phase(const PhaseArgs& a, cudaStream_t) {
+  if (*a.status != 0) {
+    flags::abort_rank<HostMemory>(a.self, *a.status);
+    return cudaSuccess;
+  }
+  flags::post<HostMemory>(a.self, a.desc);
+  const uint64_t deadline = HostMemory::now_ns() + a.timeout_ns;
+  for (int q = 0; q < a.size; ++q) {
+    if (q == a.rank) continue;
+    flags::OpDesc theirs;
+    const flags::WaitStatus s = flags::wait_and_check<HostMemory>(a.peers[q], a.desc, deadline, NoPoll{}, &theirs);
+    if (s != flags::WaitStatus::kOk) {
+      *a.status = uint32_t(s);
+      flags::abort_rank<HostMemory>(a.self, uint64_t(s));
+      return cudaSuccess;
+    }
+  }
+  return cudaSuccess;
+}
+
+}  // namespace cuda_ipc
+}  // namespace fastpar
+
+#include "csrc/transport/cuda_ipc/allreduce_ipc.cpp"
+
+using namespace fastpar;
+
+namespace {
+
+std::atomic<int64_t> checks{0}, failures{0};
+
+void expect(bool ok, const char* what) {
+  ++checks;
+  if (!ok && ++failures <= 20) std::fprintf(stderr, "FAILED %s\n", what);
+}
+
+struct Arenas {
+  std::vector<std::vector<uint4>> store;
+  std::vector<void*> bases;
+  Arenas(int n, size_t slot_bytes) {
+    for (int r = 0; r < n; ++r) {
+      store.emplace_back(cuda_ipc::arena_bytes(slot_bytes) / 16 + 1, uint4{});  // zeroed header
+      bases.push_back(store.back().data());
+    }
+  }
+};
+
+cuda_ipc::IpcComm comm_for(const Arenas& a, int rank, size_t slot_bytes) {
+  cuda_ipc::IpcComm c;
+  c.rank = rank;
+  c.size = int(a.bases.size());
+  c.device = rank;
+  for (int q = 0; q < c.size; ++q) c.bases[q] = a.bases[size_t(q)];
+  c.slot_bytes = slot_bytes;
+  c.timeout_ns = 20ull * 1000 * 1000 * 1000;
+  return c;
+}
+
+float value(int rank, int call, int64_t i) { return float((rank * 7 + call * 3 + i * 5) % 17) - 8.0f + 0.25f * float(rank); }
+
+// One call of the sequence: dtype float16 for odd calls (fp32 accumulation), float32 otherwise.
+struct Call {
+  bool two_shot;
+  bool in_place;
+  int64_t count;
+  ReduceOp op;
+};
+
+template <typename T>
+T from_float(float f) {
+  if constexpr (std::is_same_v<T, f16>) return to_f16(f);
+  else return T(f);
+}
+
+template <typename T>
+void run_call(cuda_ipc::IpcComm& c, const Call& call, int index, std::vector<T>& out_all) {
+  std::vector<uint4> in_store(size_t(call.count) * sizeof(T) / 16 + 2), out_store(in_store.size());
+  T* in = reinterpret_cast<T*>(in_store.data());
+  T* out = call.in_place ? in : reinterpret_cast<T*>(out_store.data());
+  for (int64_t i = 0; i < call.count; ++i) in[i] = from_float<T>(value(c.rank, index, i));
+  const DType dt = std::is_same_v<T, f16> ? DType::F16 : DType::F32;
+  const cudaError_t err = call.two_shot ? cuda_ipc::allreduce_two_shot(c, dt, call.op, in, out, call.count, nullptr)
+                                        : cuda_ipc::allreduce_one_shot(c, dt, call.op, in, out, call.count, nullptr);
+  expect(err == cudaSuccess, "schedule returned an error");
+  out_all.assign(out, out + call.count);
+}
+
+template <typename T>
+std::vector<T> expected(int n, const Call& call, int index) {
+  std::vector<std::vector<T>> ins(size_t(n), std::vector<T>(size_t(call.count)));
+  std::vector<const T*> srcs;
+  for (int r = 0; r < n; ++r) {
+    for (int64_t i = 0; i < call.count; ++i) ins[size_t(r)][size_t(i)] = from_float<T>(value(r, index, i));
+    srcs.push_back(ins[size_t(r)].data());
+  }
+  std::vector<T> out(size_t(call.count));
+  T* d = out.data();
+  FASTPAR_DISPATCH_OP(call.op, [&] {
+    cpu_reduce_range<T, kOp>(srcs.data(), n, &d, 1, 0, call.count, n);
+  });
+  return out;
+}
+
+void check_sequence(int n, size_t slot_bytes) {
+  std::vector<Call> calls;
+  std::mt19937 rng(unsigned(n * 1000 + slot_bytes));
+  for (int i = 0; i < 40; ++i) {
+    const int64_t sizes[] = {1, 3, 17, 64, 100, 1000, 5000};
+    calls.push_back({bool(rng() % 2), bool(rng() % 2), sizes[rng() % 7], ReduceOp(rng() % 5)});
+  }
+  Arenas arenas(n, slot_bytes);
+  std::vector<std::vector<std::vector<float>>> got32(static_cast<size_t>(n));
+  std::vector<std::vector<std::vector<f16>>> got16(static_cast<size_t>(n));
+  std::vector<uint32_t> status(size_t(n), 0);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      cuda_ipc::IpcComm c = comm_for(arenas, r, slot_bytes);
+      for (size_t i = 0; i < calls.size(); ++i) {
+        if (i % 2) {
+          got16[size_t(r)].emplace_back();
+          run_call<f16>(c, calls[i], int(i), got16[size_t(r)].back());
+        } else {
+          got32[size_t(r)].emplace_back();
+          run_call<float>(c, calls[i], int(i), got32[size_t(r)].back());
+        }
+      }
+      cuda_ipc::read_status(c, nullptr, &status[size_t(r)]);
+    });
+  }
+  for (auto& t : threads) t.join();
+  char what[160];
+  for (int r = 0; r < n; ++r) {
+    std::snprintf(what, sizeof(what), "status of rank %d (n=%d slot=%zu) is %u", r, n, slot_bytes, status[size_t(r)]);
+    expect(status[size_t(r)] == 0, what);
+    for (size_t i = 0; i < calls.size(); ++i) {
+      std::snprintf(what, sizeof(what), "call %zu (%s, %s, count %ld, op %s) rank %d n=%d slot=%zu", i,
+                    calls[i].two_shot ? "two-shot" : "one-shot", calls[i].in_place ? "in place" : "out of place",
+                    long(calls[i].count), op_name(calls[i].op), r, n, slot_bytes);
+      if (i % 2) {
+        const auto e = expected<f16>(n, calls[i], int(i));
+        expect(std::memcmp(got16[size_t(r)][i / 2].data(), e.data(), e.size() * sizeof(f16)) == 0, what);
+      } else {
+        const auto e = expected<float>(n, calls[i], int(i));
+        expect(std::memcmp(got32[size_t(r)][i / 2].data(), e.data(), e.size() * sizeof(float)) == 0, what);
+      }
+    }
+  }
+}
+
+// Rank 0 runs one-shot while the others run two-shot: every rank must see the
+// disagreement (kMismatch, or kPeerAborted once a peer gave up) and return;
+// the outputs of the failed calls stay as the caller left them.
+void check_mismatch(int n) {
+  const size_t slot_bytes = 4096;
+  Arenas arenas(n, slot_bytes);
+  std::vector<uint32_t> status(size_t(n), 0);
+  std::vector<int> untouched(size_t(n), 0);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      cuda_ipc::IpcComm c = comm_for(arenas, r, slot_bytes);
+      c.timeout_ns = 2ull * 1000 * 1000 * 1000;
+      std::vector<float> in(100, 1.0f), out(100, -7.0f);
+      if (r == 0) {
+        cuda_ipc::allreduce_one_shot(c, DType::F32, ReduceOp::SUM, in.data(), out.data(), 100, nullptr);
+      } else {
+        cuda_ipc::allreduce_two_shot(c, DType::F32, ReduceOp::SUM, in.data(), out.data(), 100, nullptr);
+      }
+      // A later call on a failed communicator does nothing at all.
+      std::vector<float> out2(100, -7.0f);
+      cuda_ipc::allreduce_one_shot(c, DType::F32, ReduceOp::SUM, in.data(), out2.data(), 100, nullptr);
+      cuda_ipc::read_status(c, nullptr, &status[size_t(r)]);
+      untouched[size_t(r)] = std::all_of(out2.begin(), out2.end(), [](float v) { return v == -7.0f; });
+    });
+  }
+  for (auto& t : threads) t.join();
+  char what[160];
+  for (int r = 0; r < n; ++r) {
+    const auto s = flags::WaitStatus(status[size_t(r)]);
+    std::snprintf(what, sizeof(what), "mismatch: rank %d of %d ended with status %u", r, n, status[size_t(r)]);
+    expect(s == flags::WaitStatus::kMismatch || s == flags::WaitStatus::kPeerAborted, what);
+    std::snprintf(what, sizeof(what), "mismatch: rank %d of %d wrote the output of a call after failing", r, n);
+    expect(untouched[size_t(r)] != 0, what);
+  }
+}
+
+}  // namespace
+
+int main() {
+  cuda_kernels::g_blocks = 2;
+  cuda_kernels::g_threads = 3;
+  for (int n = 2; n <= 4; ++n) {
+    for (size_t slot_bytes : {size_t(256), size_t(4096), size_t(1) << 20}) check_sequence(n, slot_bytes);
+    check_mismatch(n);
+  }
+  std::printf("%ld checks, %ld failures\n", long(checks.load()), long(failures.load()));
+  return failures == 0 ? 0 : 1;
+}

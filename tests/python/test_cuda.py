@@ -1,0 +1,520 @@
+"""The CUDA ops (torch.ops.fastpar.*, dispatched on CUDA tensors) against a
+pure-torch reference.
+
+Most tests need GPUs (two or more for the multi-device ops) and skip without
+them; the build tests at the top run on any machine.
+
+Reference semantics (kernels/reduce_ops.h): sources are combined in list order
+0..n-1, 16-bit floats accumulate in float32 and round once at the end, AVG
+divides the full reduction by n, integers wrap. The one-pass kernels (direct
+allreduce, reduce, reduce_scatter) follow exactly that order, so they must
+match the reference bit for bit, random data included. The ring starts each
+segment's sum at a different rank; it is compared bit for bit with the CPU
+ring (the same schedule and segment cut) and, on exact integer-valued data,
+with the reference.
+"""
+import itertools
+
+import pytest
+import torch
+
+import fastpar
+
+ops = torch.ops.fastpar
+
+NGPU = torch.cuda.device_count() if torch.cuda.is_available() else 0
+needs_gpu = pytest.mark.skipif(NGPU < 1, reason="needs a CUDA device")
+needs_gpus = pytest.mark.skipif(NGPU < 2, reason="needs at least 2 CUDA devices")
+
+SUM, AVG, PRODUCT, MIN, MAX = 0, 1, 2, 3, 4
+OPS = [SUM, AVG, PRODUCT, MIN, MAX]
+FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+INTS = [torch.int8, torch.uint8, torch.int32, torch.int64]
+DTYPES = FLOATS + INTS
+SIZES = [0, 1, 3, 7, 8, 15, 16, 17, 1000, 2**20 + 3]
+ALGORITHMS = ["auto", "direct", "ring"]
+# Device counts worth covering: 2 (the ring's finish step reads raw data), an
+# odd count, and every GPU of the machine.
+NS = sorted({n for n in (2, 3, NGPU) if 2 <= n <= NGPU})
+# Storage offsets: 0 keeps every pointer 16-byte aligned (the uint4 path), 1
+# element misaligns them (the scalar path).
+OFFSETS = [0, 1]
+
+
+def valid(op, dtype):
+    return op != AVG or dtype in FLOATS
+
+
+def combos():
+    return [(d, o) for d in DTYPES for o in OPS if valid(o, d)]
+
+
+def all_peer(devices):
+    return all(a == b or torch.cuda.can_device_access_peer(a, b) for a in devices for b in devices)
+
+
+def exact_data(n, size, dtype, op, seed):
+    """Integer-valued inputs whose reduction is exact in every order (so any
+    schedule must reproduce the reference bit for bit)."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        if op == PRODUCT:
+            # Products of {-1, 1, 2} over <= 8 tensors fit every dtype exactly
+            # (uint8 gets {1, 2}); int overflow would wrap identically anyway.
+            choices = torch.tensor([1, 2] if dtype == torch.uint8 else [-1, 1, 2])
+            v = choices[torch.randint(0, len(choices), (size,), generator=g)]
+        elif dtype == torch.uint8:
+            v = torch.randint(0, 16, (size,), generator=g)
+        else:
+            v = torch.randint(-8, 9, (size,), generator=g)
+        out.append(v.to(dtype))
+    return out
+
+
+def random_data(n, size, dtype, op, seed):
+    """Inputs whose float reductions round (order matters): for the one-pass
+    kernels, which must still match the in-order reference exactly."""
+    if dtype not in FLOATS:
+        return exact_data(n, size, dtype, op, seed)
+    g = torch.Generator().manual_seed(seed)
+    if op == PRODUCT:
+        return [(1 + 0.1 * torch.randn(size, generator=g, dtype=torch.float64)).to(dtype) for _ in range(n)]
+    return [torch.randn(size, generator=g, dtype=torch.float64).mul(100).to(dtype) for _ in range(n)]
+
+
+def reference(inputs, op):
+    """In-order reduction with reduce_ops.h's accumulator types, on the CPU."""
+    dtype = inputs[0].dtype
+    acc_dtype = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    acc = inputs[0].cpu().to(acc_dtype)
+    for t in inputs[1:]:
+        t = t.cpu().to(acc_dtype)
+        if op in (SUM, AVG):
+            acc = acc + t
+        elif op == PRODUCT:
+            acc = acc * t
+        elif op == MIN:
+            acc = torch.minimum(acc, t)
+        else:
+            acc = torch.maximum(acc, t)
+    if op == AVG:
+        acc = acc / len(inputs)
+    return acc.to(dtype)
+
+
+def on_device(t, device, offset):
+    """A contiguous copy of `t` on `device` starting `offset` elements into its
+    storage (offset 1 breaks 16-byte alignment)."""
+    buf = torch.empty(t.numel() + offset, dtype=t.dtype, device=device)
+    view = buf[offset:]
+    view.copy_(t)
+    assert view.storage_offset() == offset and view.is_contiguous()
+    return view
+
+
+def assert_bitwise(actual, expected):
+    actual = actual.cpu()
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape
+    assert torch.equal(actual.view(-1).view(torch.uint8), expected.view(-1).view(torch.uint8)), (
+        f"not bitwise equal: max abs diff {(actual.double() - expected.double()).abs().max().item()}"
+    )
+
+
+@pytest.fixture
+def small_ring_segments():
+    """64-byte ring segments: a few hundred elements already cross many
+    windows, the multi-window path; restored afterwards."""
+    old = fastpar._C._get_ring_segment_bytes()
+    fastpar._C._set_ring_segment_bytes(64)
+    yield
+    fastpar._C._set_ring_segment_bytes(old)
+
+
+# ------------------------------------------------------------------ the build
+
+OP_NAMES = ["allreduce_", "reduce_", "reduce_scatter_", "allgather_", "broadcast_", "copy_many_"]
+
+
+def cuda_kernels_registered():
+    return [torch._C._dispatch_has_kernel_for_dispatch_key(f"fastpar::{n}", "CUDA") for n in OP_NAMES]
+
+
+def test_built_with_cuda_matches_registered_kernels():
+    """A CUDA build says so and registers a CUDA kernel for every op; a
+    CPU-only build registers none (and the test skips)."""
+    registered = cuda_kernels_registered()
+    if not fastpar._C.built_with_cuda and not any(registered):
+        pytest.skip("CPU-only build of fastpar")
+    assert fastpar._C.built_with_cuda is True
+    assert all(registered), dict(zip(OP_NAMES, registered))
+
+
+def test_cpu_ops_unchanged_in_any_build():
+    ts = [torch.arange(5, dtype=torch.float32) * (i + 1) for i in range(3)]
+    ops.allreduce_(ts, SUM, "auto")
+    for t in ts:
+        assert torch.equal(t, torch.arange(5, dtype=torch.float32) * 6)
+
+
+# -------------------------------------------------------------------- allreduce
+
+
+@needs_gpus
+@pytest.mark.parametrize("n", NS)
+@pytest.mark.parametrize("dtype,op", combos())
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("offset", OFFSETS)
+def test_allreduce_exact(n, dtype, op, size, algorithm, offset):
+    devices = list(range(n))
+    if algorithm == "direct" and not all_peer(devices):
+        pytest.skip("no peer access between every pair (see test_allreduce_direct_needs_peer_access)")
+    inputs = exact_data(n, size, dtype, op, seed=size * 31 + op)
+    tensors = [on_device(t, d, offset) for t, d in zip(inputs, devices)]
+    ops.allreduce_(tensors, op, algorithm)
+    expected = reference(inputs, op)
+    for t in tensors:
+        assert_bitwise(t, expected)
+
+
+@needs_gpus
+@pytest.mark.parametrize("n", NS)
+@pytest.mark.parametrize("dtype,op", combos())
+@pytest.mark.parametrize("size", [17, 1000, 2**20 + 3])
+@pytest.mark.parametrize("offset", OFFSETS)
+def test_allreduce_direct_random_is_in_order(n, dtype, op, size, offset):
+    devices = list(range(n))
+    if not all_peer(devices):
+        pytest.skip("no peer access between every pair")
+    inputs = random_data(n, size, dtype, op, seed=7)
+    tensors = [on_device(t, d, offset) for t, d in zip(inputs, devices)]
+    ops.allreduce_(tensors, op, "direct")
+    expected = reference(inputs, op)
+    for t in tensors:
+        assert_bitwise(t, expected)
+
+
+@needs_gpus
+@pytest.mark.parametrize("n", NS)
+@pytest.mark.parametrize("dtype,op", combos())
+@pytest.mark.parametrize("size", [1, 17, 1000, 4099])
+@pytest.mark.parametrize("offset", OFFSETS)
+def test_allreduce_ring_random_matches_cpu_ring(n, dtype, op, size, offset, small_ring_segments):
+    """Same schedule, same segment cut, same element math: the CUDA ring and
+    the CPU ring give the same bits, and every GPU holds the same bits."""
+    inputs = random_data(n, size, dtype, op, seed=11)
+    on_cpu = [t.clone() for t in inputs]
+    ops.allreduce_(on_cpu, op, "ring")
+    tensors = [on_device(t, d, offset) for t, d in zip(inputs, range(n))]
+    ops.allreduce_(tensors, op, "ring")
+    for t in tensors:
+        assert_bitwise(t, on_cpu[0])
+    if dtype in FLOATS and op != PRODUCT:
+        tol = {torch.float16: 1e-2, torch.bfloat16: 1e-1}.get(dtype, 1e-5)
+        torch.testing.assert_close(tensors[0].cpu().double(), reference(inputs, op).double(), rtol=tol, atol=tol * 100)
+
+
+@needs_gpus
+@pytest.mark.parametrize("n", NS)
+@pytest.mark.parametrize("dtype,op", combos())
+def test_allreduce_ring_many_windows_exact(n, dtype, op, small_ring_segments):
+    inputs = exact_data(n, 5000, dtype, op, seed=3)
+    tensors = [on_device(t, d, 0) for t, d in zip(inputs, range(n))]
+    ops.allreduce_(tensors, op, "ring")
+    for t in tensors:
+        assert_bitwise(t, reference(inputs, op))
+
+
+@needs_gpus
+def test_allreduce_direct_needs_peer_access():
+    devices = list(range(NGPU))
+    ts = [torch.ones(10, device=d) for d in devices]
+    if all_peer(devices):
+        ops.allreduce_(ts, SUM, "direct")
+        assert all(torch.equal(t.cpu(), torch.full((10,), float(NGPU))) for t in ts)
+    else:
+        with pytest.raises(ValueError, match="algorithm 'direct' needs peer access between every pair"):
+            ops.allreduce_(ts, SUM, "direct")
+
+
+@needs_gpus
+def test_allreduce_orders_against_current_streams():
+    """Producers on a non-default current stream, no synchronize before the
+    op, consumers right after it on the same streams: the op's side streams
+    must wait for the first and be waited on by the second."""
+    n = NGPU
+    streams = [torch.cuda.Stream(device=d) for d in range(n)]
+    size = 2**22
+    ts = []
+    for d in range(n):
+        with torch.cuda.device(d), torch.cuda.stream(streams[d]):
+            t = torch.empty(size, device=d)
+            torch.cuda._sleep(10_000_000)  # make the producer slow
+            t.fill_(d + 1)
+            ts.append(t)
+    total = float(sum(range(1, n + 1)))
+    for algorithm, expected in (("auto", total), ("ring", total * n)):
+        # The op orders itself against the current stream of every device.
+        previous = [torch.cuda.current_stream(d) for d in range(n)]
+        for s in streams:
+            torch.cuda.set_stream(s)
+        try:
+            ops.allreduce_(ts, SUM, algorithm)
+            outs = [t * 1 for t in ts]  # consumers on the current streams
+        finally:
+            for s in previous:
+                torch.cuda.set_stream(s)
+        torch.cuda.synchronize()
+        for o in outs:
+            assert torch.equal(o.cpu(), torch.full((size,), expected))
+
+
+@needs_gpu
+def test_allreduce_single_tensor_is_identity():
+    t = torch.arange(10, dtype=torch.float32, device=0)
+    for algorithm in ALGORITHMS:
+        ops.allreduce_([t], AVG, algorithm)
+        assert torch.equal(t.cpu(), torch.arange(10, dtype=torch.float32))
+
+
+# ---------------------------------------------------------- reduce, reduce_scatter
+
+
+@needs_gpus
+@pytest.mark.parametrize("n", NS)
+@pytest.mark.parametrize("dtype,op", combos())
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("offset", OFFSETS)
+@pytest.mark.parametrize("output_kind", ["root_in_place", "separate_on_root", "separate_elsewhere"])
+def test_reduce(n, dtype, op, size, offset, output_kind):
+    inputs = random_data(n, size, dtype, op, seed=size + 5)
+    tensors = [on_device(t, d, offset) for t, d in zip(inputs, range(n))]
+    if output_kind == "root_in_place":
+        output = tensors[n - 1]
+    elif output_kind == "separate_on_root":
+        output = on_device(torch.zeros(size, dtype=dtype), 0, 1 - offset)
+    else:
+        output = on_device(torch.zeros(size, dtype=dtype), NGPU - 1, offset)
+    ops.reduce_(tensors, output, op)
+    assert_bitwise(output, reference(inputs, op))
+    if output_kind != "root_in_place":
+        for t, i in zip(tensors, inputs):
+            assert_bitwise(t, i)  # inputs untouched
+
+
+@needs_gpus
+@pytest.mark.parametrize("n", NS)
+@pytest.mark.parametrize("dtype,op", combos())
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("offset", OFFSETS)
+@pytest.mark.parametrize("in_place", [False, True])
+def test_reduce_scatter(n, dtype, op, size, offset, in_place):
+    inputs = random_data(n, n * size, dtype, op, seed=size + 9)
+    tensors = [on_device(t, d, offset) for t, d in zip(inputs, range(n))]
+    if in_place:  # outputs[i] is slice i of inputs[i], as reduce_scatter's users do
+        outputs = [tensors[i][i * size:(i + 1) * size] for i in range(n)]
+    else:
+        outputs = [on_device(torch.zeros(size, dtype=dtype), d, 1 - offset) for d in range(n)]
+    ops.reduce_scatter_(tensors, outputs, op)
+    for i, out in enumerate(outputs):
+        assert_bitwise(out, reference([t[i * size:(i + 1) * size] for t in inputs], op))
+
+
+# ---------------------------------------------------- allgather, broadcast, copies
+
+
+@needs_gpus
+@pytest.mark.parametrize("n", NS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("offset", OFFSETS)
+@pytest.mark.parametrize("in_place", [False, True])
+def test_allgather(n, dtype, size, offset, in_place):
+    inputs = exact_data(n, size, dtype, SUM, seed=size + 13)
+    outputs = [on_device(torch.zeros(n * size, dtype=dtype), d, offset) for d in range(n)]
+    if in_place:
+        tensors = [outputs[i][i * size:(i + 1) * size] for i in range(n)]
+        for t, i in zip(tensors, inputs):
+            t.copy_(i)
+    else:
+        tensors = [on_device(t, d, 1 - offset) for t, d in zip(inputs, range(n))]
+    ops.allgather_(tensors, outputs)
+    expected = torch.cat(inputs)
+    for out in outputs:
+        assert_bitwise(out, expected)
+
+
+@needs_gpus
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("source", ["cuda_in_place", "cuda_other", "cpu", "cpu_pinned"])
+@pytest.mark.parametrize("offset", OFFSETS)
+def test_broadcast(dtype, size, source, offset):
+    data = exact_data(1, size, dtype, SUM, seed=size)[0]
+    outputs = [on_device(torch.zeros(size, dtype=dtype), d, offset) for d in range(NGPU)]
+    if source == "cuda_in_place":
+        outputs[0].copy_(data)
+        src = outputs[0]
+    elif source == "cuda_other":
+        src = on_device(data, NGPU - 1, 1 - offset)
+        outputs = outputs[:-1]
+    elif source == "cpu":
+        src = data.clone()
+    else:
+        src = data.clone().pin_memory()
+    ops.broadcast_(src, outputs)
+    for out in outputs:
+        assert_bitwise(out, data)
+
+
+@needs_gpus
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int8, torch.int64])
+@pytest.mark.parametrize("size", [0, 1, 17, 2**20 + 3])
+def test_copy_many_scatter_and_gather(dtype, size):
+    n = NGPU
+    full = exact_data(1, n * size + 3, dtype, SUM, seed=1)[0]  # unequal chunks
+    for src_device in ("cpu", 0):
+        src = full.to(src_device)
+        chunks = list(torch.tensor_split(src, n))
+        dsts = [torch.empty(c.shape, dtype=dtype, device=d) for c, d in zip(chunks, range(n))]
+        ops.copy_many_(chunks, dsts)
+        for c, d in zip(chunks, dsts):
+            assert_bitwise(d, c.cpu())
+        # gather back, to a CUDA tensor and to a CPU one
+        for dst_device in (0, "cpu"):
+            out = torch.empty_like(full, device=dst_device)
+            views = list(out.split([c.numel() for c in chunks]))
+            ops.copy_many_(dsts, views)
+            assert_bitwise(out, full)
+
+
+@needs_gpus
+def test_copy_many_strided_gather_along_dim_1():
+    n = NGPU
+    parts = [torch.arange(12, dtype=torch.float32, device=d).view(3, 4) + 100 * d for d in range(n)]
+    out = torch.empty(3, 4 * n, device=0)
+    views = list(out.split(4, dim=1))  # not contiguous
+    ops.copy_many_(parts, views)
+    assert torch.equal(out.cpu(), torch.cat([p.cpu() for p in parts], dim=1))
+
+
+# ---------------------------------------------------------------------- errors
+
+
+def error_of(fn):
+    with pytest.raises(Exception) as info:
+        fn()
+    return type(info.value), str(info.value).split("\n")[0]
+
+
+@needs_gpus
+def test_errors_match_cpu_backend():
+    """The same mistake gives the same exception and message on both backends."""
+    cases = [
+        lambda dev: ops.allreduce_([torch.ones(3, device=dev), torch.ones(4, device=dev if dev == "cpu" else 1)], SUM, "auto"),
+        lambda dev: ops.allreduce_([torch.ones(3, device=dev), torch.ones(3, dtype=torch.float16, device=dev if dev == "cpu" else 1)], SUM, "auto"),
+        lambda dev: ops.allreduce_([torch.ones(3, dtype=torch.int32, device=dev)], AVG, "auto"),
+        lambda dev: ops.allreduce_([torch.ones(3, device=dev)], SUM, "tree"),
+        lambda dev: ops.allreduce_([torch.ones(3, device=dev)], 7, "auto"),
+        lambda dev: ops.allreduce_([torch.ones(3, 2, device=dev).t()], SUM, "auto"),
+        lambda dev: ops.reduce_([torch.ones(3, device=dev)], torch.ones(4, device=dev), SUM),
+        lambda dev: ops.reduce_scatter_([torch.ones(6, device=dev)], [torch.ones(3, device=dev)], SUM),
+        lambda dev: ops.allgather_([torch.ones(3, device=dev)], [torch.ones(4, device=dev)]),
+        lambda dev: ops.broadcast_(torch.ones(3, device=dev), [torch.ones(4, device=dev)]),
+        lambda dev: ops.copy_many_([torch.ones(3, device=dev)], [torch.ones(4, device=dev)]),
+        lambda dev: ops.copy_many_([torch.ones(3, device=dev)], [torch.ones(3, dtype=torch.float64, device=dev)]),
+        lambda dev: ops.broadcast_(torch.ones(3, dtype=torch.float16, device=dev), [torch.ones(3, device=dev)]),
+        lambda dev: ops.allgather_([torch.ones(3, device=dev)], [torch.ones(6, device=dev)]),
+    ]
+    for case in cases:
+        assert error_of(lambda: case("cpu")) == error_of(lambda: case(0))
+
+
+@needs_gpus
+def test_errors_cuda_specific():
+    with pytest.raises(ValueError, match=r"tensors\[1\] is on device 'cuda:0', the same device as tensors\[0\]"):
+        ops.allreduce_([torch.ones(3, device=0), torch.ones(3, device=0)], SUM, "auto")
+    with pytest.raises(ValueError, match=r"all tensors must be CPU tensors or all CUDA tensors"):
+        ops.allreduce_([torch.ones(3, device=0), torch.ones(3)], SUM, "auto")
+    with pytest.raises(TypeError, match=r"tensor has dtype torch\.(float16|Half) but outputs\[0\] has dtype torch\.(float32|Float)"):
+        ops.broadcast_(torch.ones(3, dtype=torch.float16), [torch.ones(3, device=0)])
+
+
+@pytest.mark.skipif(NGPU < 9, reason="needs more GPUs than the direct kernel's 8 sources")
+def test_more_than_eight_devices():
+    ts = [torch.ones(10, device=d) for d in range(NGPU)]
+    ops.allreduce_(ts, SUM, "auto")  # falls to the ring, which has no limit
+    assert all(torch.equal(t.cpu(), torch.full((10,), float(NGPU))) for t in ts)
+    with pytest.raises(ValueError, match="at most 8"):
+        ops.allreduce_(ts, SUM, "direct")
+    with pytest.raises(ValueError, match="at most 8"):
+        ops.reduce_(ts, ts[0], SUM)
+
+
+@needs_gpus
+def test_every_pair_of_devices():
+    """Each ordered pair once, for machines whose pairs differ (NVLink on some,
+    PCIe without P2P on others): staging and peer reads must agree."""
+    for a, b in itertools.permutations(range(NGPU), 2):
+        inputs = random_data(2, 1000, torch.float16, SUM, seed=a * 8 + b)
+        for algorithm in ("auto", "ring"):
+            ts = [on_device(inputs[0], a, 0), on_device(inputs[1], b, 1)]
+            ops.allreduce_(ts, SUM, algorithm)
+            assert_bitwise(ts[0], reference(inputs, SUM))
+            assert_bitwise(ts[1], ts[0].cpu())
+
+
+@needs_gpus
+def test_opcheck_schema_on_cuda():
+    """The CUDA kernels honour the schemas' mutation annotations (what they
+    write is declared Tensor(a!), what they only read is not touched)."""
+    from torch.library import opcheck
+
+    n = NGPU
+    devs = range(n)
+    cases = [
+        (ops.allreduce_.default, ([torch.randn(10, device=d) for d in devs], SUM, "auto")),
+        (ops.allreduce_.default, ([torch.randn(10, device=d) for d in devs], AVG, "ring")),
+        (ops.reduce_.default, ([torch.randn(10, device=d) for d in devs], torch.empty(10, device=0), SUM)),
+        (ops.reduce_scatter_.default,
+         ([torch.randn(2 * n, device=d) for d in devs], [torch.empty(2, device=d) for d in devs], SUM)),
+        (ops.allgather_.default,
+         ([torch.randn(2, device=d) for d in devs], [torch.empty(2 * n, device=d) for d in devs])),
+        (ops.broadcast_.default, (torch.randn(4, device=0), [torch.empty(4, device=d) for d in devs])),
+        (ops.broadcast_.default, (torch.randn(4), [torch.empty(4, device=d) for d in devs])),
+        (ops.copy_many_.default, ([torch.randn(4, device=d) for d in devs], [torch.empty(4, device=0) for _ in devs])),
+    ]
+    for op, args in cases:
+        assert opcheck(op, args, test_utils="test_schema") == {"test_schema": "SUCCESS"}
+
+
+EXPANDABLE_SCRIPT = r"""
+import torch, fastpar
+n = torch.cuda.device_count()
+for algorithm in ("auto", "ring"):
+    ts = [torch.full((1 << 20,), float(d + 1), device=d) for d in range(n)]
+    torch.ops.fastpar.allreduce_(ts, 0, algorithm)
+    out = torch.empty(1 << 20, device=0)
+    torch.ops.fastpar.reduce_(ts, out, 0)
+    torch.cuda.synchronize()
+    total = float(sum(range(1, n + 1)))
+    assert all(torch.equal(t.cpu(), torch.full((1 << 20,), total)) for t in ts), algorithm
+    assert torch.equal(out.cpu(), torch.full((1 << 20,), total * n)), algorithm
+print("ok")
+"""
+
+
+@needs_gpus
+@pytest.mark.parametrize("alloc_conf", ["expandable_segments:True", "backend:cudaMallocAsync"])
+def test_peer_reads_with_other_allocator_configurations(alloc_conf):
+    """Expandable segments and cudaMallocAsync map memory per device: the ops
+    must grant peers access through the allocator, or the direct kernels fault."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF=alloc_conf)
+    run = subprocess.run([sys.executable, "-c", EXPANDABLE_SCRIPT], env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0 and "ok" in run.stdout, run.stdout + run.stderr[-4000:]
