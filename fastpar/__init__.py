@@ -36,3 +36,8 @@ def cuda_built() -> bool:
 def build_info() -> dict:
     return {"version": __version__, "torch": torch.__version__, "cuda_built": cuda_built(),
             "torch_cuda": torch.version.cuda}
+
+# Training wrappers (issue 4): single-process DataParallel, multi-process DDP, stock-DDP comm hook.
+from .data_parallel import DataParallel  # noqa: E402,F401
+from .ddp import DistributedDataParallel  # noqa: E402,F401
+from .ddp_comm_hook import comm_hook  # noqa: E402,F401

@@ -1,0 +1,111 @@
+"""The main job: data-parallel LeNet training on 2 local CPU processes.
+
+    bash scripts/setup.sh                               # once, in a fresh clone
+    .venv/bin/python -m fastpar.main --quick            # ~1-2 minutes
+    .venv/bin/python -m fastpar.main                    # 3 epochs per mode, a few minutes on 2 cores
+    .venv/bin/python -m fastpar.main --data /path/to/fashion-mnist   # real IDX files
+
+Prints samples/s and final test accuracy for fastpar DDP, stock DDP over gloo
+and one process, with a progress bar on stderr, and writes the table as CSV
+to --out. Needs no GPU and no download: without --data it trains on
+synthetic Fashion-MNIST-shaped data (fastpar/datasets.py), and says so.
+
+Optional: if benchmarks/bench_distributed.py (the collective sweep) exists in
+this checkout, it is run afterwards to produce its PNG plot in --out; when it
+is missing, or matplotlib is not installed, that step is skipped with a note.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import subprocess
+import sys
+import tempfile
+
+from . import training_benchmark as tb
+from ._progress import ProgressBar
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _parse(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m fastpar.main", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="a short run (~1-2 minutes)")
+    ap.add_argument("--data", default=None, help="folder with the Fashion-MNIST IDX files (default: synthetic)")
+    ap.add_argument("--world", type=int, default=2, help="processes for the DDP modes (default 2)")
+    ap.add_argument("--epochs", type=float, default=None, help="epochs per mode (default 3 of 12000 samples; --quick: 1 of 8000)")
+    ap.add_argument("--batch", type=int, default=64, help="samples per rank per step (default 64)")
+    ap.add_argument("--out", default="bench_out", help="folder for the CSV and the plot (default bench_out)")
+    ap.add_argument("--no-sweep", action="store_true", help="skip the optional collective sweep plot")
+    args = ap.parse_args(argv)
+    if args.world < 2:
+        ap.error(f"--world is {args.world}; data parallelism needs at least 2 processes")
+    return args
+
+
+def run_training(args: argparse.Namespace) -> list:
+    cfg = tb.Config(world=args.world, batch_per_rank=args.batch, data_path=args.data,
+                    epochs=args.epochs if args.epochs is not None else (1.0 if args.quick else 3.0),
+                    n_train=8000 if args.quick else 12000, n_test=2000)
+    data_file, description = tb.prepare_data(cfg, tempfile.mkdtemp(prefix="fastpar_main_"))
+    print(f"data: {description}")
+    print(f"LeNet, {cfg.world} x {cfg.batch_per_rank} samples per step, {cfg.steps()} steps per mode "
+          f"({cfg.warmup_steps} warm-up steps not timed), SGD momentum 0.9, lr {cfg.lr}; the two DDP modes "
+          f"share {cfg.world} processes and take turns step by step")
+    rows = []
+    for modes, label in ((("fastpar_ddp", "stock_ddp_gloo"), "fastpar DDP + stock DDP"), (("single",), "one process")):
+        bar = ProgressBar(cfg.steps(), label)
+        try:
+            rows += tb.run_modes(modes, cfg, data_file, on_progress=lambda n, total: bar.update_to(n))
+        finally:
+            bar.close()
+    return rows
+
+
+def write_csv(rows: list, path: str) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+
+def run_collective_sweep(out_dir: str, quick: bool) -> None:
+    """Runs benchmarks/bench_distributed.py when it exists, passing the options its --help offers."""
+    # the checkout this package runs from, else the current directory (for an installed fastpar)
+    found = [os.path.join(root, "benchmarks", "bench_distributed.py") for root in (_REPO, os.getcwd())]
+    found = [p for p in found if os.path.exists(p)]
+    if not found:
+        print("collective sweep: skipped (benchmarks/bench_distributed.py is not in this checkout)")
+        return
+    script = found[0]
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(script)) + os.pathsep
+               + os.environ.get("PYTHONPATH", ""))
+    helptext = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True, env=env).stdout
+    cmd = [sys.executable, script]
+    if quick and "--quick" in helptext.split():
+        cmd.append("--quick")
+    for flag, value in (("--plot", "collective_sweep.png"), ("--csv", "collective_sweep.csv")):
+        if flag in helptext.split():
+            cmd += [flag, os.path.join(out_dir, value)]
+    print(f"collective sweep: {' '.join(cmd)}")
+    done = subprocess.run(cmd, env=env)
+    if done.returncode != 0:
+        print(f"collective sweep: exited with code {done.returncode} (the training table above stands)")
+
+
+def main(argv=None) -> None:
+    args = _parse(argv)
+    os.makedirs(args.out, exist_ok=True)
+    rows = run_training(args)
+    print()
+    print(tb.format_table(rows, baseline_mode="single", extra_baseline="stock_ddp_gloo"))
+    csv_path = os.path.join(args.out, "train_main.csv")
+    write_csv(rows, csv_path)
+    print(f"\nCSV: {csv_path}")
+    if not args.no_sweep:
+        run_collective_sweep(args.out, args.quick)
+
+
+if __name__ == "__main__":
+    main()

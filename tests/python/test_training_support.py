@@ -1,0 +1,59 @@
+"""Pieces of the DDP wrapper and the training benchmark that need no second process."""
+import tempfile
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import fastpar
+from fastpar import training_benchmark as tb
+from fastpar.ddp import _assign_buckets
+
+
+def test_first_bucket_is_small_and_buckets_split_by_dtype():
+    mib = 1024 * 1024
+    params = [torch.empty(mib // 4 * 3 // 5, dtype=torch.float32) for _ in range(4)]  # 0.6 MiB each
+    assert _assign_buckets(params, 25 * mib) == [[0], [1, 2, 3]]
+    mixed = [torch.empty(10), torch.empty(10, dtype=torch.float64), torch.empty(10)]
+    assert _assign_buckets(mixed, 25 * mib) == [[0], [1], [2]]
+
+
+def test_ddp_refuses_bad_arguments_before_any_work():
+    with pytest.raises(RuntimeError, match="torch.distributed is not initialized"):
+        fastpar.DistributedDataParallel(nn.Linear(2, 2))
+    dist.init_process_group("gloo", store=dist.FileStore(tempfile.mktemp(), 1), rank=0, world_size=1)
+    try:
+        with pytest.raises(ValueError, match="bucket_cap_mb is 0; it must be a positive number of MiB"):
+            fastpar.DistributedDataParallel(nn.Linear(2, 2), bucket_cap_mb=0)
+        with pytest.raises(ValueError, match=r"device_ids must hold exactly one device .* got \[0, 1\]"):
+            fastpar.DistributedDataParallel(nn.Linear(2, 2), device_ids=[0, 1])
+        with pytest.raises(ValueError, match="parameter 'weight' is on 'cpu' but device_ids\\[0\\] is 'cuda:0'"):
+            fastpar.DistributedDataParallel(nn.Linear(2, 2), device_ids=[0])
+        model = fastpar.DistributedDataParallel(nn.Linear(2, 2))  # world of one: averaging is the identity
+        model(torch.ones(3, 2)).sum().backward()
+        assert torch.equal(model.module.weight.grad, torch.full((2, 2), 3.0))
+        assert model.bucket_storage_kind == "torch.empty"
+    finally:
+        dist.destroy_process_group()
+
+
+def test_each_step_is_timed_by_its_slowest_rank():
+    rank0 = {"mode": "no_comm", "steps": 3, "global_batch": 128, "step_times": [0.1, 0.4, 0.1], "accuracy": 0.9}
+    rank1 = dict(rank0, step_times=[0.3, 0.1, 0.2], accuracy=None)
+    out = tb._combine({0: rank0, 1: rank1})  # slowest per step: 0.3, 0.4, 0.2
+    assert out["accuracy"] == 0.9 and out["seconds"] == pytest.approx(0.9) and "step_times" not in out
+    assert out["samples_per_s"] == pytest.approx(128 / 0.3)
+    assert out["wall_samples_per_s"] == pytest.approx(3 * 128 / 0.9)
+
+
+def test_table_shows_ratios_to_both_baselines():
+    rows = [{"mode": m, "label": tb.MODES[m], "backend": "gloo", "world": 2, "samples_per_s": v,
+             "wall_samples_per_s": v, "accuracy": 0.5} for m, v in (("no_comm", 200.0), ("stock_ddp_gloo", 100.0))]
+    table = tb.format_table(rows, baseline_mode="no_comm", extra_baseline="stock_ddp_gloo")
+    assert "0.500x" in table and "2.000x" in table and "50.00%" in table
+
+
+def test_unknown_mode_is_refused():
+    with pytest.raises(ValueError, match="mode is 'nccl_ddp'"):
+        tb.run_modes(["fastpar_ddp", "nccl_ddp"], tb.Config(), "unused")
