@@ -4,6 +4,10 @@ Single process, one tensor per device (CPU tensors welcome)::
 
     import fastpar
     fastpar.allreduce(tensors)            # in place, torch.distributed.ReduceOp.SUM
+
+One process per device: ``dist.init_process_group("fastpar")`` (registered on
+import), then stock torch.distributed / DDP, or fastpar.DistributedDataParallel.
+One process, several devices: fastpar.DataParallel.
 """
 import torch  # noqa: F401  (loads libtorch before the extension)
 
@@ -24,6 +28,9 @@ from .comm import (  # noqa: F401
     scatter,
 )
 from . import distributed  # noqa: F401  registers the torch.distributed backend "fastpar"
+from .data_parallel import DataParallel  # noqa: F401
+from .ddp import DistributedDataParallel  # noqa: F401
+from .ddp_comm_hook import comm_hook  # noqa: F401
 
 __version__ = "0.1.0"
 
@@ -37,7 +44,3 @@ def build_info() -> dict:
     return {"version": __version__, "torch": torch.__version__, "cuda_built": cuda_built(),
             "torch_cuda": torch.version.cuda}
 
-# Training wrappers (issue 4): single-process DataParallel, multi-process DDP, stock-DDP comm hook.
-from .data_parallel import DataParallel  # noqa: E402,F401
-from .ddp import DistributedDataParallel  # noqa: E402,F401
-from .ddp_comm_hook import comm_hook  # noqa: E402,F401
