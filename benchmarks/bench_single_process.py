@@ -99,7 +99,7 @@ def main(argv=None):
         ks = [k for k in ks if k <= 4] or ks[:1]
 
     print(f"fastpar {fastpar.__version__} single-process allreduce, float32, SUM; torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads; GB/s counts 2*k*size bytes (k read + k written)")
+          f"{torch.get_num_threads()} threads; GB/s counts 2*k*size bytes (k read + k written); best of 7 samples")
     rows = cpu_rows(sizes, ks, min_time)
     print_table(rows, ["k", "size", "fastpar_us", "fastpar_GBps", "baseline_GBps", "copy_ceiling_GBps",
                        "vs_baseline", "of_ceiling"],

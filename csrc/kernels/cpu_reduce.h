@@ -1,14 +1,11 @@
 // The CPU reduce loop: read n sources, reduce in a fixed order (0, 1, ..., n-1),
 // write the one result to m destinations.
 //
-// Why blocks: the number of sources is a runtime value, so an element-outer,
-// source-inner loop does not vectorize. Instead a block of kBlock accumulators
-// (kBlock * 8 bytes at most, well inside L1) is swept once per source; each
-// sweep is a plain streaming loop the compiler turns into SIMD. Memory traffic
-// stays at the minimum: every source read once, every destination written once.
-//
-// Destinations may alias sources element for element (in-place allreduce): a
-// block is fully read before any of it is written.
+// Why blocks: a block of kCpuBlock results is computed into a small buffer in
+// L1, then copied to each destination; memory traffic stays at the minimum
+// (every source read once, every destination written once), and destinations
+// may alias sources element for element (in-place allreduce), since a block is
+// fully read before any of it is written.
 #pragma once
 
 #include <algorithm>
@@ -49,10 +46,58 @@ inline void stream_store_fence() {
 #endif
 }
 
+// Writes one finished block (`out`, already in T) to every destination.
+template <typename T>
+inline void write_block(T* const* dsts, int ndst, int64_t b, const T* out, int64_t len, bool streaming) {
+  const int64_t bytes = len * int64_t(sizeof(T));
+  for (int d = 0; d < ndst; ++d) {
+    if (!streaming || !stream_store_block(dsts[d] + b, out, bytes)) std::memcpy(dsts[d] + b, out, size_t(bytes));
+  }
+}
+
+// K sources known at compile time (the common 2..8): one element-wise pass with
+// the sources unrolled, the value kept in a register, the block staged in `out`
+// (L1) and then copied to each destination. Measured on our 2-core EPYC,
+// float32 SUM in place, 2 threads: 1.3-2x the generic loop below (k=8, 64 MiB:
+// 34 vs 17 GB/s), because the generic loop re-reads and re-writes its
+// accumulator block once per source.
+template <typename T, ReduceOp OP, int K>
+void cpu_reduce_range_k(const T* const* srcs, T* const* dsts, int ndst, int64_t begin, int64_t end,
+                        int contributions, bool streaming) {
+  alignas(64) T out[kCpuBlock];
+  const T* s[K];
+  for (int k = 0; k < K; ++k) s[k] = srcs[k];
+  for (int64_t b = begin; b < end; b += kCpuBlock) {
+    const int64_t len = std::min<int64_t>(kCpuBlock, end - b);
+    for (int64_t i = 0; i < len; ++i) {
+      acc_t<T> v = load_acc(s[0][b + i]);
+#pragma GCC unroll 8
+      for (int k = 1; k < K; ++k) v = combine<OP>(v, load_acc(s[k][b + i]));
+      out[i] = store_acc<T>(finalize<OP>(v, contributions));
+    }
+    write_block(dsts, ndst, b, out, len, streaming);
+  }
+  if (streaming) stream_store_fence();
+}
+
 // `streaming`: the caller's outputs do not fit in cache (see stream_store_block).
+// Every path reduces sources in the order 0, 1, ..., nsrc-1.
 template <typename T, ReduceOp OP>
 void cpu_reduce_range(const T* const* srcs, int nsrc, T* const* dsts, int ndst,
                       int64_t begin, int64_t end, int contributions, bool streaming = false) {
+  switch (nsrc) {
+    case 1: return cpu_reduce_range_k<T, OP, 1>(srcs, dsts, ndst, begin, end, contributions, streaming);
+    case 2: return cpu_reduce_range_k<T, OP, 2>(srcs, dsts, ndst, begin, end, contributions, streaming);
+    case 3: return cpu_reduce_range_k<T, OP, 3>(srcs, dsts, ndst, begin, end, contributions, streaming);
+    case 4: return cpu_reduce_range_k<T, OP, 4>(srcs, dsts, ndst, begin, end, contributions, streaming);
+    case 5: return cpu_reduce_range_k<T, OP, 5>(srcs, dsts, ndst, begin, end, contributions, streaming);
+    case 6: return cpu_reduce_range_k<T, OP, 6>(srcs, dsts, ndst, begin, end, contributions, streaming);
+    case 7: return cpu_reduce_range_k<T, OP, 7>(srcs, dsts, ndst, begin, end, contributions, streaming);
+    case 8: return cpu_reduce_range_k<T, OP, 8>(srcs, dsts, ndst, begin, end, contributions, streaming);
+    default: break;
+  }
+  // Any other count: a block of accumulators swept once per source, each sweep
+  // a plain streaming loop the compiler turns into SIMD.
   using A = acc_t<T>;
   A acc[kCpuBlock];
   alignas(64) T out[kCpuBlock];
@@ -64,21 +109,8 @@ void cpu_reduce_range(const T* const* srcs, int nsrc, T* const* dsts, int ndst,
       const T* __restrict__ p = srcs[s] + b;
       for (int64_t i = 0; i < len; ++i) acc[i] = combine<OP>(acc[i], load_acc(p[i]));
     }
-    if constexpr (OP == ReduceOp::AVG) {
-      for (int64_t i = 0; i < len; ++i) acc[i] = finalize<OP>(acc[i], contributions);
-    }
-    if (streaming) {
-      for (int64_t i = 0; i < len; ++i) out[i] = store_acc<T>(acc[i]);
-      for (int d = 0; d < ndst; ++d) {
-        if (!stream_store_block(dsts[d] + b, out, len * int64_t(sizeof(T))))
-          for (int64_t i = 0; i < len; ++i) dsts[d][b + i] = out[i];
-      }
-      continue;
-    }
-    for (int d = 0; d < ndst; ++d) {
-      T* __restrict__ q = dsts[d] + b;
-      for (int64_t i = 0; i < len; ++i) q[i] = store_acc<T>(acc[i]);
-    }
+    for (int64_t i = 0; i < len; ++i) out[i] = store_acc<T>(finalize<OP>(acc[i], contributions));
+    write_block(dsts, ndst, b, out, len, streaming);
   }
   if (streaming) stream_store_fence();
 }
