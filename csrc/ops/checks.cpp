@@ -116,5 +116,60 @@ void check_like_any_device(const char* op, const std::string& name, const at::Te
                     " (call .contiguous() first)");
 }
 
+ReduceOp check_allreduce_args(at::TensorList tensors, int64_t op, const std::string& algorithm) {
+  check_tensor_list("allreduce", "tensors", tensors, /*distinct_cuda=*/true);
+  const ReduceOp rop = to_reduce_op("allreduce", op);
+  check_op_dtype("allreduce", rop, "tensors[0]", tensors[0]);
+  TORCH_CHECK_VALUE(algorithm == "auto" || algorithm == "direct" || algorithm == "ring",
+                    "fastpar.allreduce: algorithm is '", algorithm, "' but must be 'auto', 'direct' or 'ring'");
+  return rop;
+}
+
+ReduceOp check_reduce_args(at::TensorList inputs, const at::Tensor& output, int64_t op) {
+  check_tensor_list("reduce", "inputs", inputs, /*distinct_cuda=*/true);
+  check_like("reduce", "output", output, "inputs[0]", inputs[0]);
+  check_numel("reduce", "output", output, inputs[0].numel(), "the numel of inputs[0]");
+  const ReduceOp rop = to_reduce_op("reduce", op);
+  check_op_dtype("reduce", rop, "inputs[0]", inputs[0]);
+  return rop;
+}
+
+ReduceOp check_reduce_scatter_args(at::TensorList inputs, at::TensorList outputs, int64_t op) {
+  check_tensor_list("reduce_scatter", "inputs", inputs, /*distinct_cuda=*/true);
+  check_tensor_list("reduce_scatter", "outputs", outputs, /*distinct_cuda=*/true);
+  const int64_t n = int64_t(inputs.size());
+  TORCH_CHECK_VALUE(int64_t(outputs.size()) == n, "fastpar.reduce_scatter: outputs has ", outputs.size(),
+                    " tensors but inputs has ", n);
+  check_like("reduce_scatter", "outputs[0]", outputs[0], "inputs[0]", inputs[0]);
+  check_numel("reduce_scatter", "inputs[0]", inputs[0], n * outputs[0].numel(),
+              "len(inputs) * outputs[0].numel()");
+  const ReduceOp rop = to_reduce_op("reduce_scatter", op);
+  check_op_dtype("reduce_scatter", rop, "inputs[0]", inputs[0]);
+  return rop;
+}
+
+void check_allgather_args(at::TensorList inputs, at::TensorList outputs) {
+  check_tensor_list("allgather", "inputs", inputs, /*distinct_cuda=*/true);
+  check_tensor_list("allgather", "outputs", outputs, /*distinct_cuda=*/true);
+  TORCH_CHECK_VALUE(outputs.size() == inputs.size(), "fastpar.allgather: outputs has ", outputs.size(),
+                    " tensors but inputs has ", inputs.size());
+  check_like("allgather", "outputs[0]", outputs[0], "inputs[0]", inputs[0]);
+  check_numel("allgather", "outputs[0]", outputs[0], int64_t(inputs.size()) * inputs[0].numel(),
+              "len(inputs) * inputs[0].numel()");
+}
+
+void check_copy_many_args(at::TensorList srcs, at::TensorList dsts) {
+  TORCH_CHECK_VALUE(srcs.size() == dsts.size(), "fastpar.copy_many_: dsts has ", dsts.size(),
+                    " tensors but srcs has ", srcs.size());
+  for (size_t i = 0; i < srcs.size(); ++i) {
+    const std::string name = indexed("dsts", i);
+    TORCH_CHECK_VALUE(dsts[i].sizes() == srcs[i].sizes(), "fastpar.copy_many_: ", name, " has shape ",
+                      dsts[i].sizes(), " but ", indexed("srcs", i), " has shape ", srcs[i].sizes());
+    TORCH_CHECK_TYPE(dsts[i].scalar_type() == srcs[i].scalar_type(), "fastpar.copy_many_: ", name,
+                     " has dtype ", dtype_str(dsts[i].scalar_type()), " but ", indexed("srcs", i),
+                     " has dtype ", dtype_str(srcs[i].scalar_type()), " (copies do not convert)");
+  }
+}
+
 }  // namespace ops
 }  // namespace fastpar

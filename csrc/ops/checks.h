@@ -37,6 +37,15 @@ void check_op_dtype(const char* op, ReduceOp rop, const std::string& name, const
 
 std::string indexed(const char* arg, size_t i);
 
+// The whole argument check of each list op, shared by the CPU and CUDA
+// implementations so both refuse the same calls with the same words.
+// Each returns the validated reduce op where there is one.
+ReduceOp check_allreduce_args(at::TensorList tensors, int64_t op, const std::string& algorithm);
+ReduceOp check_reduce_args(at::TensorList inputs, const at::Tensor& output, int64_t op);
+ReduceOp check_reduce_scatter_args(at::TensorList inputs, at::TensorList outputs, int64_t op);
+void check_allgather_args(at::TensorList inputs, at::TensorList outputs);
+void check_copy_many_args(at::TensorList srcs, at::TensorList dsts);
+
 // check_like without the device-type rule, for sources that may be on the CPU
 // while the outputs are CUDA tensors (broadcast from host memory, as
 // torch.cuda.comm.broadcast allows): same dtype and contiguous, same messages.

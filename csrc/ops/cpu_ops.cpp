@@ -36,12 +36,8 @@ std::vector<T*> mut_ptrs(at::TensorList ts) {
 }
 
 void allreduce_cpu(at::TensorList tensors, int64_t op, c10::string_view algorithm) {
-  check_tensor_list("allreduce", "tensors", tensors, /*distinct_cuda=*/true);
-  const ReduceOp rop = to_reduce_op("allreduce", op);
-  check_op_dtype("allreduce", rop, "tensors[0]", tensors[0]);
   const std::string algo(algorithm);
-  TORCH_CHECK_VALUE(algo == "auto" || algo == "direct" || algo == "ring",
-                    "fastpar.allreduce: algorithm is '", algo, "' but must be 'auto', 'direct' or 'ring'");
+  const ReduceOp rop = check_allreduce_args(tensors, op, algo);
   const int n = int(tensors.size());
   const int64_t count = tensors[0].numel();
   const DType dt = to_dtype("allreduce", "tensors[0]", tensors[0].scalar_type());
@@ -64,11 +60,7 @@ void allreduce_cpu(at::TensorList tensors, int64_t op, c10::string_view algorith
 }
 
 void reduce_cpu(at::TensorList inputs, const at::Tensor& output, int64_t op) {
-  check_tensor_list("reduce", "inputs", inputs, /*distinct_cuda=*/true);
-  check_like("reduce", "output", output, "inputs[0]", inputs[0]);
-  check_numel("reduce", "output", output, inputs[0].numel(), "the numel of inputs[0]");
-  const ReduceOp rop = to_reduce_op("reduce", op);
-  check_op_dtype("reduce", rop, "inputs[0]", inputs[0]);
+  const ReduceOp rop = check_reduce_args(inputs, output, op);
   const DType dt = to_dtype("reduce", "inputs[0]", inputs[0].scalar_type());
   FASTPAR_DISPATCH_DTYPE(dt, [&] {
     FASTPAR_DISPATCH_OP(rop, [&] {
@@ -84,16 +76,9 @@ void reduce_cpu(at::TensorList inputs, const at::Tensor& output, int64_t op) {
 }
 
 void reduce_scatter_cpu(at::TensorList inputs, at::TensorList outputs, int64_t op) {
-  check_tensor_list("reduce_scatter", "inputs", inputs, /*distinct_cuda=*/true);
-  check_tensor_list("reduce_scatter", "outputs", outputs, /*distinct_cuda=*/true);
+  const ReduceOp rop = check_reduce_scatter_args(inputs, outputs, op);
   const int64_t n = int64_t(inputs.size());
-  TORCH_CHECK_VALUE(int64_t(outputs.size()) == n, "fastpar.reduce_scatter: outputs has ", outputs.size(),
-                    " tensors but inputs has ", n);
-  check_like("reduce_scatter", "outputs[0]", outputs[0], "inputs[0]", inputs[0]);
   const int64_t m = outputs[0].numel();
-  check_numel("reduce_scatter", "inputs[0]", inputs[0], n * m, "len(inputs) * outputs[0].numel()");
-  const ReduceOp rop = to_reduce_op("reduce_scatter", op);
-  check_op_dtype("reduce_scatter", rop, "inputs[0]", inputs[0]);
   const DType dt = to_dtype("reduce_scatter", "inputs[0]", inputs[0].scalar_type());
   FASTPAR_DISPATCH_DTYPE(dt, [&] {
     FASTPAR_DISPATCH_OP(rop, [&] {
@@ -111,14 +96,8 @@ void reduce_scatter_cpu(at::TensorList inputs, at::TensorList outputs, int64_t o
 }
 
 void allgather_cpu(at::TensorList inputs, at::TensorList outputs) {
-  check_tensor_list("allgather", "inputs", inputs, /*distinct_cuda=*/true);
-  check_tensor_list("allgather", "outputs", outputs, /*distinct_cuda=*/true);
-  TORCH_CHECK_VALUE(outputs.size() == inputs.size(), "fastpar.allgather: outputs has ", outputs.size(),
-                    " tensors but inputs has ", inputs.size());
-  check_like("allgather", "outputs[0]", outputs[0], "inputs[0]", inputs[0]);
+  check_allgather_args(inputs, outputs);
   const int64_t bytes = inputs[0].numel() * inputs[0].element_size();
-  check_numel("allgather", "outputs[0]", outputs[0], int64_t(inputs.size()) * inputs[0].numel(),
-              "len(inputs) * inputs[0].numel()");
   std::vector<cpu_local::CopyJob> jobs;
   for (const auto& out : outputs)
     for (size_t i = 0; i < inputs.size(); ++i)
@@ -136,17 +115,8 @@ void broadcast_cpu(const at::Tensor& src, at::TensorList outputs) {
 }
 
 void copy_many_cpu(at::TensorList srcs, at::TensorList dsts) {
-  TORCH_CHECK_VALUE(srcs.size() == dsts.size(), "fastpar.copy_many_: dsts has ", dsts.size(),
-                    " tensors but srcs has ", srcs.size());
+  check_copy_many_args(srcs, dsts);
   std::vector<cpu_local::CopyJob> jobs;
-  for (size_t i = 0; i < srcs.size(); ++i) {
-    const std::string name = indexed("dsts", i);
-    TORCH_CHECK_VALUE(dsts[i].sizes() == srcs[i].sizes(), "fastpar.copy_many_: ", name, " has shape ",
-                      dsts[i].sizes(), " but ", indexed("srcs", i), " has shape ", srcs[i].sizes());
-    TORCH_CHECK_TYPE(dsts[i].scalar_type() == srcs[i].scalar_type(), "fastpar.copy_many_: ", name,
-                     " has dtype ", dsts[i].scalar_type(), " but ", indexed("srcs", i), " has dtype ",
-                     srcs[i].scalar_type(), " (copies do not convert)");
-  }
   for (size_t i = 0; i < srcs.size(); ++i) {
     if (srcs[i].is_contiguous() && dsts[i].is_contiguous()) {
       jobs.push_back({dsts[i].data_ptr(), srcs[i].data_ptr(), srcs[i].nbytes()});
