@@ -63,15 +63,6 @@ class Config:
         return max(self.warmup_steps + 1, int(self.epochs * self.n_train // (self.world * self.batch_per_rank)))
 
 
-def fastpar_backend_available() -> bool:
-    import fastpar  # noqa: F401  (registers the backend when it is built)
-    try:
-        import fastpar.distributed  # noqa: F401
-    except ImportError:
-        pass
-    return "fastpar" in [str(b).lower() for b in dist.Backend.backend_list]
-
-
 def _global_batches(n: int, steps: int, global_batch: int, seed: int = 0):
     """Index tensors of the global batch of each step: reshuffled every epoch, drop_last."""
     g = torch.Generator().manual_seed(seed)
@@ -114,14 +105,12 @@ def _worker(rank: int, world: int, modes: List[str], cfg: Config, data_file: str
     data = torch.load(data_file)
     x, y = data["train"]
     dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world)
-    groups: Dict[str, Optional[dist.ProcessGroup]] = {"gloo": None, "fastpar": None}
-    if fastpar_backend_available():
-        groups["fastpar"] = dist.new_group(backend="fastpar")
+    import fastpar  # noqa: F401  (registers the "fastpar" backend)
+
+    groups: Dict[str, Optional[dist.ProcessGroup]] = {"gloo": None, "fastpar": dist.new_group(backend="fastpar")}
     backends = {m: ("-" if m == "single" else "gloo" if m == "no_comm" else
-                    "fastpar" if m in ("fastpar_ddp", "stock_ddp_fastpar") and groups["fastpar"] else "gloo")
+                    "fastpar" if m in ("fastpar_ddp", "stock_ddp_fastpar") else "gloo")
                 for m in modes}
-    if "stock_ddp_fastpar" in modes and groups["fastpar"] is None:
-        raise RuntimeError("fastpar.training_benchmark: mode stock_ddp_fastpar needs the fastpar backend")
     built = {m: _build(m, groups, cfg) for m in modes}
     steps = cfg.steps()
     global_batch = cfg.world * cfg.batch_per_rank

@@ -146,21 +146,10 @@ def reference(world, no_sync_first=False):
     return snapshot(model)
 
 
-def fastpar_backend_available() -> bool:
-    """The "fastpar" torch.distributed backend registers itself on import (fastpar or fastpar.distributed)."""
-    try:
-        import fastpar.distributed  # noqa: F401
-    except ImportError:
-        pass
-    return "fastpar" in [str(b).lower() for b in dist.Backend.backend_list]
-
-
 _SESSIONS = [
     pytest.param((2, "gloo"), id="world2-gloo"),
     pytest.param((3, "gloo"), id="world3-gloo"),
-    pytest.param((2, "fastpar"), id="world2-fastpar",
-                 marks=pytest.mark.skipif(not fastpar_backend_available(),
-                                          reason="the fastpar torch.distributed backend is not available")),
+    pytest.param((2, "fastpar"), id="world2-fastpar"),
 ]
 
 
