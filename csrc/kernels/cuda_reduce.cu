@@ -49,12 +49,7 @@ cudaError_t launch_reduce(DType dt, ReduceOp op, const ReduceLaunch& a, cudaStre
       if constexpr (kOp == ReduceOp::AVG && !is_floating<scalar_t>()) {
         result = cudaErrorInvalidValue;  // the op layer rejects AVG on integers first
       } else {
-        ReducePtrs<scalar_t> p{};
-        for (int s = 0; s < a.nsrc; ++s) p.src[s] = static_cast<const scalar_t*>(a.srcs[s]);
-        for (int d = 0; d < a.ndst; ++d) p.dst[d] = static_cast<scalar_t*>(a.dsts[d]);
-        p.nsrc = a.nsrc;
-        p.ndst = a.ndst;
-        p.guard = a.guard;
+        const ReducePtrs<scalar_t> p = reduce_ptrs<scalar_t>(a);
         unsigned blocks = 0;
         result = grid_for(work_units<scalar_t>(a.count, vec), &blocks);
         if (result != cudaSuccess) return;

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 
+#include "cuda_reduce_launch.h"
 #include "reduce_ops.h"
 
 namespace fastpar {
@@ -39,6 +40,19 @@ struct ReducePtrs {
   // (timeout, peer abort) nothing reads peers' buffers or overwrites outputs.
   const uint32_t* guard;
 };
+
+// The kernel's typed view of a launch request. One conversion, used by the
+// launcher and by the host emulation test, so the test runs what launches.
+template <typename T>
+ReducePtrs<T> reduce_ptrs(const ReduceLaunch& a) {
+  ReducePtrs<T> p{};
+  for (int s = 0; s < a.nsrc; ++s) p.src[s] = static_cast<const T*>(a.srcs[s]);
+  for (int d = 0; d < a.ndst; ++d) p.dst[d] = static_cast<T*>(a.dsts[d]);
+  p.nsrc = a.nsrc;
+  p.ndst = a.ndst;
+  p.guard = a.guard;
+  return p;
+}
 
 // Elements of T in one 16-byte access.
 template <typename T>

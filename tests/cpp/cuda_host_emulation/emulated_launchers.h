@@ -37,12 +37,7 @@ inline cudaError_t launch_reduce(DType dt, ReduceOp op, const ReduceLaunch& a, c
   FASTPAR_DISPATCH_DTYPE(dt, [&] {
     FASTPAR_DISPATCH_OP(op, [&] {
       if constexpr (!(kOp == ReduceOp::AVG && !is_floating<scalar_t>())) {
-        ReducePtrs<scalar_t> p{};
-        for (int s = 0; s < a.nsrc; ++s) p.src[s] = static_cast<const scalar_t*>(a.srcs[s]);
-        for (int d = 0; d < a.ndst; ++d) p.dst[d] = static_cast<scalar_t*>(a.dsts[d]);
-        p.nsrc = a.nsrc;
-        p.ndst = a.ndst;
-        p.guard = a.guard;
+        const ReducePtrs<scalar_t> p = reduce_ptrs<scalar_t>(a);
         run_grid([&] { reduce_kernel<scalar_t, kOp>(p, a.count, a.contributions, vec); });
       }
     });
