@@ -17,13 +17,11 @@ import argparse
 import csv
 import datetime
 import os
-import socket
-import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+from launch import run_ranks
+
 
 
 def human(b: int) -> str:
@@ -65,10 +63,6 @@ def worker(args) -> None:
         nccl = dist.new_group(backend="nccl")
     budget = 0.05 if args.quick else 0.25  # seconds of timed calls per point
 
-    def measure(fn, group) -> float:
-        """Best of --repeats means (seconds per call on the slowest rank)."""
-        return min(measure_once(fn, group) for _ in range(args.repeats))
-
     def measure_once(fn, group) -> float:
         """Mean seconds per call on the slowest rank; iteration count agreed via gloo."""
         fn()
@@ -93,22 +87,32 @@ def worker(args) -> None:
     for nbytes in sizes(args.min_bytes, args.max_bytes, args.quick):
         count = max(1, nbytes // 4)
         plain = torch.ones(count, dtype=torch.float32)
-        row = {"bytes": count * 4}
-        row["gloo"] = measure(lambda: dist.all_reduce(plain, group=gloo), gloo)
-        row["fastpar"] = measure(lambda: dist.all_reduce(plain), None)
-        if args.schedules:  # forced schedules, to place the auto threshold
-            be = fd.get_fastpar_backend()
-            for name, algo in (("one_shot", 1), ("two_shot", 2)):
-                be._set_allreduce_tuning(1 << 62, algo)
-                row["fastpar_" + name] = measure(lambda: dist.all_reduce(plain), None)
-            be._set_allreduce_tuning(int(os.environ.get("FASTPAR_SHM_ONESHOT_MAX_BYTES", -1)), 0)
         reg = fd.registered_empty((count,), torch.float32)
         reg.fill_(1.0)
-        row["fastpar_registered"] = measure(lambda: dist.all_reduce(reg), None)
-        del reg
+        be = fd.get_fastpar_backend()
+        default_one_shot = int(os.environ.get("FASTPAR_SHM_ONESHOT_MAX_BYTES", -1))
+        # (name, call, group, schedule): schedule forces fastpar's allreduce
+        # algorithm for that entry (0 = auto), to place the auto threshold.
+        kinds = [("gloo", lambda: dist.all_reduce(plain, group=gloo), gloo, 0),
+                 ("fastpar", lambda: dist.all_reduce(plain), None, 0),
+                 ("fastpar_registered", lambda: dist.all_reduce(reg), None, 0)]
+        if args.schedules:
+            kinds += [("fastpar_one_shot", kinds[1][1], None, 1), ("fastpar_two_shot", kinds[1][1], None, 2)]
         if nccl is not None:
             g = torch.ones(count, dtype=torch.float32, device=f"cuda:{rank}")
-            row["nccl"] = measure(lambda: dist.all_reduce(g, group=nccl), nccl)
+            kinds.append(("nccl", lambda: dist.all_reduce(g, group=nccl), nccl, 0))
+        # Repeats are interleaved (every kind once, then again): a noisy
+        # neighbour then slows all kinds alike instead of one of them.
+        row = {"bytes": count * 4}
+        for _ in range(args.repeats):
+            for name, fn, group, algo in kinds:
+                if algo:
+                    be._set_allreduce_tuning(1 << 62, algo)
+                t = measure_once(fn, group)
+                if algo:
+                    be._set_allreduce_tuning(default_one_shot, 0)
+                row[name] = min(row.get(name, float("inf")), t)
+        del reg
         rows.append(row)
         if rank == 0:
             print(f"  measured {human(row['bytes'])}", file=sys.stderr, flush=True)
@@ -203,18 +207,7 @@ def main() -> None:
     if args.rank >= 0:
         worker(args)
         return
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(os.environ)
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    env.setdefault("OMP_NUM_THREADS", "1")
-    env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--rank", str(r),
-                               "--port", str(port)], env=env) for r in range(args.ranks)]
-    rc = [q.wait() for q in procs]
-    if any(rc):
-        sys.exit(f"benchmark ranks exited with {rc}")
+    run_ranks(__file__, sys.argv[1:], args.ranks)
 
 
 if __name__ == "__main__":

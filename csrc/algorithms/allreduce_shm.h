@@ -88,27 +88,43 @@ void allreduce_two_shot(Comm& c, const CollCall& call, const T* in, T* out, int6
 }
 
 // Two-shot on registered buffers: the data already sits at `offset` in every
-// rank's arena, so there is no copy-in and no chunking. Shard r is reduced in
-// place (only rank r reads shard r of any arena in that step). The third phase
+// rank's arena, so there is no copy-in. Pipelined over chunks of `chunk`
+// elements like allreduce_two_shot: after phase P(k) a rank copies chunk k-1's
+// final shards from their owners and reduces its shard of chunk k in place
+// (only rank r ever reads or writes shard r of any arena before its reduce).
+// Chunking is what lets registered beat copied buffers at large sizes: a peer
+// copies a shard out while the owner's writes to it are still in cache, so each
+// element crosses DRAM about twice instead of three times. The last phase
 // keeps the buffer from going back to the caller while a peer still copies our
-// shard out of it.
+// shard out of it. m chunks take m+2 phases.
 template <typename T, ReduceOp OP, class Comm>
-void allreduce_registered(Comm& c, const CollCall& call, int64_t offset, int64_t count) {
+void allreduce_registered(Comm& c, const CollCall& call, int64_t offset, int64_t count, int64_t chunk) {
   const int n = c.size(), r = c.rank();
-  const Range m = split_range(0, count, n, r, shard_align<T>());
-  c.phase(call);
-  const T* srcs[kMaxShmRanks];
-  for (int q = 0; q < n; ++q) srcs[q] = reinterpret_cast<const T*>(c.arena(q) + offset) + m.begin;
-  T* mine = reinterpret_cast<T*>(c.arena(r) + offset);
-  T* dst = mine + m.begin;
-  cpu_reduce_range<T, OP>(srcs, n, &dst, 1, 0, m.size(), n);
-  c.phase(call);
-  for (int q = 0; q < n; ++q) {
-    if (q == r) continue;
-    const Range s = split_range(0, count, n, q, shard_align<T>());
-    std::memcpy(mine + s.begin, reinterpret_cast<const T*>(c.arena(q) + offset) + s.begin,
-                size_t(s.size()) * sizeof(T));
+  const int64_t al = shard_align<T>();
+  const int64_t m = std::max<int64_t>(1, (count + chunk - 1) / chunk);
+  auto buf = [&](int q) { return reinterpret_cast<T*>(c.arena(q) + offset); };
+  T* mine = buf(r);
+  auto bounds = [&](int64_t k) { return Range{k * chunk, std::min(count, k * chunk + chunk)}; };
+  auto copy_out = [&](int64_t k) {  // final shards q != r of chunk k
+    const Range ch = bounds(k);
+    for (int q = 0; q < n; ++q) {
+      if (q == r) continue;
+      const Range s = split_range(ch.begin, ch.end, n, q, al);
+      std::memcpy(mine + s.begin, buf(q) + s.begin, size_t(s.size()) * sizeof(T));
+    }
+  };
+  for (int64_t k = 0; k < m; ++k) {
+    c.phase(call);
+    if (k > 0) copy_out(k - 1);
+    const Range ch = bounds(k);
+    const Range mr = split_range(ch.begin, ch.end, n, r, al);
+    const T* srcs[kMaxShmRanks];
+    for (int q = 0; q < n; ++q) srcs[q] = buf(q) + mr.begin;
+    T* dst = mine + mr.begin;
+    cpu_reduce_range<T, OP>(srcs, n, &dst, 1, 0, mr.size(), n);
   }
+  c.phase(call);
+  copy_out(m - 1);
   c.phase(call);
 }
 

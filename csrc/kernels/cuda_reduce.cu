@@ -46,7 +46,7 @@ cudaError_t launch_reduce(DType dt, ReduceOp op, const ReduceLaunch& a, cudaStre
   cudaError_t result = cudaSuccess;
   FASTPAR_DISPATCH_DTYPE(dt, [&] {
     FASTPAR_DISPATCH_OP(op, [&] {
-      if constexpr (kOp == ReduceOp::AVG && !is_floating<scalar_t>()) {
+      if constexpr (!op_supports<scalar_t, kOp>()) {
         result = cudaErrorInvalidValue;  // the op layer rejects AVG on integers first
       } else {
         const ReducePtrs<scalar_t> p = reduce_ptrs<scalar_t>(a);
@@ -72,7 +72,7 @@ cudaError_t launch_ring(DType dt, ReduceOp op, const void* prev_acc, const void*
   cudaError_t result = cudaSuccess;
   FASTPAR_DISPATCH_DTYPE(dt, [&] {
     FASTPAR_DISPATCH_OP(op, [&] {
-      if constexpr (kOp == ReduceOp::AVG && !is_floating<scalar_t>()) {
+      if constexpr (!op_supports<scalar_t, kOp>()) {
         result = cudaErrorInvalidValue;
       } else {
         using A = acc_t<scalar_t>;

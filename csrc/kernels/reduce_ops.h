@@ -64,7 +64,11 @@ template <ReduceOp OP, typename A> FASTPAR_HD A finalize(A a, int contributions)
   }
 }
 
-// Which (dtype, op) pairs are defined: AVG needs a floating type.
+// Which (dtype, op) pairs are defined: AVG needs a floating type. The
+// template is for dispatched code (an integer AVG must not be instantiated:
+// there is no such kernel), the function for run-time argument checks.
+template <typename T, ReduceOp OP> constexpr bool op_supports() { return OP != ReduceOp::AVG || is_floating<T>(); }
+
 inline bool op_supports_dtype(ReduceOp op, DType dt) {
   const bool floating = dt == DType::F32 || dt == DType::F64 || dt == DType::F16 || dt == DType::BF16;
   return op != ReduceOp::AVG || floating;

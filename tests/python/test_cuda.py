@@ -160,6 +160,16 @@ def test_cpu_ops_unchanged_in_any_build():
 # -------------------------------------------------------------------- allreduce
 
 
+def allreduce_matches_reference(inputs, op, algorithm, offset):
+    """inputs[d] goes to GPU d; after the allreduce every GPU holds the
+    in-order reference, bit for bit."""
+    tensors = [on_device(t, d, offset) for d, t in enumerate(inputs)]
+    ops.allreduce_(tensors, op, algorithm)
+    expected = reference(inputs, op)
+    for t in tensors:
+        assert_bitwise(t, expected)
+
+
 @needs_gpus
 @pytest.mark.parametrize("n", NS)
 @pytest.mark.parametrize("dtype,op", combos())
@@ -170,12 +180,7 @@ def test_allreduce_exact(n, dtype, op, size, algorithm, offset):
     devices = list(range(n))
     if algorithm == "direct" and not all_peer(devices):
         pytest.skip("no peer access between every pair (see test_allreduce_direct_needs_peer_access)")
-    inputs = exact_data(n, size, dtype, op, seed=size * 31 + op)
-    tensors = [on_device(t, d, offset) for t, d in zip(inputs, devices)]
-    ops.allreduce_(tensors, op, algorithm)
-    expected = reference(inputs, op)
-    for t in tensors:
-        assert_bitwise(t, expected)
+    allreduce_matches_reference(exact_data(n, size, dtype, op, seed=size * 31 + op), op, algorithm, offset)
 
 
 @needs_gpus
@@ -187,12 +192,7 @@ def test_allreduce_direct_random_is_in_order(n, dtype, op, size, offset):
     devices = list(range(n))
     if not all_peer(devices):
         pytest.skip("no peer access between every pair")
-    inputs = random_data(n, size, dtype, op, seed=7)
-    tensors = [on_device(t, d, offset) for t, d in zip(inputs, devices)]
-    ops.allreduce_(tensors, op, "direct")
-    expected = reference(inputs, op)
-    for t in tensors:
-        assert_bitwise(t, expected)
+    allreduce_matches_reference(random_data(n, size, dtype, op, seed=7), op, "direct", offset)
 
 
 @needs_gpus

@@ -68,18 +68,20 @@ void allreduce(ShmComm& c, const ShmTuning& t, const void* in, void* out, int64_
   c.begin(Coll::kAllreduce, c.timeout());
   FASTPAR_DISPATCH_DTYPE(dt, [&] {
     FASTPAR_DISPATCH_OP(op, [&] {
-      if constexpr (kOp == ReduceOp::AVG && !is_floating<scalar_t>()) {
+      if constexpr (!op_supports<scalar_t, kOp>()) {
         throw std::invalid_argument("fastpar: AVG needs a floating-point dtype");
       } else {
         const auto* i = static_cast<const scalar_t*>(in);
         auto* o = static_cast<scalar_t*>(out);
         if (one_shot) {
           allreduce_one_shot<scalar_t, kOp>(c, call, i, o, count);
-        } else if (reg >= 0) {
-          allreduce_registered<scalar_t, kOp>(c, call, reg, count);
         } else {
           const int64_t chunk = c.slot_bytes() / int64_t(sizeof(scalar_t));
-          allreduce_two_shot<scalar_t, kOp>(c, call, i, o, count, chunk);
+          if (reg >= 0) {
+            allreduce_registered<scalar_t, kOp>(c, call, reg, count, chunk);
+          } else {
+            allreduce_two_shot<scalar_t, kOp>(c, call, i, o, count, chunk);
+          }
         }
       }
     });
@@ -91,7 +93,7 @@ void reduce(ShmComm& c, const void* in, void* out, int64_t count, DType dt, Redu
   c.begin(Coll::kReduce, c.timeout());
   FASTPAR_DISPATCH_DTYPE(dt, [&] {
     FASTPAR_DISPATCH_OP(op, [&] {
-      if constexpr (kOp == ReduceOp::AVG && !is_floating<scalar_t>()) {
+      if constexpr (!op_supports<scalar_t, kOp>()) {
         throw std::invalid_argument("fastpar: AVG needs a floating-point dtype");
       } else {
         reduce_to_root<scalar_t, kOp>(c, call, static_cast<const scalar_t*>(in), static_cast<scalar_t*>(out),
@@ -106,7 +108,7 @@ void reduce_scatter(ShmComm& c, const void* in, void* out, int64_t count, DType 
   c.begin(Coll::kReduceScatter, c.timeout());
   FASTPAR_DISPATCH_DTYPE(dt, [&] {
     FASTPAR_DISPATCH_OP(op, [&] {
-      if constexpr (kOp == ReduceOp::AVG && !is_floating<scalar_t>()) {
+      if constexpr (!op_supports<scalar_t, kOp>()) {
         throw std::invalid_argument("fastpar: AVG needs a floating-point dtype");
       } else {
         reduce_scatter_blocks<scalar_t, kOp>(c, call, static_cast<const scalar_t*>(in),

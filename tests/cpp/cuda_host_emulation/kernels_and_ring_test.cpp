@@ -175,7 +175,7 @@ int main() {
       if (!op_supports_dtype(op, dt)) continue;
       FASTPAR_DISPATCH_DTYPE(dt, [&] {
         FASTPAR_DISPATCH_OP(op, [&] {
-          if constexpr (!(kOp == ReduceOp::AVG && !is_floating<scalar_t>())) {
+          if constexpr (op_supports<scalar_t, kOp>()) {
             for (unsigned blocks : {1u, 3u})
               for (unsigned threads : {1u, 5u, 64u}) {
                 cuda_kernels::g_blocks = blocks;
