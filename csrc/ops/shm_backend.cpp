@@ -98,7 +98,7 @@ int64_t row_elems(const at::Tensor& t) { return t.dim() == 0 || t.size(0) == 0 ?
 ShmBackend::ShmBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                        std::chrono::milliseconds timeout, std::vector<int> local_ranks,
                        std::vector<int> global_ranks, c10::intrusive_ptr<c10d::Backend> leaders,
-                       c10::intrusive_ptr<c10d::Backend> world)
+                       c10::intrusive_ptr<c10d::Backend> world, std::vector<int> hosts)
     : Backend(rank, size),
       tuning_(cpu_shm::default_shm_tuning()),
       timeout_(timeout),
@@ -127,6 +127,7 @@ ShmBackend::ShmBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, i
   } catch (const std::exception& e) {
     C10_THROW_ERROR(DistBackendError, e.what());
   }
+  if (world_) init_hosts(std::move(hosts));
 }
 
 c10::intrusive_ptr<c10d::Backend::Options> ShmBackend::getBackendOptions() {
@@ -169,24 +170,9 @@ c10::intrusive_ptr<c10d::Work> ShmBackend::allreduce(std::vector<at::Tensor>& te
   at::Tensor& t = tensors[0];
   const DType dt = check_tensor("all_reduce", "tensors[0]", t);
   const ReduceOp op = reduce_op("all_reduce", opts.reduceOp, "tensors[0]", t);
+  if (world_) return hier_allreduce(t, dt, op, opts);
   auto g = start(opts.timeout);
-  if (!world_) {
-    FASTPAR_RUN(cpu_shm::allreduce(*comm_, tuning_, t.data_ptr(), t.data_ptr(), t.numel(), dt, op));
-    return done(c10d::OpType::ALLREDUCE, tensors);
-  }
-  // Hierarchical: reduce into the host leader, allreduce between leaders,
-  // broadcast back. AVG runs as SUM and divides once, on the leaders.
-  const ReduceOp local_op = op == ReduceOp::AVG ? ReduceOp::SUM : op;
-  FASTPAR_RUN(cpu_shm::reduce(*comm_, t.data_ptr(), t.data_ptr(), t.numel(), dt, local_op, 0));
-  if (leaders_) {
-    c10d::AllreduceOptions o;
-    o.reduceOp = c10d::ReduceOp(op == ReduceOp::AVG ? c10d::ReduceOp::SUM : opts.reduceOp.op_);
-    o.timeout = pick(opts.timeout, timeout_);
-    std::vector<at::Tensor> v{t};
-    leaders_->allreduce(v, o)->wait();
-    if (op == ReduceOp::AVG) t.div_(getSize());
-  }
-  FASTPAR_RUN(cpu_shm::broadcast(*comm_, t.data_ptr(), t.numel(), dt, 0));
+  FASTPAR_RUN(cpu_shm::allreduce(*comm_, tuning_, t.data_ptr(), t.data_ptr(), t.numel(), dt, op));
   return done(c10d::OpType::ALLREDUCE, tensors);
 }
 
@@ -204,7 +190,7 @@ c10::intrusive_ptr<c10d::Work> ShmBackend::broadcast(std::vector<at::Tensor>& te
   check_single("broadcast", "tensors", tensors.size());
   const DType dt = check_tensor("broadcast", "tensors[0]", tensors[0]);
   const int root = local_root("broadcast", opts.rootRank);
-  if (world_) return world_->broadcast(tensors, opts);
+  if (world_) return hier_broadcast(tensors, dt, opts);
   auto g = start(opts.timeout);
   FASTPAR_RUN(cpu_shm::broadcast(*comm_, tensors[0].data_ptr(), tensors[0].numel(), dt, root));
   return done(c10d::OpType::BROADCAST, tensors);
@@ -216,7 +202,7 @@ c10::intrusive_ptr<c10d::Work> ShmBackend::reduce(std::vector<at::Tensor>& tenso
   const DType dt = check_tensor("reduce", "tensors[0]", t);
   const ReduceOp op = reduce_op("reduce", opts.reduceOp, "tensors[0]", t);
   const int root = local_root("reduce", opts.rootRank);
-  if (world_) return world_->reduce(tensors, opts);
+  if (world_) return hier_reduce(tensors, dt, op, opts);
   auto g = start(opts.timeout);
   FASTPAR_RUN(cpu_shm::reduce(*comm_, t.data_ptr(), t.data_ptr(), t.numel(), dt, op, root));
   return done(c10d::OpType::REDUCE, tensors);
@@ -230,7 +216,7 @@ c10::intrusive_ptr<c10d::Work> ShmBackend::allgather(std::vector<std::vector<at:
   const DType dt = check_tensor("all_gather", "input_tensors[0]", inputs[0]);
   check_list("all_gather", "output_tensors[0]", outputs[0], size_t(getSize()), "input_tensors[0]", inputs[0],
              inputs[0].numel());
-  if (world_) return world_->allgather(outputs, inputs, opts);
+  if (world_) return hier_allgather(outputs[0], inputs[0], dt, opts);
   auto g = start(opts.timeout);
   std::vector<void*> outs;
   for (auto& o : outputs[0]) outs.push_back(o.data_ptr());
@@ -245,7 +231,7 @@ c10::intrusive_ptr<c10d::Work> ShmBackend::_allgather_base(at::Tensor& output, a
   check_like("all_gather_into_tensor", "output_tensor", output, "input_tensor", input);
   check_numel("all_gather_into_tensor", "output_tensor", output, input.numel() * getSize(),
               "world size x input_tensor's elements");
-  if (world_) return world_->_allgather_base(output, input, opts);
+  if (world_) return hier_allgather_base(output, input, dt, opts);
   auto g = start(opts.timeout);
   const int64_t bytes = input.numel() * input.element_size();
   std::vector<void*> outs;
@@ -311,7 +297,6 @@ c10::intrusive_ptr<c10d::Work> ShmBackend::reduce_scatter(std::vector<at::Tensor
   check_tensor("reduce_scatter", "output", outputs[0]);
   check_list("reduce_scatter", "input_list[0]", inputs[0], size_t(getSize()), "output", outputs[0],
              outputs[0].numel());
-  if (world_) return world_->reduce_scatter(outputs, inputs, opts);
   at::Tensor flat = at::cat(inputs[0]);
   _reduce_scatter_base(outputs[0], flat, opts);
   return done(c10d::OpType::REDUCE_SCATTER, outputs);
@@ -324,7 +309,7 @@ c10::intrusive_ptr<c10d::Work> ShmBackend::_reduce_scatter_base(at::Tensor& outp
   check_like("reduce_scatter_tensor", "input", input, "output", output);
   check_numel("reduce_scatter_tensor", "input", input, output.numel() * getSize(), "world size x output's elements");
   const ReduceOp op = reduce_op("reduce_scatter_tensor", opts.reduceOp, "output", output);
-  if (world_) return world_->_reduce_scatter_base(output, input, opts);
+  if (world_) return hier_reduce_scatter_base(output, input, dt, op, opts);
   auto g = start(opts.timeout);
   FASTPAR_RUN(cpu_shm::reduce_scatter(*comm_, input.data_ptr(), output.data_ptr(), output.numel(), dt, op));
   return done(c10d::OpType::_REDUCE_SCATTER_BASE, {output});
@@ -475,13 +460,15 @@ to be constructed by hand).)")
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, int64_t timeout_ms,
                        std::vector<int> local_ranks, std::vector<int> global_ranks,
                        std::optional<c10::intrusive_ptr<c10d::Backend>> leaders,
-                       std::optional<c10::intrusive_ptr<c10d::Backend>> world) {
+                       std::optional<c10::intrusive_ptr<c10d::Backend>> world, std::vector<int> hosts) {
              return c10::make_intrusive<ShmBackend>(store, rank, size, std::chrono::milliseconds(timeout_ms),
                                                     std::move(local_ranks), std::move(global_ranks),
-                                                    leaders.value_or(nullptr), world.value_or(nullptr));
+                                                    leaders.value_or(nullptr), world.value_or(nullptr),
+                                                    std::move(hosts));
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout_ms"), py::arg("local_ranks"),
            py::arg("global_ranks"), py::arg("leaders") = py::none(), py::arg("world") = py::none(),
+           py::arg("hosts") = std::vector<int>{},
            py::call_guard<py::gil_scoped_release>())
       .def("registered_empty", &ShmBackend::registered_empty, py::arg("sizes"), py::arg("dtype"),
            py::call_guard<py::gil_scoped_release>())
@@ -489,7 +476,8 @@ to be constructed by hand).)")
       .def("_set_allreduce_tuning", &ShmBackend::set_allreduce_tuning, py::arg("one_shot_max_bytes"),
            py::arg("algo"))
       .def_property_readonly("hierarchical", &ShmBackend::hierarchical)
-      .def_property_readonly("local_size", &ShmBackend::local_size);
+      .def_property_readonly("local_size", &ShmBackend::local_size)
+      .def_property_readonly("hierarchical_calls", &ShmBackend::hierarchical_calls);
   m.attr("SHM_SEGMENT_PREFIX") = cpu_shm::kSegmentPrefix;
 }
 

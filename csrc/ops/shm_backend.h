@@ -1,6 +1,13 @@
 // fastpar as a torch.distributed backend: a c10d::Backend whose collectives run
 // on the cpu_shm transport inside a host and, when ranks span several hosts,
-// hierarchically (shm inside the host, a gloo group of host leaders between).
+// hierarchically: shm inside each host, a gloo group of the host leaders (the
+// lowest rank of each host) between hosts. Hierarchical schedules
+// (shm_backend_hierarchical.cpp; steps and bytes in docs/algorithms.md):
+//   allreduce, barrier, broadcast, reduce, all_gather(+_into_tensor),
+//   reduce_scatter(+_tensor): shm step(s) in the host, one gloo call among
+//   leaders carrying each host's data once;
+//   gather, scatter, all_to_all: a gloo group over all ranks (`world`).
+// Hosts may hold different numbers of ranks and interleave in group rank.
 //
 // Collectives execute synchronously on the calling thread (a spin-waiting
 // shared-memory collective finishes in microseconds; a worker thread hand-off
@@ -30,10 +37,13 @@ class ShmBackend : public c10d::Backend {
   // `local_ranks`: the group ranks on this host, ascending, including `rank`.
   // `leaders`: gloo group of the lowest rank of every host (only on those
   // ranks, and only when there are several hosts); `world`: gloo over all
-  // ranks, for the collectives without a hierarchical schedule.
+  // ranks, for the collectives without a hierarchical schedule. `hosts`: the
+  // host index of every group rank (hosts numbered in order of their lowest
+  // rank, so host h's leader is rank h of `leaders`); needed with `world`.
   ShmBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::chrono::milliseconds timeout,
              std::vector<int> local_ranks, std::vector<int> global_ranks,
-             c10::intrusive_ptr<c10d::Backend> leaders, c10::intrusive_ptr<c10d::Backend> world);
+             c10::intrusive_ptr<c10d::Backend> leaders, c10::intrusive_ptr<c10d::Backend> world,
+             std::vector<int> hosts = {});
 
   const std::string getBackendName() const override { return "fastpar"; }
   c10::intrusive_ptr<Options> getBackendOptions() override;
@@ -77,6 +87,9 @@ class ShmBackend : public c10d::Backend {
   bool is_registered(const at::Tensor& t) const;
   bool hierarchical() const { return bool(world_); }
   int local_size() const { return comm_->size(); }
+  // Collectives this rank ran with a hierarchical schedule, barrier excepted
+  // (tests check it moves, i.e. that an op did not go to the world gloo group).
+  uint64_t hierarchical_calls() const { return hier_calls_; }
   // Benchmarks flip schedules at run time (every rank must set the same).
   void set_allreduce_tuning(int64_t one_shot_max_bytes, int algo);
 
@@ -86,6 +99,26 @@ class ShmBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> done(c10d::OpType type, std::vector<at::Tensor> outputs);
   int local_root(const char* op, int64_t root) const;
 
+  // Hierarchical schedules (shm_backend_hierarchical.cpp), called with
+  // checked arguments when ranks span several hosts.
+  void init_hosts(std::vector<int> hosts);
+  std::chrono::milliseconds leader_timeout(std::chrono::milliseconds t) const;
+  c10::intrusive_ptr<c10d::Work> hier_allreduce(at::Tensor& t, DType dt, ReduceOp op,
+                                                const c10d::AllreduceOptions& opts);
+  c10::intrusive_ptr<c10d::Work> hier_broadcast(std::vector<at::Tensor>& tensors, DType dt,
+                                                const c10d::BroadcastOptions& opts);
+  c10::intrusive_ptr<c10d::Work> hier_reduce(std::vector<at::Tensor>& tensors, DType dt, ReduceOp op,
+                                             const c10d::ReduceOptions& opts);
+  c10::intrusive_ptr<c10d::Work> hier_allgather(std::vector<at::Tensor>& outputs, const at::Tensor& input, DType dt,
+                                                const c10d::AllgatherOptions& opts);
+  c10::intrusive_ptr<c10d::Work> hier_allgather_base(at::Tensor& output, const at::Tensor& input, DType dt,
+                                                     const c10d::AllgatherOptions& opts);
+  c10::intrusive_ptr<c10d::Work> hier_reduce_scatter_base(at::Tensor& output, const at::Tensor& input, DType dt,
+                                                          ReduceOp op, const c10d::ReduceScatterOptions& opts);
+  // all_gather core: `out` (bytes) receives every rank's `in` (bytes, elements
+  // of dt) in group rank order.
+  void hier_allgather_bytes(const at::Tensor& in, const at::Tensor& out, DType dt, std::chrono::milliseconds timeout);
+
   std::shared_ptr<cpu_shm::ShmComm> comm_;
   cpu_shm::ShmTuning tuning_;
   std::chrono::milliseconds timeout_;
@@ -93,6 +126,14 @@ class ShmBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Backend> leaders_, world_;
   std::mutex mu_;
   uint64_t calls_ = 0;
+  // Host layout (several hosts only): host of every group rank, each host's
+  // ranks ascending, this rank's host, and whether each host's ranks are one
+  // contiguous range (then host-major order is group rank order).
+  std::vector<int> host_of_;
+  std::vector<std::vector<int>> host_ranks_;
+  int host_ = 0;
+  bool hosts_contiguous_ = true;
+  uint64_t hier_calls_ = 0;
 };
 
 // Adds fastpar._C.ShmBackend and helpers to the extension module.

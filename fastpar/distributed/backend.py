@@ -2,10 +2,13 @@
 
 Ranks are grouped by host (socket.gethostname(), or FASTPAR_HOST_ID to fake
 several hosts on one machine in tests). Inside a host the ranks share memory
-(fastpar._C.ShmBackend); with several hosts, allreduce and barrier run
-hierarchically (shm reduce inside the host -> gloo allreduce between host
-leaders -> shm broadcast inside the host) and the other collectives run on a
-gloo group over all ranks.
+(fastpar._C.ShmBackend). With several hosts, the lowest rank of each host is
+its leader and the leaders form a gloo group; allreduce, barrier, broadcast,
+reduce, all_gather(_into_tensor) and reduce_scatter(_tensor) run
+hierarchically (shm steps inside each host, one gloo call among the leaders
+that carries each host's data once; docs/algorithms.md gives the schedules),
+while gather, scatter and all_to_all run on a gloo group over all ranks. Hosts
+may hold different numbers of ranks and need not be contiguous in rank.
 """
 from __future__ import annotations
 
@@ -66,7 +69,8 @@ def create_backend(store, rank: int, size: int, timeout: datetime.timedelta, glo
         leader_pg = _gloo(dist.PrefixStore("fastpar/leaders/", store), leaders.index(rank), len(leaders), timeout)
     world_pg = _gloo(dist.PrefixStore("fastpar/world/", store), rank, size, timeout)
     node_store = dist.PrefixStore(f"fastpar/host{order.index(me)}/", store)
-    return _C.ShmBackend(node_store, rank, size, ms, local, global_ranks, leader_pg, world_pg)
+    host_index = [order.index(h) for h in hosts]  # leader_pg rank of each rank's host
+    return _C.ShmBackend(node_store, rank, size, ms, local, global_ranks, leader_pg, world_pg, host_index)
 
 
 def _create_from_options(dist_opts, backend_options=None):

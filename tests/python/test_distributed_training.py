@@ -14,9 +14,21 @@ def test_ddp_matches_single_process():
 
 
 def test_hierarchical_two_hosts_of_two():
+    """2 fake hosts x 2 ranks (world group), then, in new groups of the same 4
+    processes, hosts interleaved in rank (A,B,A,B), uneven (A,A,B), uneven and
+    interleaved (A,B,A over ranks 1-3) and 3+1 (A,A,A,B): every collective that
+    has a hierarchical schedule, against a reference, with a 4 KiB slot so the
+    larger sizes cross many chunks; one launch keeps start-up cost down."""
     before = shm_entries()
     host = lambda r: {"FASTPAR_HOST_ID": "nodeA" if r < 2 else "nodeB"}  # noqa: E731
-    assert_ok(run("hierarchical", 4, per_rank_env=host, timeout=120))
+    layouts = ["0,1,2,3:ABAB", "0,1,2:AAB", "1,2,3:ABA", "0,1,2,3:AAAB"]
+    results = run("hierarchical", 4, per_rank_env=host, env={"FASTPAR_SHM_SLOT_BYTES": "4096"}, args=layouts,
+                  timeout=240)
+    assert_ok(results)
+    out = "".join(r.out for r in results)
+    for layout in ["nodeA", "nodeB", "hostA", "hostB"]:
+        assert f"hierarchical collectives ok: {layout}" in out, out
+    assert out.count("hierarchical collectives ok") == 4 + 4 + 3 + 3 + 4, out
     assert shm_entries() - before == set()
 
 
