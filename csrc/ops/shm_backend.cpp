@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "checks.h"
+#include "transport_errors.h"
 
 namespace fastpar {
 namespace ops {
@@ -151,18 +152,8 @@ int ShmBackend::local_root(const char* op, int64_t root) const {
   return int(root);
 }
 
-// Transport failures (timeouts, dead or mismatched peers) surface as
-// torch.distributed.DistBackendError, as other backends' do.
-#define FASTPAR_RUN(...)                                     \
-  try {                                                      \
-    __VA_ARGS__;                                             \
-  } catch (const c10::Error&) {                              \
-    throw;                                                   \
-  } catch (const std::invalid_argument& e) {                 \
-    TORCH_CHECK_VALUE(false, e.what());                      \
-  } catch (const std::exception& e) {                        \
-    C10_THROW_ERROR(DistBackendError, e.what());             \
-  }
+// Runs one transport call, translating its errors (transport_errors.h).
+#define FASTPAR_RUN(...) run_transport([&] { __VA_ARGS__; })
 
 c10::intrusive_ptr<c10d::Work> ShmBackend::allreduce(std::vector<at::Tensor>& tensors,
                                                      const c10d::AllreduceOptions& opts) {

@@ -17,25 +17,12 @@
 
 #include "checks.h"
 #include "shm_backend.h"
+#include "transport_errors.h"
 
 namespace fastpar {
 namespace ops {
 
 namespace {
-
-// cpu_shm failures as the rest of the backend reports them (see FASTPAR_RUN).
-template <class F>
-void shm(F&& f) {
-  try {
-    f();
-  } catch (const c10::Error&) {
-    throw;
-  } catch (const std::invalid_argument& e) {
-    TORCH_CHECK_VALUE(false, e.what());
-  } catch (const std::exception& e) {
-    C10_THROW_ERROR(DistBackendError, e.what());
-  }
-}
 
 // A contiguous tensor's bytes, as a flat uint8 view.
 at::Tensor bytes_of(const at::Tensor& t) { return t.reshape({-1}).view(at::kByte); }
@@ -85,7 +72,7 @@ c10::intrusive_ptr<c10d::Work> ShmBackend::hier_allreduce(at::Tensor& t, DType d
                                                           const c10d::AllreduceOptions& opts) {
   auto g = start(opts.timeout);
   ++hier_calls_;
-  shm([&] { cpu_shm::reduce(*comm_, t.data_ptr(), t.data_ptr(), t.numel(), dt, local_op(op), 0); });
+  run_transport([&] { cpu_shm::reduce(*comm_, t.data_ptr(), t.data_ptr(), t.numel(), dt, local_op(op), 0); });
   if (leaders_) {
     c10d::AllreduceOptions o;
     o.reduceOp = wire_op(op, opts.reduceOp);
@@ -94,7 +81,7 @@ c10::intrusive_ptr<c10d::Work> ShmBackend::hier_allreduce(at::Tensor& t, DType d
     leaders_->allreduce(v, o)->wait();
     if (op == ReduceOp::AVG) t.div_(getSize());
   }
-  shm([&] { cpu_shm::broadcast(*comm_, t.data_ptr(), t.numel(), dt, 0); });
+  run_transport([&] { cpu_shm::broadcast(*comm_, t.data_ptr(), t.numel(), dt, 0); });
   return done(c10d::OpType::ALLREDUCE, {t});
 }
 
@@ -118,11 +105,11 @@ c10::intrusive_ptr<c10d::Work> ShmBackend::hier_broadcast(std::vector<at::Tensor
   };
   if (host_ == root_host) {
     const int local = int(std::find(local_ranks_.begin(), local_ranks_.end(), root) - local_ranks_.begin());
-    shm([&] { cpu_shm::broadcast(*comm_, t.data_ptr(), t.numel(), dt, local); });
+    run_transport([&] { cpu_shm::broadcast(*comm_, t.data_ptr(), t.numel(), dt, local); });
     leaders_step();
   } else {
     leaders_step();
-    shm([&] { cpu_shm::broadcast(*comm_, t.data_ptr(), t.numel(), dt, 0); });
+    run_transport([&] { cpu_shm::broadcast(*comm_, t.data_ptr(), t.numel(), dt, 0); });
   }
   return done(c10d::OpType::BROADCAST, tensors);
 }
@@ -152,10 +139,10 @@ c10::intrusive_ptr<c10d::Work> ShmBackend::hier_reduce(std::vector<at::Tensor>& 
   };
   if (host_ != root_host) {
     at::Tensor partial = leaders_ ? at::empty_like(t) : t;  // only the leader's is written
-    shm([&] { cpu_shm::reduce(*comm_, t.data_ptr(), partial.data_ptr(), t.numel(), dt, lop, 0); });
+    run_transport([&] { cpu_shm::reduce(*comm_, t.data_ptr(), partial.data_ptr(), t.numel(), dt, lop, 0); });
     if (leaders_) leaders_step(partial);
   } else if (local_ranks_[0] == root) {
-    shm([&] { cpu_shm::reduce(*comm_, t.data_ptr(), t.data_ptr(), t.numel(), dt, lop, 0); });
+    run_transport([&] { cpu_shm::reduce(*comm_, t.data_ptr(), t.data_ptr(), t.numel(), dt, lop, 0); });
     if (leaders_) leaders_step(t);
   } else {
     at::Tensor in = t;
@@ -164,7 +151,7 @@ c10::intrusive_ptr<c10d::Work> ShmBackend::hier_reduce(std::vector<at::Tensor>& 
       leaders_step(in);
     }
     const int local = int(std::find(local_ranks_.begin(), local_ranks_.end(), root) - local_ranks_.begin());
-    shm([&] { cpu_shm::reduce(*comm_, in.data_ptr(), t.data_ptr(), t.numel(), dt, lop, local); });
+    run_transport([&] { cpu_shm::reduce(*comm_, in.data_ptr(), t.data_ptr(), t.numel(), dt, lop, local); });
   }
   if (op == ReduceOp::AVG && getRank() == root) t.div_(getSize());
   return done(c10d::OpType::REDUCE, tensors);
@@ -182,13 +169,13 @@ void ShmBackend::hier_allgather_bytes(const at::Tensor& in, const at::Tensor& ou
   const int64_t B = in.numel(), count = B / dtype_size(dt);
   const int H = int(host_ranks_.size()), nl = int(local_ranks_.size());
   if (!leaders_) {
-    shm([&] { cpu_shm::gather(*comm_, in.data_ptr(), nullptr, count, dt, 0); });
-    shm([&] { cpu_shm::broadcast(*comm_, out.data_ptr(), count * getSize(), dt, 0); });
+    run_transport([&] { cpu_shm::gather(*comm_, in.data_ptr(), nullptr, count, dt, 0); });
+    run_transport([&] { cpu_shm::broadcast(*comm_, out.data_ptr(), count * getSize(), dt, 0); });
     return;
   }
   std::vector<void*> outs(nl);
   for (int l = 0; l < nl; ++l) outs[l] = ptr(out, local_ranks_[l] * B);
-  shm([&] { cpu_shm::gather(*comm_, in.data_ptr(), outs.data(), count, dt, 0); });
+  run_transport([&] { cpu_shm::gather(*comm_, in.data_ptr(), outs.data(), count, dt, 0); });
   // This host's block, contiguous in local rank order.
   at::Tensor mine;
   if (hosts_contiguous_) {
@@ -221,7 +208,7 @@ void ShmBackend::hier_allgather_bytes(const at::Tensor& in, const at::Tensor& ou
         off += B;
       }
   }
-  shm([&] { cpu_shm::broadcast(*comm_, out.data_ptr(), count * getSize(), dt, 0); });
+  run_transport([&] { cpu_shm::broadcast(*comm_, out.data_ptr(), count * getSize(), dt, 0); });
 }
 
 c10::intrusive_ptr<c10d::Work> ShmBackend::hier_allgather(std::vector<at::Tensor>& outputs, const at::Tensor& input,
@@ -258,12 +245,12 @@ c10::intrusive_ptr<c10d::Work> ShmBackend::hier_reduce_scatter_base(at::Tensor& 
   auto g = start(opts.timeout);
   ++hier_calls_;
   if (!leaders_) {
-    shm([&] { cpu_shm::reduce(*comm_, input.data_ptr(), nullptr, input.numel(), dt, local_op(op), 0); });
-    shm([&] { cpu_shm::scatter(*comm_, nullptr, output.data_ptr(), count, dt, 0); });
+    run_transport([&] { cpu_shm::reduce(*comm_, input.data_ptr(), nullptr, input.numel(), dt, local_op(op), 0); });
+    run_transport([&] { cpu_shm::scatter(*comm_, nullptr, output.data_ptr(), count, dt, 0); });
     return done(c10d::OpType::_REDUCE_SCATTER_BASE, {output});
   }
   at::Tensor host_sum = at::empty({input.numel()}, output.options());
-  shm([&] {
+  run_transport([&] {
     cpu_shm::reduce(*comm_, input.data_ptr(), host_sum.data_ptr(), input.numel(), dt, local_op(op), 0);
   });
   size_t most = 0;
@@ -285,7 +272,7 @@ c10::intrusive_ptr<c10d::Work> ShmBackend::hier_reduce_scatter_base(at::Tensor& 
   if (op == ReduceOp::AVG) mine.narrow(0, 0, nl * count).div_(getSize());
   std::vector<const void*> ins(nl);
   for (int l = 0; l < nl; ++l) ins[l] = ptr(mine, l * count * es);
-  shm([&] { cpu_shm::scatter(*comm_, ins.data(), output.data_ptr(), count, dt, 0); });
+  run_transport([&] { cpu_shm::scatter(*comm_, ins.data(), output.data_ptr(), count, dt, 0); });
   return done(c10d::OpType::_REDUCE_SCATTER_BASE, {output});
 }
 
