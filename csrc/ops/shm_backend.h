@@ -2,6 +2,12 @@
 // on the cpu_shm transport inside a host and, when ranks span several hosts,
 // hierarchically (shm inside the host, a gloo group of host leaders between).
 //
+// CUDA tensors: torch creates this one object for every device of "fastpar"
+// (its devices are cpu and cuda, and torch calls the creator once when all
+// devices map to one backend name), so each collective forwards calls whose
+// tensors are CUDA to `cuda` (CudaBackend, cuda_backend.h) when the group has
+// one; barrier stays here. Without one, CUDA tensors get an error.
+//
 // Collectives execute synchronously on the calling thread (a spin-waiting
 // shared-memory collective finishes in microseconds; a worker thread hand-off
 // would cost more than the work) and return an already-completed Work, so
@@ -33,13 +39,23 @@ class ShmBackend : public c10d::Backend {
   // ranks, for the collectives without a hierarchical schedule.
   ShmBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::chrono::milliseconds timeout,
              std::vector<int> local_ranks, std::vector<int> global_ranks,
-             c10::intrusive_ptr<c10d::Backend> leaders, c10::intrusive_ptr<c10d::Backend> world);
+             c10::intrusive_ptr<c10d::Backend> leaders, c10::intrusive_ptr<c10d::Backend> world,
+             c10::intrusive_ptr<c10d::Backend> cuda = nullptr);
 
   const std::string getBackendName() const override { return "fastpar"; }
   c10::intrusive_ptr<Options> getBackendOptions() override;
   void setSequenceNumberForGroup() override {}
   uint64_t getSequenceNumberForGroup() override { return calls_; }
-  void setTimeout(std::chrono::milliseconds timeout) override { timeout_ = timeout; }
+  void setTimeout(std::chrono::milliseconds timeout) override {
+    timeout_ = timeout;
+    if (cuda_) cuda_->setTimeout(timeout);
+  }
+  void shutdown() override {
+    if (cuda_) cuda_->shutdown();
+  }
+  void abort() override {
+    if (cuda_) cuda_->abort();
+  }
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override;
@@ -70,6 +86,19 @@ class ShmBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
                                           const c10d::AllToAllOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+  // Coalesced forms and point to point: CUDA tensors only (through the CUDA backend).
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                     std::vector<at::Tensor>& inputs,
+                                                     const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
 
   // A tensor in this rank's registered arena (collective: every rank of the
   // group calls it with the same sizes, in the same order).
@@ -77,6 +106,7 @@ class ShmBackend : public c10d::Backend {
   bool is_registered(const at::Tensor& t) const;
   bool hierarchical() const { return bool(world_); }
   int local_size() const { return comm_->size(); }
+  c10::intrusive_ptr<c10d::Backend> cuda_backend() const { return cuda_; }
   // Benchmarks flip schedules at run time (every rank must set the same).
   void set_allreduce_tuning(int64_t one_shot_max_bytes, int algo);
 
@@ -85,12 +115,17 @@ class ShmBackend : public c10d::Backend {
   std::unique_lock<std::mutex> start(std::chrono::milliseconds t);
   c10::intrusive_ptr<c10d::Work> done(c10d::OpType type, std::vector<at::Tensor> outputs);
   int local_root(const char* op, int64_t root) const;
+  // Whether a call on these tensors goes to the CUDA backend: one device-type
+  // test, so the CPU path pays nothing measurable.
+  bool for_cuda(const at::Tensor& t) const { return cuda_ && t.is_cuda(); }
+  bool for_cuda(const std::vector<at::Tensor>& ts) const { return cuda_ && !ts.empty() && ts[0].is_cuda(); }
 
   std::shared_ptr<cpu_shm::ShmComm> comm_;
   cpu_shm::ShmTuning tuning_;
   std::chrono::milliseconds timeout_;
   std::vector<int> local_ranks_;
   c10::intrusive_ptr<c10d::Backend> leaders_, world_;
+  c10::intrusive_ptr<c10d::Backend> cuda_;  // CudaBackend, or null (CPU-only build, no GPU)
   std::mutex mu_;
   uint64_t calls_ = 0;
 };
