@@ -14,8 +14,8 @@ import torch
 __all__ = ["connect", "close", "DEFAULT_SLOT_BYTES"]
 
 # Per-rank slot size: messages larger than a slot go through it in chunks.
-# 8 MiB keeps the per-chunk phase overhead (a few microseconds) under ~1% of
-# the transfer time at NVLink speeds; the arena is two slots plus a header.
+# Same as cuda_ipc::kDefaultSlotBytes (allreduce_ipc.h, which says why 8 MiB);
+# the arena is three slots plus a header.
 DEFAULT_SLOT_BYTES = 8 << 20
 
 

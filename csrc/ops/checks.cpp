@@ -29,7 +29,7 @@ static std::string dtype_str(at::ScalarType t) {
   }
 }
 
-DType to_dtype(const char* op, const std::string& arg_index, at::ScalarType t) {
+std::optional<DType> maybe_dtype(at::ScalarType t) {
   switch (t) {
     case at::kFloat: return DType::F32;
     case at::kDouble: return DType::F64;
@@ -39,11 +39,16 @@ DType to_dtype(const char* op, const std::string& arg_index, at::ScalarType t) {
     case at::kByte: return DType::U8;
     case at::kInt: return DType::I32;
     case at::kLong: return DType::I64;
-    default:
-      TORCH_CHECK_TYPE(false, "fastpar.", op, ": ", arg_index, " has dtype ", dtype_str(t),
-                       ", which fastpar does not support (supported: float32, float64, float16, "
-                       "bfloat16, int8, uint8, int32, int64)");
+    default: return std::nullopt;
   }
+}
+
+DType to_dtype(const char* op, const std::string& arg_index, at::ScalarType t) {
+  const std::optional<DType> d = maybe_dtype(t);
+  TORCH_CHECK_TYPE(d.has_value(), "fastpar.", op, ": ", arg_index, " has dtype ", dtype_str(t),
+                   ", which fastpar does not support (supported: float32, float64, float16, "
+                   "bfloat16, int8, uint8, int32, int64)");
+  return *d;
 }
 
 ReduceOp to_reduce_op(const char* op, int64_t value) {

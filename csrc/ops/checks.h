@@ -8,6 +8,7 @@
 
 #include <torch/extension.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,8 @@ namespace ops {
 
 // The dtype as the element math knows it; throws for dtypes fastpar does not reduce.
 DType to_dtype(const char* op, const std::string& arg_index, at::ScalarType t);
+// The same without throwing: nullopt for dtypes fastpar does not reduce.
+std::optional<DType> maybe_dtype(at::ScalarType t);
 
 ReduceOp to_reduce_op(const char* op, int64_t value);
 

@@ -4,6 +4,9 @@
 
 #include "shm_backend.h"
 #include "tuning.h"
+#ifdef FASTPAR_WITH_CUDA
+#include "cuda_backend.h"
+#endif
 
 namespace fastpar {
 namespace ops {
@@ -27,4 +30,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   });
   m.def("_get_ring_segment_bytes", [] { return fastpar::ops::tuning().ring_segment_bytes; });
   fastpar::ops::register_distributed(m);
+#ifdef FASTPAR_WITH_CUDA
+  fastpar::ops::register_cuda_backend(m);
+#endif
 }

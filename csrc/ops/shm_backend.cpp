@@ -53,7 +53,9 @@ std::string dev(const at::Tensor& t) { return "'" + t.device().str() + "'"; }
 DType check_tensor(const char* op, const std::string& name, const at::Tensor& t) {
   TORCH_CHECK_VALUE(t.defined(), "fastpar.", op, ": ", name, " is an undefined tensor");
   TORCH_CHECK_VALUE(t.device().is_cpu(), "fastpar.", op, ": ", name, " is on device ", dev(t),
-                    " but the fastpar backend handles CPU tensors only (use \"cpu:fastpar,cuda:nccl\")");
+                    t.is_cuda() ? " but this group has no fastpar CUDA backend (fastpar built without CUDA, or no "
+                                  "GPU when the group was created; use \"cpu:fastpar,cuda:nccl\")"
+                                : " but the fastpar backend handles CPU and CUDA tensors only");
   TORCH_CHECK_VALUE(t.is_contiguous(), "fastpar.", op, ": ", name, " must be contiguous, but it has sizes ",
                     t.sizes(), " and strides ", t.strides(), " (call .contiguous() first)");
   return to_dtype(op, name, t.scalar_type());
@@ -99,13 +101,15 @@ int64_t row_elems(const at::Tensor& t) { return t.dim() == 0 || t.size(0) == 0 ?
 ShmBackend::ShmBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                        std::chrono::milliseconds timeout, std::vector<int> local_ranks,
                        std::vector<int> global_ranks, c10::intrusive_ptr<c10d::Backend> leaders,
-                       c10::intrusive_ptr<c10d::Backend> world, std::vector<int> hosts)
+                       c10::intrusive_ptr<c10d::Backend> world, std::vector<int> hosts,
+                       c10::intrusive_ptr<c10d::Backend> cuda)
     : Backend(rank, size),
       tuning_(cpu_shm::default_shm_tuning()),
       timeout_(timeout),
       local_ranks_(std::move(local_ranks)),
       leaders_(std::move(leaders)),
-      world_(std::move(world)) {
+      world_(std::move(world)),
+      cuda_(std::move(cuda)) {
   const auto it = std::find(local_ranks_.begin(), local_ranks_.end(), rank);
   TORCH_CHECK_VALUE(it != local_ranks_.end(), "fastpar: rank ", rank, " is not among its host's ranks ",
                     local_ranks_);
@@ -157,6 +161,7 @@ int ShmBackend::local_root(const char* op, int64_t root) const {
 
 c10::intrusive_ptr<c10d::Work> ShmBackend::allreduce(std::vector<at::Tensor>& tensors,
                                                      const c10d::AllreduceOptions& opts) {
+  if (for_cuda(tensors)) return cuda_->allreduce(tensors, opts);
   check_single("all_reduce", "tensors", tensors.size());
   at::Tensor& t = tensors[0];
   const DType dt = check_tensor("all_reduce", "tensors[0]", t);
@@ -169,6 +174,7 @@ c10::intrusive_ptr<c10d::Work> ShmBackend::allreduce(std::vector<at::Tensor>& te
 
 c10::intrusive_ptr<c10d::Work> ShmBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                                const c10d::AllreduceCoalescedOptions& opts) {
+  if (for_cuda(tensors)) return cuda_->allreduce_coalesced(tensors, opts);
   for (auto& t : tensors) {
     std::vector<at::Tensor> one{t};
     allreduce(one, opts);
@@ -178,6 +184,7 @@ c10::intrusive_ptr<c10d::Work> ShmBackend::allreduce_coalesced(std::vector<at::T
 
 c10::intrusive_ptr<c10d::Work> ShmBackend::broadcast(std::vector<at::Tensor>& tensors,
                                                      const c10d::BroadcastOptions& opts) {
+  if (for_cuda(tensors)) return cuda_->broadcast(tensors, opts);
   check_single("broadcast", "tensors", tensors.size());
   const DType dt = check_tensor("broadcast", "tensors[0]", tensors[0]);
   const int root = local_root("broadcast", opts.rootRank);
@@ -188,6 +195,7 @@ c10::intrusive_ptr<c10d::Work> ShmBackend::broadcast(std::vector<at::Tensor>& te
 }
 
 c10::intrusive_ptr<c10d::Work> ShmBackend::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) {
+  if (for_cuda(tensors)) return cuda_->reduce(tensors, opts);
   check_single("reduce", "tensors", tensors.size());
   at::Tensor& t = tensors[0];
   const DType dt = check_tensor("reduce", "tensors[0]", t);
@@ -202,6 +210,7 @@ c10::intrusive_ptr<c10d::Work> ShmBackend::reduce(std::vector<at::Tensor>& tenso
 c10::intrusive_ptr<c10d::Work> ShmBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                      std::vector<at::Tensor>& inputs,
                                                      const c10d::AllgatherOptions& opts) {
+  if (for_cuda(inputs)) return cuda_->allgather(outputs, inputs, opts);
   check_single("all_gather", "input_tensors", inputs.size());
   check_single("all_gather", "output_tensors", outputs.size());
   const DType dt = check_tensor("all_gather", "input_tensors[0]", inputs[0]);
@@ -217,6 +226,7 @@ c10::intrusive_ptr<c10d::Work> ShmBackend::allgather(std::vector<std::vector<at:
 
 c10::intrusive_ptr<c10d::Work> ShmBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                            const c10d::AllgatherOptions& opts) {
+  if (for_cuda(input)) return cuda_->_allgather_base(output, input, opts);
   const DType dt = check_tensor("all_gather_into_tensor", "input_tensor", input);
   check_tensor("all_gather_into_tensor", "output_tensor", output);
   check_like("all_gather_into_tensor", "output_tensor", output, "input_tensor", input);
@@ -233,6 +243,7 @@ c10::intrusive_ptr<c10d::Work> ShmBackend::_allgather_base(at::Tensor& output, a
 
 c10::intrusive_ptr<c10d::Work> ShmBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                                   std::vector<at::Tensor>& inputs, const c10d::GatherOptions& opts) {
+  if (for_cuda(inputs)) return cuda_->gather(outputs, inputs, opts);
   check_single("gather", "input_tensors", inputs.size());
   const DType dt = check_tensor("gather", "input_tensors[0]", inputs[0]);
   const int root = local_root("gather", opts.rootRank);
@@ -258,6 +269,7 @@ c10::intrusive_ptr<c10d::Work> ShmBackend::gather(std::vector<std::vector<at::Te
 c10::intrusive_ptr<c10d::Work> ShmBackend::scatter(std::vector<at::Tensor>& outputs,
                                                    std::vector<std::vector<at::Tensor>>& inputs,
                                                    const c10d::ScatterOptions& opts) {
+  if (for_cuda(outputs)) return cuda_->scatter(outputs, inputs, opts);
   check_single("scatter", "output_tensors", outputs.size());
   const DType dt = check_tensor("scatter", "output_tensors[0]", outputs[0]);
   const int root = local_root("scatter", opts.rootRank);
@@ -283,6 +295,7 @@ c10::intrusive_ptr<c10d::Work> ShmBackend::scatter(std::vector<at::Tensor>& outp
 c10::intrusive_ptr<c10d::Work> ShmBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
                                                           std::vector<std::vector<at::Tensor>>& inputs,
                                                           const c10d::ReduceScatterOptions& opts) {
+  if (for_cuda(outputs)) return cuda_->reduce_scatter(outputs, inputs, opts);
   check_single("reduce_scatter", "output", outputs.size());
   check_single("reduce_scatter", "input_list", inputs.size());
   check_tensor("reduce_scatter", "output", outputs[0]);
@@ -295,6 +308,7 @@ c10::intrusive_ptr<c10d::Work> ShmBackend::reduce_scatter(std::vector<at::Tensor
 
 c10::intrusive_ptr<c10d::Work> ShmBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                 const c10d::ReduceScatterOptions& opts) {
+  if (for_cuda(output)) return cuda_->_reduce_scatter_base(output, input, opts);
   const DType dt = check_tensor("reduce_scatter_tensor", "output", output);
   check_tensor("reduce_scatter_tensor", "input", input);
   check_like("reduce_scatter_tensor", "input", input, "output", output);
@@ -310,6 +324,7 @@ c10::intrusive_ptr<c10d::Work> ShmBackend::alltoall_base(at::Tensor& output, at:
                                                          std::vector<int64_t>& output_split_sizes,
                                                          std::vector<int64_t>& input_split_sizes,
                                                          const c10d::AllToAllOptions& opts) {
+  if (for_cuda(input)) return cuda_->alltoall_base(output, input, output_split_sizes, input_split_sizes, opts);
   const DType dt = check_tensor("all_to_all_single", "input", input);
   check_tensor("all_to_all_single", "output", output);
   check_like("all_to_all_single", "output", output, "input", input);
@@ -354,6 +369,7 @@ c10::intrusive_ptr<c10d::Work> ShmBackend::alltoall_base(at::Tensor& output, at:
 
 c10::intrusive_ptr<c10d::Work> ShmBackend::alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
                                                     const c10d::AllToAllOptions& opts) {
+  if (for_cuda(inputs)) return cuda_->alltoall(outputs, inputs, opts);
   const int n = getSize();
   TORCH_CHECK_VALUE(int(inputs.size()) == n, "fastpar.all_to_all: input_tensor_list has ", inputs.size(),
                     " tensors but the group has ", n, " ranks");
@@ -409,6 +425,42 @@ c10::intrusive_ptr<c10d::Work> ShmBackend::barrier(const c10d::BarrierOptions& o
   return done(c10d::OpType::BARRIER, {});
 }
 
+c10::intrusive_ptr<c10d::Work> ShmBackend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                               std::vector<at::Tensor>& inputs,
+                                                               const c10d::AllgatherOptions& opts) {
+  if (for_cuda(inputs)) return cuda_->allgather_coalesced(outputs, inputs, opts);
+  return Backend::allgather_coalesced(outputs, inputs, opts);  // not supported: the base class says so
+}
+
+c10::intrusive_ptr<c10d::Work> ShmBackend::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                           std::vector<at::Tensor>& inputs,
+                                                                           const c10d::AllgatherOptions& opts) {
+  if (for_cuda(inputs)) return cuda_->allgather_into_tensor_coalesced(outputs, inputs, opts);
+  return Backend::allgather_into_tensor_coalesced(outputs, inputs, opts);
+}
+
+c10::intrusive_ptr<c10d::Work> ShmBackend::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                           std::vector<at::Tensor>& inputs,
+                                                                           const c10d::ReduceScatterOptions& opts) {
+  if (for_cuda(inputs)) return cuda_->reduce_scatter_tensor_coalesced(outputs, inputs, opts);
+  return Backend::reduce_scatter_tensor_coalesced(outputs, inputs, opts);
+}
+
+c10::intrusive_ptr<c10d::Work> ShmBackend::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
+  if (for_cuda(tensors)) return cuda_->send(tensors, dst_rank, tag);
+  return Backend::send(tensors, dst_rank, tag);  // not supported: the base class says so
+}
+
+c10::intrusive_ptr<c10d::Work> ShmBackend::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
+  if (for_cuda(tensors)) return cuda_->recv(tensors, src_rank, tag);
+  return Backend::recv(tensors, src_rank, tag);
+}
+
+c10::intrusive_ptr<c10d::Work> ShmBackend::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+  if (for_cuda(tensors)) return cuda_->recvAnysource(tensors, tag);
+  return Backend::recvAnysource(tensors, tag);
+}
+
 at::Tensor ShmBackend::registered_empty(const std::vector<int64_t>& sizes, at::ScalarType dtype) {
   const DType dt = to_dtype("registered_empty", "dtype", dtype);
   int64_t numel = 1;
@@ -451,15 +503,16 @@ to be constructed by hand).)")
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, int64_t timeout_ms,
                        std::vector<int> local_ranks, std::vector<int> global_ranks,
                        std::optional<c10::intrusive_ptr<c10d::Backend>> leaders,
-                       std::optional<c10::intrusive_ptr<c10d::Backend>> world, std::vector<int> hosts) {
+                       std::optional<c10::intrusive_ptr<c10d::Backend>> world, std::vector<int> hosts,
+                       std::optional<c10::intrusive_ptr<c10d::Backend>> cuda) {
              return c10::make_intrusive<ShmBackend>(store, rank, size, std::chrono::milliseconds(timeout_ms),
                                                     std::move(local_ranks), std::move(global_ranks),
                                                     leaders.value_or(nullptr), world.value_or(nullptr),
-                                                    std::move(hosts));
+                                                    std::move(hosts), cuda.value_or(nullptr));
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout_ms"), py::arg("local_ranks"),
            py::arg("global_ranks"), py::arg("leaders") = py::none(), py::arg("world") = py::none(),
-           py::arg("hosts") = std::vector<int>{},
+           py::arg("hosts") = std::vector<int>{}, py::arg("cuda") = py::none(),
            py::call_guard<py::gil_scoped_release>())
       .def("registered_empty", &ShmBackend::registered_empty, py::arg("sizes"), py::arg("dtype"),
            py::call_guard<py::gil_scoped_release>())
@@ -468,7 +521,12 @@ to be constructed by hand).)")
            py::arg("algo"))
       .def_property_readonly("hierarchical", &ShmBackend::hierarchical)
       .def_property_readonly("local_size", &ShmBackend::local_size)
-      .def_property_readonly("hierarchical_calls", &ShmBackend::hierarchical_calls);
+      .def_property_readonly("hierarchical_calls", &ShmBackend::hierarchical_calls)
+      .def_property_readonly("cuda_backend", [](const ShmBackend& b) -> py::object {
+        // The CudaBackend (its own Python type in CUDA builds) or None.
+        if (!b.cuda_backend()) return py::none();
+        return py::cast(b.cuda_backend());
+      });
   m.attr("SHM_SEGMENT_PREFIX") = cpu_shm::kSegmentPrefix;
 }
 

@@ -9,6 +9,12 @@
 //   gather, scatter, all_to_all: a gloo group over all ranks (`world`).
 // Hosts may hold different numbers of ranks and interleave in group rank.
 //
+// CUDA tensors: torch creates this one object for every device of "fastpar"
+// (its devices are cpu and cuda, and torch calls the creator once when all
+// devices map to one backend name), so each collective forwards calls whose
+// tensors are CUDA to `cuda` (CudaBackend, cuda_backend.h) when the group has
+// one; barrier stays here. Without one, CUDA tensors get an error.
+//
 // Collectives execute synchronously on the calling thread (a spin-waiting
 // shared-memory collective finishes in microseconds; a worker thread hand-off
 // would cost more than the work) and return an already-completed Work, so
@@ -43,13 +49,22 @@ class ShmBackend : public c10d::Backend {
   ShmBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::chrono::milliseconds timeout,
              std::vector<int> local_ranks, std::vector<int> global_ranks,
              c10::intrusive_ptr<c10d::Backend> leaders, c10::intrusive_ptr<c10d::Backend> world,
-             std::vector<int> hosts = {});
+              std::vector<int> hosts = {}, c10::intrusive_ptr<c10d::Backend> cuda = nullptr);
 
   const std::string getBackendName() const override { return "fastpar"; }
   c10::intrusive_ptr<Options> getBackendOptions() override;
   void setSequenceNumberForGroup() override {}
   uint64_t getSequenceNumberForGroup() override { return calls_; }
-  void setTimeout(std::chrono::milliseconds timeout) override { timeout_ = timeout; }
+  void setTimeout(std::chrono::milliseconds timeout) override {
+    timeout_ = timeout;
+    if (cuda_) cuda_->setTimeout(timeout);
+  }
+  void shutdown() override {
+    if (cuda_) cuda_->shutdown();
+  }
+  void abort() override {
+    if (cuda_) cuda_->abort();
+  }
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override;
@@ -80,6 +95,19 @@ class ShmBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
                                           const c10d::AllToAllOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+  // Coalesced forms and point to point: CUDA tensors only (through the CUDA backend).
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                     std::vector<at::Tensor>& inputs,
+                                                     const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
 
   // A tensor in this rank's registered arena (collective: every rank of the
   // group calls it with the same sizes, in the same order).
@@ -90,6 +118,7 @@ class ShmBackend : public c10d::Backend {
   // Collectives this rank ran with a hierarchical schedule, barrier excepted
   // (tests check it moves, i.e. that an op did not go to the world gloo group).
   uint64_t hierarchical_calls() const { return hier_calls_; }
+  c10::intrusive_ptr<c10d::Backend> cuda_backend() const { return cuda_; }
   // Benchmarks flip schedules at run time (every rank must set the same).
   void set_allreduce_tuning(int64_t one_shot_max_bytes, int algo);
 
@@ -98,6 +127,10 @@ class ShmBackend : public c10d::Backend {
   std::unique_lock<std::mutex> start(std::chrono::milliseconds t);
   c10::intrusive_ptr<c10d::Work> done(c10d::OpType type, std::vector<at::Tensor> outputs);
   int local_root(const char* op, int64_t root) const;
+  // Whether a call on these tensors goes to the CUDA backend: one device-type
+  // test, so the CPU path pays nothing measurable.
+  bool for_cuda(const at::Tensor& t) const { return cuda_ && t.is_cuda(); }
+  bool for_cuda(const std::vector<at::Tensor>& ts) const { return cuda_ && !ts.empty() && ts[0].is_cuda(); }
 
   // Hierarchical schedules (shm_backend_hierarchical.cpp), called with
   // checked arguments when ranks span several hosts.
@@ -124,6 +157,7 @@ class ShmBackend : public c10d::Backend {
   std::chrono::milliseconds timeout_;
   std::vector<int> local_ranks_;
   c10::intrusive_ptr<c10d::Backend> leaders_, world_;
+  c10::intrusive_ptr<c10d::Backend> cuda_;  // CudaBackend, or null (CPU-only build, no GPU)
   std::mutex mu_;
   uint64_t calls_ = 0;
   // Host layout (several hosts only): host of every group rank, each host's

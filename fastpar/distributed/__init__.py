@@ -1,17 +1,31 @@
 """fastpar as a torch.distributed backend.
 
-Importing fastpar registers the backend "fastpar" (CPU tensors), so that
+Importing fastpar registers the backend "fastpar" for CPU and CUDA tensors, so that
 
-    dist.init_process_group("fastpar")                 # or "cpu:fastpar,cuda:nccl"
+    dist.init_process_group("fastpar")        # = "cpu:fastpar,cuda:fastpar"; or "cpu:fastpar,cuda:nccl"
 
 works under torchrun, and DistributedDataParallel, dist.all_reduce and other
-torch.distributed calls run on fastpar's shared-memory collectives.
+torch.distributed calls run on fastpar:
+
+- CPU tensors: fastpar's shared-memory collectives (gloo between hosts);
+- CUDA tensors (CUDA builds with a GPU, see cuda_supported()): all_reduce over
+  CUDA IPC when every rank can map every peer's GPU and the tensor is at most
+  FASTPAR_CUDA_IPC_MAX_BYTES (8 MiB); larger tensors, every other collective
+  and ranks on several hosts go to NCCL. Without CUDA support, CUDA tensors
+  get an error (use "cpu:fastpar,cuda:nccl"). Details: docs/cuda.md.
 
 registered_empty(shape, dtype, group) allocates a tensor inside this rank's
 shared segment: all_reduce on it skips the copy into shared memory.
 """
-from .backend import SEGMENT_PREFIX, create_backend, get_fastpar_backend, register, registered_empty
+from .backend import (
+    SEGMENT_PREFIX,
+    create_backend,
+    cuda_supported,
+    get_fastpar_backend,
+    register,
+    registered_empty,
+)
 
-__all__ = ["SEGMENT_PREFIX", "create_backend", "get_fastpar_backend", "register", "registered_empty"]
+__all__ = ["SEGMENT_PREFIX", "create_backend", "cuda_supported", "get_fastpar_backend", "register", "registered_empty"]
 
 register()

@@ -1,6 +1,6 @@
 """Creates the fastpar c10d backend for a process group.
 
-Ranks are grouped by host (socket.gethostname(), or FASTPAR_HOST_ID to fake
+CPU tensors: ranks are grouped by host (socket.gethostname(), or FASTPAR_HOST_ID to fake
 several hosts on one machine in tests). Inside a host the ranks share memory
 (fastpar._C.ShmBackend). With several hosts, the lowest rank of each host is
 its leader and the leaders form a gloo group; allreduce, barrier, broadcast,
@@ -9,6 +9,19 @@ hierarchically (shm steps inside each host, one gloo call among the leaders
 that carries each host's data once; docs/algorithms.md gives the schedules),
 while gather, scatter and all_to_all run on a gloo group over all ranks. Hosts
 may hold different numbers of ranks and need not be contiguous in rank.
+
+CUDA tensors (CUDA builds of fastpar with a GPU present): the ShmBackend holds
+a fastpar._C.CudaBackend and forwards CUDA tensors to it. all_reduce runs over
+CUDA IPC where every rank can map every peer's GPU and the tensor is at most
+FASTPAR_CUDA_IPC_MAX_BYTES (8 MiB by default); everything else runs on a
+ProcessGroupNCCL built here on the group's store. Ranks on several hosts use
+NCCL for all CUDA collectives (NCCL is hierarchical already). Without CUDA
+support, CUDA tensors get an error naming the alternative ("cpu:fastpar,cuda:nccl").
+
+torch calls the creator once for "fastpar" and "cpu:fastpar,cuda:fastpar"
+(every device maps to one backend name) and registers the one object for
+both devices; for "cpu:gloo,cuda:fastpar" it calls it for CUDA only. Either
+way the object returned serves CPU and CUDA tensors.
 """
 from __future__ import annotations
 
@@ -53,7 +66,30 @@ def _gloo(store, rank: int, size: int, timeout: datetime.timedelta):
     return dist.ProcessGroupGloo(store, rank, size, timeout)
 
 
-def create_backend(store, rank: int, size: int, timeout: datetime.timedelta, global_ranks=None):
+def cuda_supported() -> bool:
+    """Whether groups created now get fastpar's CUDA backend: a CUDA build of
+    fastpar, a visible GPU and a torch with NCCL (the fallback)."""
+    return bool(getattr(_C, "built_with_cuda", False)) and torch.cuda.is_available() and dist.is_nccl_available()
+
+
+def _cuda_backend(store, rank: int, size: int, timeout: datetime.timedelta, several_hosts: bool,
+                  global_ranks, backend_options=None, group_name=None):
+    """fastpar._C.CudaBackend over a ProcessGroupNCCL fallback with the
+    group's timeout, or None where CUDA is not supported."""
+    if not cuda_supported():
+        return None
+    opts = backend_options if isinstance(backend_options, dist.ProcessGroupNCCL.Options) else dist.ProcessGroupNCCL.Options()
+    opts._timeout = timeout
+    opts.global_ranks_in_group = list(global_ranks)
+    if group_name:
+        opts.group_name = group_name
+    nccl = dist.ProcessGroupNCCL(dist.PrefixStore("fastpar/nccl/", store), rank, size, opts)
+    ipc_off = "ranks span several hosts: CUDA collectives use NCCL, which is hierarchical already" if several_hosts else ""
+    return _C.CudaBackend(dist.PrefixStore("fastpar/cuda/", store), rank, size, _millis(timeout), nccl, ipc_off)
+
+
+def create_backend(store, rank: int, size: int, timeout: datetime.timedelta, global_ranks=None,
+                   backend_options=None, group_name=None):
     """Builds the backend for one group: `store` is the group's (prefixed) store."""
     hosts = _exchange_hosts(store, rank, size, timeout)
     order = list(dict.fromkeys(hosts))  # hosts in order of their lowest rank
@@ -61,8 +97,9 @@ def create_backend(store, rank: int, size: int, timeout: datetime.timedelta, glo
     local = [r for r in range(size) if hosts[r] == me]
     global_ranks = list(global_ranks) if global_ranks and len(global_ranks) == size else list(range(size))
     ms = _millis(timeout)
+    cuda = _cuda_backend(store, rank, size, timeout, len(order) > 1, global_ranks, backend_options, group_name)
     if len(order) == 1:
-        return _C.ShmBackend(store, rank, size, ms, local, global_ranks)
+        return _C.ShmBackend(store, rank, size, ms, local, global_ranks, cuda=cuda)
     leaders = [min(r for r in range(size) if hosts[r] == h) for h in order]
     leader_pg = None
     if rank in leaders:
@@ -70,7 +107,7 @@ def create_backend(store, rank: int, size: int, timeout: datetime.timedelta, glo
     world_pg = _gloo(dist.PrefixStore("fastpar/world/", store), rank, size, timeout)
     node_store = dist.PrefixStore(f"fastpar/host{order.index(me)}/", store)
     host_index = [order.index(h) for h in hosts]  # leader_pg rank of each rank's host
-    return _C.ShmBackend(node_store, rank, size, ms, local, global_ranks, leader_pg, world_pg, host_index)
+    return _C.ShmBackend(node_store, rank, size, ms, local, global_ranks, leader_pg, world_pg, host_index, cuda=cuda)
 
 
 def _create_from_options(dist_opts, backend_options=None):
@@ -81,16 +118,18 @@ def _create_from_options(dist_opts, backend_options=None):
         dist_opts.group_size,
         dist_opts.timeout,
         getattr(dist_opts, "global_ranks_in_group", None),
+        backend_options,
+        getattr(dist_opts, "group_id", None),
     )
 
 
 def register() -> None:
-    """Registers "fastpar" with torch.distributed (idempotent)."""
+    """Registers "fastpar" with torch.distributed for CPU and CUDA tensors (idempotent)."""
     if not dist.is_available():
         return
     if BACKEND_NAME.upper() in getattr(dist.Backend, "_plugins", {}):
         return
-    dist.Backend.register_backend(BACKEND_NAME, _create_from_options, extended_api=True, devices=["cpu"])
+    dist.Backend.register_backend(BACKEND_NAME, _create_from_options, extended_api=True, devices=["cpu", "cuda"])
 
 
 def get_fastpar_backend(group=None) -> _C.ShmBackend:

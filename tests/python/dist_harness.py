@@ -44,7 +44,7 @@ def child_env(extra: dict | None = None) -> dict:
     return env
 
 
-def launch(scenario: str, world: int, ranks=None, env=None, per_rank_env=None, args=(), port=None):
+def launch(scenario: str, world: int, ranks=None, env=None, per_rank_env=None, args=(), port=None, worker=WORKER):
     port = port or free_port()
     procs = {}
     for r in ranks if ranks is not None else range(world):
@@ -52,7 +52,7 @@ def launch(scenario: str, world: int, ranks=None, env=None, per_rank_env=None, a
         if per_rank_env:
             e.update(per_rank_env(r))
         procs[r] = subprocess.Popen(
-            [sys.executable, WORKER, scenario, str(r), str(world), str(port), *map(str, args)],
+            [sys.executable, worker, scenario, str(r), str(world), str(port), *map(str, args)],
             env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
     return procs

@@ -15,7 +15,7 @@ import time
 import torch
 import torch.distributed as dist
 
-import fastpar  # noqa: F401  registers the "fastpar" backend
+import fastpar  # registers the "fastpar" backend
 import fastpar.distributed as fd
 
 SCENARIO, RANK, WORLD, PORT = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
@@ -519,6 +519,71 @@ def sc_ddp():
     dist.destroy_process_group()
 
 
+def sc_device_backends():
+    """init_process_group(ARGS[0]) with fastpar registered for cpu and cuda, on
+    any machine: torch builds one fastpar object and registers it for CUDA (and
+    for CPU unless ARGS[0] names another CPU backend); CPU collectives are
+    right; tensors on a device fastpar does not serve are refused by name."""
+    spec = ARGS[0]
+    init(backend=spec)
+    pg = dist.group.WORLD
+    on_cuda = pg._get_backend(torch.device("cuda"))
+    assert isinstance(on_cuda, fastpar._C.ShmBackend), f"{spec}: CUDA backend is {type(on_cuda).__name__}"
+    if fd.cuda_supported():
+        assert isinstance(on_cuda.cuda_backend, fastpar._C.CudaBackend), type(on_cuda.cuda_backend)
+        assert on_cuda.cuda_backend.ipc_state == "not set up", on_cuda.cuda_backend.ipc_state
+    else:  # CPU-only build or no GPU: CUDA tensors get the error, as before
+        assert on_cuda.cuda_backend is None, on_cuda.cuda_backend
+    on_cpu = pg._get_backend(torch.device("cpu"))
+    if spec.startswith("cpu:gloo"):
+        assert isinstance(on_cpu, dist.ProcessGroupGloo), type(on_cpu)
+    else:
+        assert isinstance(on_cpu, fastpar._C.ShmBackend) and on_cpu.local_size == WORLD, type(on_cpu)
+    for dtype in (torch.float32, torch.bfloat16, torch.int64):
+        for n in (0, 5, 3001):
+            xs = [data(q, n, dtype) for q in range(WORLD)]
+            tag = f"{spec} {dtype} n={n}"
+            for op in (dist.ReduceOp.SUM, dist.ReduceOp.MAX):
+                t = xs[RANK].clone()
+                dist.all_reduce(t, op=op)
+                check(t, reference(xs, op, dtype), f"all_reduce {op} {tag}")
+            t = xs[RANK].clone()
+            dist.broadcast(t, src=WORLD - 1)
+            check(t, xs[WORLD - 1], f"broadcast {tag}")
+            out = [torch.empty(n, dtype=dtype) for _ in range(WORLD)]
+            dist.all_gather(out, xs[RANK])
+            for q in range(WORLD):
+                check(out[q], xs[q], f"all_gather [{q}] {tag}")
+    t = data(RANK, 64, torch.float32)
+    work = dist.all_reduce(t, async_op=True)
+    assert work.wait() is True
+    check(work.get_future().wait()[0], reference([data(q, 64, torch.float32) for q in range(WORLD)],
+                                                 dist.ReduceOp.SUM, torch.float32), f"{spec} async all_reduce")
+    dist.barrier()
+    # A device fastpar does not serve. Called on the backend object itself:
+    # torch's dispatcher answers collectives on meta tensors without calling
+    # any backend (dist.all_reduce(meta) returns at once, as for every backend).
+    meta = torch.empty(4, device="meta")
+    calls = {
+        "fastpar.all_reduce: tensors[0] is on device 'meta'": lambda: on_cuda.allreduce([meta]),
+        "fastpar.broadcast: tensors[0] is on device 'meta'": lambda: on_cuda.broadcast([meta]),
+        "fastpar.all_gather: input_tensors[0] is on device 'meta'":
+            lambda: on_cuda.allgather([[meta] * WORLD], [meta]),
+    }
+    for want, call in calls.items():
+        try:
+            call()
+        except ValueError as e:
+            assert want in str(e) and "handles CPU and CUDA tensors only" in str(e), f"{want!r} not in: {e}"
+        else:
+            raise AssertionError(f"no error; expected {want!r}")
+    t = torch.full((3,), float(RANK))
+    dist.all_reduce(t)  # still usable after the refusals
+    assert torch.all(t == sum(range(WORLD)))
+    print(f"{spec}: rank {RANK} ok", flush=True)
+    finish()
+
+
 def sc_suite():
     """Several scenarios in one process group (process start-up dominates the
     test time on a loaded 2-core machine): ARGS name them; allreduce_one_shot /
@@ -541,13 +606,16 @@ def sc_suite():
 
 
 def sc_torchrun():
-    """Run under torchrun (env://): the 'done when' smoke test."""
-    dist.init_process_group("fastpar", timeout=datetime.timedelta(seconds=TIMEOUT_S))
+    """Run under torchrun (env://): the 'done when' smoke test. ARGS[0], if
+    given, is the backend string (default "fastpar")."""
+    spec = ARGS[0] if ARGS else "fastpar"
+    dist.init_process_group(spec, timeout=datetime.timedelta(seconds=TIMEOUT_S))
     r, w = dist.get_rank(), dist.get_world_size()
     t = torch.full((4,), float(r))
     dist.all_reduce(t)
     assert torch.all(t == sum(range(w)))
-    assert dist.get_backend() == "fastpar"
+    assert dist.get_backend() == spec, dist.get_backend()
+    assert isinstance(dist.group.WORLD._get_backend(torch.device("cuda")), fastpar._C.ShmBackend)
     dist.destroy_process_group()
     print(f"torchrun rank {r} ok")
 

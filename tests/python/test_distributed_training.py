@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from dist_harness import ROOT, WORKER, assert_ok, child_env, free_port, run, shm_entries
 
 
@@ -32,10 +34,11 @@ def test_hierarchical_two_hosts_of_two():
     assert shm_entries() - before == set()
 
 
-def test_torchrun_env_init():
+@pytest.mark.parametrize("spec", ["fastpar", "cpu:fastpar,cuda:fastpar"])
+def test_torchrun_env_init(spec):
     before = shm_entries()
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", str(free_port()), WORKER, "torchrun", "0", "0", "0"]
+           "--master-port", str(free_port()), WORKER, "torchrun", "0", "0", "0", spec]
     p = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "torchrun rank 0 ok" in p.stdout and "torchrun rank 1 ok" in p.stdout

@@ -30,6 +30,7 @@ cudaError_t phase(IpcComm& c, IpcOp op, DType dt, ReduceOp rop, int64_t count, c
   a.self = control_of(c.bases[c.rank]);
   for (int q = 0; q < c.size; ++q) a.peers[q] = control_of(c.bases[q]);
   a.status = status_of(c.bases[c.rank]);
+  a.host_status = c.host_status;
   a.desc.seq = ++c.seq;
   a.desc.count = count;
   a.desc.aux = -1;

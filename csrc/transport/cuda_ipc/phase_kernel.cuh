@@ -38,6 +38,9 @@ __global__ void phase_kernel(PhaseArgs a) {
         flags::wait_and_check<DeviceMemory>(a.peers[q], a.desc, deadline, NoPoll{}, &theirs);
     if (s != flags::WaitStatus::kOk) {
       *a.status = uint32_t(s);
+      // The host polls this word without synchronizing (the c10d backend's
+      // Work::wait); the system-scope release in abort_rank orders it.
+      if (a.host_status) *static_cast<volatile uint32_t*>(a.host_status) = uint32_t(s);
       flags::abort_rank<DeviceMemory>(a.self, uint64_t(s));
       return;
     }

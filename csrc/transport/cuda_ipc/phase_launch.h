@@ -17,6 +17,7 @@ struct PhaseArgs {
   flags::ControlBlock* self;
   const flags::ControlBlock* peers[kMaxIpcRanks];  // peers[rank] is unused
   uint32_t* status;                                 // this rank's status word
+  uint32_t* host_status;                            // its host-mapped mirror, or null
   flags::OpDesc desc;
   int rank;
   int size;

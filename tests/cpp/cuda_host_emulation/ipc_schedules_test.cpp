@@ -7,7 +7,8 @@
 //     one-shot and two-shot, in and out of place, single- and multi-chunk
 //     messages, in one long sequence of calls (slot and descriptor rotation);
 //   * ranks that disagree on the call fail with kMismatch on every rank and
-//     do not hang, and a failed rank's later kernels leave outputs untouched.
+//     do not hang, a failed rank's later kernels leave outputs untouched,
+//     and the failure reaches the host-mapped status mirror.
 // Exit status 0 = every check passed.
 #include <algorithm>
 #include <atomic>
@@ -55,6 +56,7 @@ cudaError_t launch_phase(const PhaseArgs& a, cudaStream_t) {
     const flags::WaitStatus s = flags::wait_and_check<HostMemory>(a.peers[q], a.desc, deadline, NoPoll{}, &theirs);
     if (s != flags::WaitStatus::kOk) {
       *a.status = uint32_t(s);
+      if (a.host_status) *static_cast<volatile uint32_t*>(a.host_status) = uint32_t(s);
       flags::abort_rank<HostMemory>(a.self, uint64_t(s));
       return cudaSuccess;
     }
@@ -200,11 +202,13 @@ void check_mismatch(int n) {
   Arenas arenas(n, slot_bytes);
   std::vector<uint32_t> status(size_t(n), 0);
   std::vector<int> untouched(size_t(n), 0);
+  std::vector<uint32_t> mirror(size_t(n), 0);  // the host-mapped copy the c10d backend polls
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
       cuda_ipc::IpcComm c = comm_for(arenas, r, slot_bytes);
       c.timeout_ns = 2ull * 1000 * 1000 * 1000;
+      c.host_status = &mirror[size_t(r)];
       std::vector<float> in(100, 1.0f), out(100, -7.0f);
       if (r == 0) {
         cuda_ipc::allreduce_one_shot(c, DType::F32, ReduceOp::SUM, in.data(), out.data(), 100, nullptr);
@@ -226,6 +230,9 @@ void check_mismatch(int n) {
     expect(s == flags::WaitStatus::kMismatch || s == flags::WaitStatus::kPeerAborted, what);
     std::snprintf(what, sizeof(what), "mismatch: rank %d of %d wrote the output of a call after failing", r, n);
     expect(untouched[size_t(r)] != 0, what);
+    std::snprintf(what, sizeof(what), "mismatch: rank %d of %d host status mirror %u != status %u", r, n,
+                  mirror[size_t(r)], status[size_t(r)]);
+    expect(mirror[size_t(r)] == status[size_t(r)], what);
   }
 }
 

@@ -1,0 +1,126 @@
+// fastpar's c10d backend for CUDA tensors (compiled in CUDA builds only).
+//
+// all_reduce runs over CUDA IPC (transport/cuda_ipc: one-shot / two-shot,
+// kernels on the caller's current stream) when transport/cuda_ipc/route.h
+// says so; every other collective, and all_reduce when the route says
+// "fallback", goes to `fallback`, a ProcessGroupNCCL the Python creator
+// builds on the group's store (fastpar/distributed/backend.py).
+//
+// Setup is lazy, at the first CUDA all_reduce (a collective call, so every
+// rank sets up together, as NCCL creates its communicators): the tensor's
+// device becomes this rank's IPC device, then cuda_ipc_rendezvous.h probes
+// peer access and exchanges arena handles through the Store. IPC is on for
+// every rank or for none.
+//
+// Not registered with torch directly: ShmBackend (the "fastpar" backend torch
+// creates once for both devices) forwards calls on CUDA tensors here.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/extension.h>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "../transport/cuda_ipc/ipc_endpoint.h"
+
+namespace fastpar {
+namespace ops {
+
+class CudaBackend : public c10d::Backend {
+ public:
+  // `ipc_off_reason`: non-empty turns IPC off for the group (e.g. ranks on
+  // several hosts: CUDA then goes entirely to NCCL). Reads
+  // FASTPAR_CUDA_IPC_MAX_BYTES, FASTPAR_CUDA_IPC_SLOT_BYTES, FASTPAR_BLOCKING_WAIT.
+  CudaBackend(c10::intrusive_ptr<c10d::Store> store, int rank, int size, std::chrono::milliseconds timeout,
+              c10::intrusive_ptr<c10d::Backend> fallback, std::string ipc_off_reason);
+  ~CudaBackend() override;
+
+  const std::string getBackendName() const override { return "fastpar"; }
+  c10::intrusive_ptr<Options> getBackendOptions() override;
+  void setTimeout(std::chrono::milliseconds timeout) override;
+  void shutdown() override;
+  void abort() override;
+
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override;
+
+  // Everything below: the fallback backend, unchanged.
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                     const c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                     std::vector<at::Tensor>& inputs,
+                                                     const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                        std::vector<at::Tensor>& inputs, const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
+                                         std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                      const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& output_split_sizes,
+                                               std::vector<int64_t>& input_split_sizes,
+                                               const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+
+  // Diagnostics (Python properties): "not set up", "ipc on cuda:N", or
+  // "fallback: <reason>"; how many all_reduce calls took each route.
+  std::string ipc_state() const;
+  int64_t ipc_calls() const { return ipc_calls_; }
+  int64_t fallback_calls() const { return fallback_calls_; }
+  int64_t max_ipc_bytes() const { return max_ipc_bytes_; }
+  bool blocking_wait() const { return blocking_wait_; }
+  c10::intrusive_ptr<c10d::Backend> fallback() const { return fallback_; }
+
+ private:
+  void set_up(int device);  // the lazy, collective IPC setup (mu_ held)
+  void release_ipc(bool farewell) noexcept;
+
+  c10::intrusive_ptr<c10d::Store> store_;
+  c10::intrusive_ptr<c10d::Backend> fallback_;
+  std::chrono::milliseconds timeout_;
+  std::string ipc_off_reason_;
+  int64_t max_ipc_bytes_;
+  int64_t slot_bytes_;
+  bool blocking_wait_;
+
+  mutable std::mutex mu_;      // setup and the IPC communicator's state (phase numbers, slots)
+  bool set_up_ = false;
+  int device_ = -1;            // this rank's IPC device, from the first CUDA all_reduce
+  std::shared_ptr<cuda_ipc::IpcEndpoint> ep_;  // null: every all_reduce goes to the fallback
+  std::string why_not_;        // why ep_ is null, once set up
+  std::atomic<int64_t> ipc_calls_{0}, fallback_calls_{0};
+};
+
+// Adds fastpar._C.CudaBackend (CUDA builds only).
+void register_cuda_backend(pybind11::module& m);
+
+}  // namespace ops
+}  // namespace fastpar

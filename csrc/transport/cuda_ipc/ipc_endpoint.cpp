@@ -1,0 +1,131 @@
+#include "ipc_endpoint.h"
+
+#include "../../algorithms/flag_protocol.h"
+#include "../cuda_p2p/cuda_try.h"
+#include "ipc_handles.h"
+
+namespace fastpar {
+namespace cuda_ipc {
+
+const char* wait_status_text(uint32_t status) {
+  switch (flags::WaitStatus(status)) {
+    case flags::WaitStatus::kOk: return "ok";
+    case flags::WaitStatus::kTimeout: return "timed out waiting for a peer's flag";
+    case flags::WaitStatus::kPeerAborted: return "a peer aborted";
+    case flags::WaitStatus::kPeerDead: return "a peer died";
+    case flags::WaitStatus::kMismatch:
+      return "peers are in a different call (op, numel, dtype or algorithm differ)";
+  }
+  return "unknown failure";
+}
+
+IpcEndpoint::~IpcEndpoint() {
+  disconnect();
+  free_arena();
+}
+
+cudaError_t IpcEndpoint::create(int rank, int size, int device, size_t slot_bytes) {
+  if (created() || size < 1 || size > kMaxIpcRanks || rank < 0 || rank >= size || device < 0 || slot_bytes < 64)
+    return cudaErrorInvalidValue;
+  cuda_p2p::DeviceRestore restore;
+  FASTPAR_CUDA_TRY(cudaSetDevice(device));
+  // The mirror first: a failure after the arena exists would have to free it.
+  void* host = nullptr;
+  FASTPAR_CUDA_TRY(cudaHostAlloc(&host, sizeof(uint32_t), cudaHostAllocMapped));
+  *static_cast<volatile uint32_t*>(host) = 0;
+  void* dev_view = nullptr;
+  void* base = nullptr;
+  cudaError_t err = cudaHostGetDevicePointer(&dev_view, host, 0);
+  if (err == cudaSuccess) err = arena_alloc(slot_bytes, &base);
+  if (err != cudaSuccess) {
+    cudaFreeHost(host);
+    return err;
+  }
+  host_status_ = static_cast<uint32_t*>(host);
+  c_ = IpcComm{};
+  c_.rank = rank;
+  c_.size = size;
+  c_.device = device;
+  c_.slot_bytes = slot_bytes;
+  c_.bases[rank] = base;
+  c_.host_status = static_cast<uint32_t*>(dev_view);
+  return cudaSuccess;
+}
+
+cudaError_t IpcEndpoint::export_handle(cudaIpcMemHandle_t* handle) const {
+  if (!created()) return cudaErrorInvalidValue;
+  cuda_p2p::DeviceRestore restore;
+  FASTPAR_CUDA_TRY(cudaSetDevice(c_.device));
+  return cuda_ipc::export_handle(c_.bases[c_.rank], handle);
+}
+
+cudaError_t IpcEndpoint::connect(const cudaIpcMemHandle_t* handles) {
+  if (!created() || connected_) return cudaErrorInvalidValue;
+  cuda_p2p::DeviceRestore restore;
+  FASTPAR_CUDA_TRY(cudaSetDevice(c_.device));
+  for (int q = 0; q < c_.size; ++q) {
+    if (q == c_.rank) continue;
+    const cudaError_t err = open_handle(handles[q], &c_.bases[q]);
+    if (err != cudaSuccess) {
+      c_.bases[q] = nullptr;
+      for (int p = 0; p < q; ++p) {
+        if (p == c_.rank || !c_.bases[p]) continue;
+        close_handle(c_.bases[p]);
+        c_.bases[p] = nullptr;
+      }
+      return err;
+    }
+  }
+  connected_ = true;
+  return cudaSuccess;
+}
+
+cudaError_t IpcEndpoint::disconnect() {
+  if (!connected_) return cudaSuccess;
+  cuda_p2p::DeviceRestore restore;
+  FASTPAR_CUDA_TRY(cudaSetDevice(c_.device));
+  // Work enqueued on any stream of this device may still read the mappings.
+  FASTPAR_CUDA_TRY(cudaDeviceSynchronize());
+  connected_ = false;
+  cudaError_t first = cudaSuccess;
+  for (int q = 0; q < c_.size; ++q) {
+    if (q == c_.rank || !c_.bases[q]) continue;
+    const cudaError_t err = close_handle(c_.bases[q]);
+    if (first == cudaSuccess) first = err;
+    c_.bases[q] = nullptr;
+  }
+  return first;
+}
+
+cudaError_t IpcEndpoint::free_arena() {
+  if (!created()) return cudaSuccess;
+  cuda_p2p::DeviceRestore restore;
+  FASTPAR_CUDA_TRY(cudaSetDevice(c_.device));
+  // Our own kernels write the arena and the mirror.
+  FASTPAR_CUDA_TRY(cudaDeviceSynchronize());
+  void* own = c_.bases[c_.rank];
+  c_.bases[c_.rank] = nullptr;
+  const cudaError_t err = arena_free(own);
+  cudaFreeHost(host_status_);
+  host_status_ = nullptr;
+  c_.host_status = nullptr;
+  return err;
+}
+
+void IpcEndpoint::abandon_arena() {
+  if (!created()) return;
+  cuda_p2p::DeviceRestore restore;
+  if (cudaSetDevice(c_.device) == cudaSuccess && cudaDeviceSynchronize() == cudaSuccess) {
+    cudaFreeHost(host_status_);
+  }  // else the device is broken: leave the mirror too
+  c_.bases[c_.rank] = nullptr;
+  host_status_ = nullptr;
+  c_.host_status = nullptr;
+}
+
+uint32_t IpcEndpoint::host_status() const {
+  return host_status_ ? __atomic_load_n(host_status_, __ATOMIC_ACQUIRE) : 0u;
+}
+
+}  // namespace cuda_ipc
+}  // namespace fastpar

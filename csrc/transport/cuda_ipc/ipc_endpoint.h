@@ -1,0 +1,71 @@
+// One process's end of a CUDA IPC communicator: its arena (ipc_arena.h), the
+// host-mapped mirror of its status word, and its mappings of the peers'
+// arenas. Used by both front ends, torch.classes.fastpar.CudaIpcComm
+// (csrc/ops/cuda_ipc_comm.cpp) and the c10d backend (csrc/ops/cuda_backend.cpp);
+// they differ only in how handles travel (Python through a Store, C++ through
+// a c10d::Store) and in when it is safe to free.
+//
+// Lifecycle: create() -> export_handle() -> (exchange) -> connect(handles)
+// -> allreduce_one_shot / allreduce_two_shot on comm() -> disconnect() ->
+// free_arena(). Peers read this rank's arena until they have finished their
+// own last collective, so free_arena() must follow a barrier with them;
+// where no barrier is possible, abandon_arena() leaves the allocation to the
+// driver, which frees it when the process exits.
+//
+// Torch-free: every function returns the first cudaError_t it meets and makes
+// the endpoint's device current for the call only.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "allreduce_ipc.h"
+
+namespace fastpar {
+namespace cuda_ipc {
+
+// Human words for a flags::WaitStatus stored in a status word.
+const char* wait_status_text(uint32_t status);
+
+class IpcEndpoint {
+ public:
+  IpcEndpoint() = default;
+  // Best effort: disconnect() and free_arena(); errors cannot leave a destructor.
+  ~IpcEndpoint();
+  IpcEndpoint(const IpcEndpoint&) = delete;
+  IpcEndpoint& operator=(const IpcEndpoint&) = delete;
+
+  // Allocates the arena (slot_bytes per slot) on `device` and the pinned
+  // host status mirror. rank/size as in IpcComm; size <= kMaxIpcRanks.
+  cudaError_t create(int rank, int size, int device, size_t slot_bytes);
+  cudaError_t export_handle(cudaIpcMemHandle_t* handle) const;
+  // Maps every peer's arena; handles[q] is rank q's (handles[rank] is not
+  // read). On failure the mappings made so far are undone.
+  cudaError_t connect(const cudaIpcMemHandle_t* handles);
+  // Waits for all work on the device (any stream may still read a mapping),
+  // then unmaps the peers' arenas.
+  cudaError_t disconnect();
+  // Frees the own arena and the status mirror: only once no peer reads it.
+  cudaError_t free_arena();
+  // Forgets the own arena without freeing it (see above); frees the mirror
+  // only after the device is idle.
+  void abandon_arena();
+
+  bool created() const { return c_.bases[c_.rank] != nullptr; }
+  bool connected() const { return connected_; }
+  IpcComm& comm() { return c_; }
+  const IpcComm& comm() const { return c_; }
+  // The failure a phase kernel recorded (0: none), read without synchronizing:
+  // it lags the device by the kernels still queued.
+  uint32_t host_status() const;
+
+ private:
+  IpcComm c_;
+  uint32_t* host_status_ = nullptr;  // host address of c_.host_status
+  bool connected_ = false;
+};
+
+}  // namespace cuda_ipc
+}  // namespace fastpar
