@@ -20,7 +20,7 @@ import os
 import sys
 import time
 
-from launch import run_ranks
+from launch import add_rank_options, run_or_launch
 
 
 
@@ -183,7 +183,7 @@ def report(rows, n: int, args) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ranks", type=int, default=2, help="processes (2 to 8)")
+    add_rank_options(p)
     p.add_argument("--min-bytes", type=int, default=4)
     p.add_argument("--max-bytes", type=int, default=256 << 20)
     p.add_argument("--max-iters", type=int, default=20000)
@@ -197,17 +197,10 @@ def main() -> None:
     p.add_argument("--schedules", action="store_true",
                    help="also time fastpar's one-shot and two-shot schedules forced (one-shot only up to "
                         "FASTPAR_SHM_SLOT_BYTES)")
-    p.add_argument("--rank", type=int, default=-1, help=argparse.SUPPRESS)
-    p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.repeats is None:
         args.repeats = 1 if args.quick else 3
-    if not 2 <= args.ranks <= 8:
-        p.error(f"--ranks is {args.ranks} but must be between 2 and 8")
-    if args.rank >= 0:
-        worker(args)
-        return
-    run_ranks(__file__, sys.argv[1:], args.ranks)
+    run_or_launch(p, args, worker, __file__)
 
 
 if __name__ == "__main__":

@@ -21,10 +21,9 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import sys
 import time
 
-from launch import run_ranks
+from launch import add_rank_options, run_or_launch
 
 
 def worker(args) -> None:
@@ -89,19 +88,12 @@ def report(rows: dict, args) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ranks", type=int, default=2, help="processes (2 to 8)")
+    add_rank_options(p)
     p.add_argument("--bytes", type=int, default=4096, help="message size (rounded down to float32 elements)")
     p.add_argument("--iters", type=int, default=20000, help="calls per timed run (gloo: 1/100 of it)")
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--rank", type=int, default=-1, help=argparse.SUPPRESS)
-    p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args()
-    if not 2 <= args.ranks <= 8:
-        p.error(f"--ranks is {args.ranks} but must be between 2 and 8")
-    if args.rank >= 0:
-        worker(args)
-        return
-    run_ranks(__file__, sys.argv[1:], args.ranks)
+    run_or_launch(p, args, worker, __file__)
 
 
 if __name__ == "__main__":

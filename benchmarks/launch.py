@@ -4,6 +4,7 @@ the TCPStore) and the same arguments, with one intra-op thread per rank so
 ranks do not fight over cores."""
 from __future__ import annotations
 
+import argparse
 import os
 import socket
 import subprocess
@@ -31,3 +32,21 @@ def run_ranks(script: str, argv: list[str], ranks: int) -> None:
     rc = [q.wait() for q in procs]
     if any(rc):
         sys.exit(f"benchmark ranks exited with {rc}")
+
+
+def add_rank_options(p: argparse.ArgumentParser) -> None:
+    """--ranks for users; --rank/--port (hidden) for the processes run_ranks starts."""
+    p.add_argument("--ranks", type=int, default=2, help="processes (2 to 8)")
+    p.add_argument("--rank", type=int, default=-1, help=argparse.SUPPRESS)
+    p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+
+
+def run_or_launch(p: argparse.ArgumentParser, args, worker, script: str) -> None:
+    """In a started rank (--rank given): run `worker(args)`. Otherwise start
+    --ranks processes of `script` with this command line."""
+    if not 2 <= args.ranks <= 8:
+        p.error(f"--ranks is {args.ranks} but must be between 2 and 8")
+    if args.rank >= 0:
+        worker(args)
+    else:
+        run_ranks(script, sys.argv[1:], args.ranks)
