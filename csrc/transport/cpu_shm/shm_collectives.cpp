@@ -41,8 +41,20 @@ int64_t env_int(const char* name, int64_t dflt) {
 
 }  // namespace
 
+// The zero-copy schedule for registered buffers saves the copy-in but not
+// the traffic between cores, which is what bounds a 2-rank allreduce on our
+// 2-core CI machine; there it measured (bench_distributed.py, 3 runs,
+// registered schedule / copying schedule, time ratio; > 1: registered slower)
+//   1 MiB 1.5-1.6   4 MiB 1.08-1.18   16 MiB 0.96-1.0   64-256 MiB 1.0-1.05
+// (a profile puts 42% of the 1 MiB case in its copy-out: likely because every
+// rank there writes lines its peer has just read, still in the peer's L2;
+// the copying schedule writes private memory and rotating slots). So it
+// starts at 16 MiB; FASTPAR_SHM_REGISTERED_MIN_BYTES moves the line (0: always).
+constexpr int64_t kRegisteredMinBytes = int64_t(16) << 20;
+
 ShmTuning default_shm_tuning() {
-  ShmTuning t{env_int("FASTPAR_SHM_ONESHOT_MAX_BYTES", -1), AllreduceAlgo::kAuto};
+  ShmTuning t{env_int("FASTPAR_SHM_ONESHOT_MAX_BYTES", -1), AllreduceAlgo::kAuto,
+              env_int("FASTPAR_SHM_REGISTERED_MIN_BYTES", kRegisteredMinBytes)};
   const char* a = std::getenv("FASTPAR_SHM_ALLREDUCE");
   const std::string s = a ? a : "auto";
   if (s == "one_shot") t.algo = AllreduceAlgo::kOneShot;
@@ -55,7 +67,7 @@ ShmTuning default_shm_tuning() {
 
 void allreduce(ShmComm& c, const ShmTuning& t, const void* in, void* out, int64_t count, DType dt, ReduceOp op) {
   const int64_t bytes = count * dtype_size(dt);
-  const int64_t reg = (in == out) ? c.arena_offset(in, bytes) : -1;
+  const int64_t reg = (in == out && bytes >= t.registered_min_bytes) ? c.arena_offset(in, bytes) : -1;
   const int64_t one_shot_max = t.one_shot_max_bytes >= 0 ? t.one_shot_max_bytes : default_one_shot_max(c.size());
   bool one_shot = bytes <= std::min(one_shot_max, c.slot_bytes());
   if (t.algo == AllreduceAlgo::kOneShot) one_shot = bytes <= c.slot_bytes();

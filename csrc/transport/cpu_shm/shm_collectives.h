@@ -19,6 +19,10 @@ struct ShmTuning {
   // the measured default for the communicator's size.
   int64_t one_shot_max_bytes;
   AllreduceAlgo algo;
+  // Registered buffers at least this large take the zero-copy schedule
+  // (allreduce_registered); smaller ones run the copying schedules in place,
+  // which measured faster for them (see shm_collectives.cpp).
+  int64_t registered_min_bytes;
 };
 
 // Defaults (measured, see shm_collectives.cpp), overridable by
