@@ -3,7 +3,8 @@
 fastpar.DistributedDataParallel and fastpar.comm_hook allocate every flat
 bucket through ``allocate_bucket_storage``. When the process group runs the
 fastpar backend, buckets are ``fastpar.distributed.registered_empty`` tensors
-(placed in the backend's shared memory, so all_reduce needs no copy in;
+(placed in the backend's shared memory, so an all_reduce of 16 MiB or more
+needs no copy in;
 allocating one is collective over the group, so every rank must allocate the
 same buckets in the same order); otherwise, as on gloo or NCCL, they are
 ordinary zero-filled tensors. Either way the result is a plain

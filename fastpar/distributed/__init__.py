@@ -15,7 +15,8 @@ torch.distributed calls run on fastpar:
   get an error (use "cpu:fastpar,cuda:nccl"). Details: docs/cuda.md.
 
 registered_empty(shape, dtype, group) allocates a tensor inside this rank's
-shared segment: all_reduce on it skips the copy into shared memory.
+shared segment: all_reduce on it (16 MiB or more, FASTPAR_SHM_REGISTERED_MIN_BYTES)
+skips the copy into shared memory.
 """
 from .backend import (
     SEGMENT_PREFIX,
