@@ -83,14 +83,14 @@ def worker(args) -> None:
         dist.all_reduce(dt, op=dist.ReduceOp.MAX, group=gloo)
         return dt.item()
 
+    be = fd.get_fastpar_backend()
+    default_one_shot = int(os.environ.get("FASTPAR_SHM_ONESHOT_MAX_BYTES", -1))
     rows = []
     for nbytes in sizes(args.min_bytes, args.max_bytes, args.quick):
         count = max(1, nbytes // 4)
         plain = torch.ones(count, dtype=torch.float32)
         reg = fd.registered_empty((count,), torch.float32)
         reg.fill_(1.0)
-        be = fd.get_fastpar_backend()
-        default_one_shot = int(os.environ.get("FASTPAR_SHM_ONESHOT_MAX_BYTES", -1))
         # (name, call, group, schedule): schedule forces fastpar's allreduce
         # algorithm for that entry (0 = auto), to place the auto threshold.
         kinds = [("gloo", lambda: dist.all_reduce(plain, group=gloo), gloo, 0),

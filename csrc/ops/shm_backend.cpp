@@ -80,6 +80,20 @@ void check_list(const char* op, const char* arg, const std::vector<at::Tensor>& 
   }
 }
 
+// gather's output lists / scatter's input lists (`arg`, `what` in words): on
+// the root exactly one list of a tensor per rank, each like `ref`; elsewhere none.
+void check_root_lists(const char* op, const char* arg, const char* what,
+                      const std::vector<std::vector<at::Tensor>>& lists, int rank, int root, int size,
+                      const std::string& ref_name, const at::Tensor& ref) {
+  if (rank == root) {
+    check_single(op, arg, lists.size());
+    check_list(op, (std::string(arg) + "[0]").c_str(), lists[0], size_t(size), ref_name, ref, ref.numel());
+  } else {
+    TORCH_CHECK_VALUE(lists.empty() || (lists.size() == 1 && lists[0].empty()), "fastpar.", op, ": rank ", rank,
+                      " is not the root (", root, ") and must pass no ", what, ", got ", lists.size(), " lists");
+  }
+}
+
 ReduceOp reduce_op(const char* op, const c10d::ReduceOp& r, const std::string& name, const at::Tensor& t) {
   const int v = int(r.op_);
   TORCH_CHECK_VALUE(v >= 0 && v <= 4, "fastpar.", op, ": op ReduceOp value ", v,
@@ -247,15 +261,8 @@ c10::intrusive_ptr<c10d::Work> ShmBackend::gather(std::vector<std::vector<at::Te
   check_single("gather", "input_tensors", inputs.size());
   const DType dt = check_tensor("gather", "input_tensors[0]", inputs[0]);
   const int root = local_root("gather", opts.rootRank);
-  if (getRank() == root) {
-    check_single("gather", "output_tensors", outputs.size());
-    check_list("gather", "output_tensors[0]", outputs[0], size_t(getSize()), "input_tensors[0]", inputs[0],
-               inputs[0].numel());
-  } else {
-    TORCH_CHECK_VALUE(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()), "fastpar.gather: rank ",
-                      getRank(), " is not the root (", root, ") and must pass no output tensors, got ",
-                      outputs.size(), " lists");
-  }
+  check_root_lists("gather", "output_tensors", "output tensors", outputs, getRank(), root, getSize(),
+                   "input_tensors[0]", inputs[0]);
   if (world_) return world_->gather(outputs, inputs, opts);
   auto g = start(opts.timeout);
   std::vector<void*> outs;
@@ -273,15 +280,8 @@ c10::intrusive_ptr<c10d::Work> ShmBackend::scatter(std::vector<at::Tensor>& outp
   check_single("scatter", "output_tensors", outputs.size());
   const DType dt = check_tensor("scatter", "output_tensors[0]", outputs[0]);
   const int root = local_root("scatter", opts.rootRank);
-  if (getRank() == root) {
-    check_single("scatter", "input_tensors", inputs.size());
-    check_list("scatter", "input_tensors[0]", inputs[0], size_t(getSize()), "output_tensors[0]", outputs[0],
-               outputs[0].numel());
-  } else {
-    TORCH_CHECK_VALUE(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()), "fastpar.scatter: rank ",
-                      getRank(), " is not the root (", root, ") and must pass no input tensors, got ",
-                      inputs.size(), " lists");
-  }
+  check_root_lists("scatter", "input_tensors", "input tensors", inputs, getRank(), root, getSize(),
+                   "output_tensors[0]", outputs[0]);
   if (world_) return world_->scatter(outputs, inputs, opts);
   auto g = start(opts.timeout);
   std::vector<const void*> ins;

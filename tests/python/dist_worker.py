@@ -254,7 +254,21 @@ def sc_bad_input():
     expect(lambda: dist.all_to_all_single(torch.empty(WORLD + 1), torch.ones(WORLD + 1)),
            f"has {WORLD + 1} rows, which do not split evenly over {WORLD} ranks")
     expect(lambda: fd.registered_empty((-1,), torch.float32), "shape[0] is -1")
-    assert len(errors) == 10
+    # gather's / scatter's per-rank lists: the root passes one tensor per rank
+    # (every rank is the root of its own call here), the others none.
+    three = torch.ones(3)
+    expect(lambda: dist.gather(three, [torch.empty(3)] * (WORLD + 1), dst=RANK),
+           f"fastpar.gather: output_tensors[0] has {WORLD + 1} tensors but the group has {WORLD} ranks")
+    expect(lambda: dist.scatter(torch.empty(3), [three] * (WORLD - 1), src=RANK),
+           f"fastpar.scatter: input_tensors[0] has {WORLD - 1} tensors but the group has {WORLD} ranks")
+    be, other = fd.get_fastpar_backend(), (RANK + 1) % WORLD
+    gopts, sopts = dist.GatherOptions(), dist.ScatterOptions()
+    gopts.rootRank = sopts.rootRank = other
+    expect(lambda: be.gather([[torch.empty(3)] * WORLD], [three], gopts),
+           f"fastpar.gather: rank {RANK} is not the root ({other}) and must pass no output tensors, got 1 lists")
+    expect(lambda: be.scatter([torch.empty(3)], [[three] * WORLD], sopts),
+           f"fastpar.scatter: rank {RANK} is not the root ({other}) and must pass no input tensors, got 1 lists")
+    assert len(errors) == 14
     t = torch.full((5,), float(RANK))
     dist.all_reduce(t)
     assert torch.all(t == sum(range(WORLD)))
