@@ -10,6 +10,7 @@
 
 #include "../transport/cuda_ipc/allreduce_ipc.h"
 #include "../transport/cuda_ipc/route.h"
+#include "call_timeout.h"
 #include "checks.h"
 #include "cuda_ipc_rendezvous.h"
 #include "cuda_ipc_work.h"
@@ -34,9 +35,6 @@ bool env_flag(const char* name) {
   return true;
 }
 
-std::chrono::milliseconds pick(std::chrono::milliseconds opt, std::chrono::milliseconds dflt) {
-  return opt.count() > 0 ? opt : dflt;
-}
 
 // The teardown barrier waits this long at most: peers that are not there by
 // then are gone or stuck, and the arena is left to the driver instead.
@@ -167,7 +165,7 @@ c10::intrusive_ptr<c10d::Work> CudaBackend::allreduce(std::vector<at::Tensor>& t
     return fallback_->allreduce(tensors, opts);
   }
 
-  const std::chrono::milliseconds timeout = pick(opts.timeout, timeout_);
+  const std::chrono::milliseconds timeout = call_timeout(opts.timeout, timeout_);
   // A failure recorded by an earlier call makes the communicator unusable:
   // its phase numbers no longer match the peers'.
   throw_if_ipc_failed(*ep_, "all_reduce", getRank(), timeout);

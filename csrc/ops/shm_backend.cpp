@@ -6,6 +6,7 @@
 
 #include <numeric>
 
+#include "call_timeout.h"
 #include "checks.h"
 #include "transport_errors.h"
 
@@ -103,9 +104,6 @@ ReduceOp reduce_op(const char* op, const c10d::ReduceOp& r, const std::string& n
   return rop;
 }
 
-std::chrono::milliseconds pick(std::chrono::milliseconds opt, std::chrono::milliseconds dflt) {
-  return opt.count() > 0 ? opt : dflt;
-}
 
 // Elements in `rows` rows of a tensor whose first dimension is dim0.
 int64_t row_elems(const at::Tensor& t) { return t.dim() == 0 || t.size(0) == 0 ? 0 : t.numel() / t.size(0); }
@@ -155,7 +153,7 @@ c10::intrusive_ptr<c10d::Backend::Options> ShmBackend::getBackendOptions() {
 
 std::unique_lock<std::mutex> ShmBackend::start(std::chrono::milliseconds t) {
   std::unique_lock<std::mutex> g(mu_);
-  comm_->set_timeout(pick(t, timeout_));
+  comm_->set_timeout(call_timeout(t, timeout_));
   ++calls_;
   return g;
 }
@@ -417,7 +415,7 @@ c10::intrusive_ptr<c10d::Work> ShmBackend::barrier(const c10d::BarrierOptions& o
   if (world_) {
     if (leaders_) {
       c10d::BarrierOptions o;
-      o.timeout = pick(opts.timeout, timeout_);
+      o.timeout = call_timeout(opts.timeout, timeout_);
       leaders_->barrier(o)->wait();
     }
     FASTPAR_RUN(cpu_shm::barrier(*comm_));

@@ -135,7 +135,6 @@ class ShmBackend : public c10d::Backend {
   // Hierarchical schedules (shm_backend_hierarchical.cpp), called with
   // checked arguments when ranks span several hosts.
   void init_hosts(std::vector<int> hosts);
-  std::chrono::milliseconds leader_timeout(std::chrono::milliseconds t) const;
   c10::intrusive_ptr<c10d::Work> hier_allreduce(at::Tensor& t, DType dt, ReduceOp op,
                                                 const c10d::AllreduceOptions& opts);
   c10::intrusive_ptr<c10d::Work> hier_broadcast(std::vector<at::Tensor>& tensors, DType dt,

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "call_timeout.h"
 #include "checks.h"
 #include "shm_backend.h"
 #include "transport_errors.h"
@@ -63,10 +64,6 @@ void ShmBackend::init_hosts(std::vector<int> hosts) {
     for (int r : rs) hosts_contiguous_ = hosts_contiguous_ && r == next++;
 }
 
-std::chrono::milliseconds ShmBackend::leader_timeout(std::chrono::milliseconds t) const {
-  return t.count() > 0 ? t : timeout_;
-}
-
 // shm reduce to the leader -> gloo allreduce among leaders -> shm broadcast.
 c10::intrusive_ptr<c10d::Work> ShmBackend::hier_allreduce(at::Tensor& t, DType dt, ReduceOp op,
                                                           const c10d::AllreduceOptions& opts) {
@@ -76,7 +73,7 @@ c10::intrusive_ptr<c10d::Work> ShmBackend::hier_allreduce(at::Tensor& t, DType d
   if (leaders_) {
     c10d::AllreduceOptions o;
     o.reduceOp = wire_op(op, opts.reduceOp);
-    o.timeout = leader_timeout(opts.timeout);
+    o.timeout = call_timeout(opts.timeout, timeout_);
     std::vector<at::Tensor> v{t};
     leaders_->allreduce(v, o)->wait();
     if (op == ReduceOp::AVG) t.div_(getSize());
@@ -99,7 +96,7 @@ c10::intrusive_ptr<c10d::Work> ShmBackend::hier_broadcast(std::vector<at::Tensor
     if (!leaders_) return;
     c10d::BroadcastOptions o;
     o.rootRank = root_host;
-    o.timeout = leader_timeout(opts.timeout);
+    o.timeout = call_timeout(opts.timeout, timeout_);
     std::vector<at::Tensor> v{bytes_of(t)};
     leaders_->broadcast(v, o)->wait();
   };
@@ -133,7 +130,7 @@ c10::intrusive_ptr<c10d::Work> ShmBackend::hier_reduce(std::vector<at::Tensor>& 
     c10d::ReduceOptions o;
     o.reduceOp = wire_op(op, opts.reduceOp);
     o.rootRank = root_host;
-    o.timeout = leader_timeout(opts.timeout);
+    o.timeout = call_timeout(opts.timeout, timeout_);
     std::vector<at::Tensor> v{buf};
     leaders_->reduce(v, o)->wait();
   };
@@ -218,7 +215,7 @@ c10::intrusive_ptr<c10d::Work> ShmBackend::hier_allgather(std::vector<at::Tensor
   {
     auto g = start(opts.timeout);
     ++hier_calls_;
-    hier_allgather_bytes(bytes_of(input), flat, dt, leader_timeout(opts.timeout));
+    hier_allgather_bytes(bytes_of(input), flat, dt, call_timeout(opts.timeout, timeout_));
   }
   for (int q = 0; q < getSize(); ++q)
     if (B) std::memcpy(outputs[q].data_ptr(), ptr(flat, q * B), size_t(B));
@@ -229,7 +226,7 @@ c10::intrusive_ptr<c10d::Work> ShmBackend::hier_allgather_base(at::Tensor& outpu
                                                                DType dt, const c10d::AllgatherOptions& opts) {
   auto g = start(opts.timeout);
   ++hier_calls_;
-  hier_allgather_bytes(bytes_of(input), bytes_of(output), dt, leader_timeout(opts.timeout));
+  hier_allgather_bytes(bytes_of(input), bytes_of(output), dt, call_timeout(opts.timeout, timeout_));
   return done(c10d::OpType::_ALLGATHER_BASE, {output});
 }
 
@@ -267,7 +264,7 @@ c10::intrusive_ptr<c10d::Work> ShmBackend::hier_reduce_scatter_base(at::Tensor& 
   at::Tensor mine = at::empty({per_host}, output.options());
   c10d::ReduceScatterOptions o;
   o.reduceOp = wire_op(op, opts.reduceOp);
-  o.timeout = leader_timeout(opts.timeout);
+  o.timeout = call_timeout(opts.timeout, timeout_);
   leaders_->_reduce_scatter_base(mine, host_major, o)->wait();
   if (op == ReduceOp::AVG) mine.narrow(0, 0, nl * count).div_(getSize());
   std::vector<const void*> ins(nl);
