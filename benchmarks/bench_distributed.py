@@ -5,6 +5,13 @@ fastpar registered buffers.
     python benchmarks/bench_distributed.py                 # 2 ranks, 4 B .. 256 MiB
     python benchmarks/bench_distributed.py --quick         # < 1 min
     python benchmarks/bench_distributed.py --ranks 4 --csv out.csv --plot out.png
+    python benchmarks/bench_distributed.py --groups 12 --quick   # run-to-run spread
+
+--groups G runs the sweep in G fresh process groups, one after another (new
+processes, new shared-memory segments), and reports min / median / max of
+each point over the groups, plus what each group's ranks saw of the
+scheduler (CPUs they ran on, migrations, involuntary context switches, page
+faults), so a slow group can be told apart from a slow machine.
 
 time is per call (the slowest rank's mean), algbw = bytes / time,
 busbw = algbw * 2(n-1)/n (the bytes each rank's link must carry in any
@@ -16,12 +23,14 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime
+import json
 import os
+import statistics
 import sys
+import tempfile
 import time
 
-from launch import add_rank_options, run_or_launch
-
+from launch import add_rank_options, run_or_launch, run_ranks
 
 
 def human(b: int) -> str:
@@ -42,6 +51,29 @@ def sizes(lo: int, hi: int, quick: bool) -> list[int]:
 
 
 # ------------------------------------------------------------------ worker
+
+
+def sched_stats() -> dict:
+    """This process's view of the scheduler: the CPU it is on, migrations
+    between CPUs, involuntary context switches, minor page faults."""
+    import resource
+
+    out = {"cpu": -1, "migrations": -1, "nonvol_switches": -1,
+           "minor_faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt}
+    try:
+        with open("/proc/self/stat") as f:
+            out["cpu"] = int(f.read().rsplit(")", 1)[1].split()[36])  # field 39: processor
+        with open("/proc/self/sched") as f:
+            for line in f:
+                if line.startswith("se.nr_migrations"):
+                    out["migrations"] = int(line.split(":")[1])
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("nonvoluntary_ctxt_switches"):
+                    out["nonvol_switches"] = int(line.split(":")[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return out
 
 
 def worker(args) -> None:
@@ -84,6 +116,8 @@ def worker(args) -> None:
         return dt.item()
 
     be = fd.get_fastpar_backend()
+    before = sched_stats()
+    cpus = set()
     default_one_shot = int(os.environ.get("FASTPAR_SHM_ONESHOT_MAX_BYTES", -1))
     rows = []
     for nbytes in sizes(args.min_bytes, args.max_bytes, args.quick):
@@ -112,12 +146,22 @@ def worker(args) -> None:
                 if algo:
                     be._set_allreduce_tuning(default_one_shot, 0)
                 row[name] = min(row.get(name, float("inf")), t)
+                cpus.add(sched_stats()["cpu"])
         del reg
         rows.append(row)
         if rank == 0:
             print(f"  measured {human(row['bytes'])}", file=sys.stderr, flush=True)
+    after = sched_stats()
+    mine = {k: after[k] - before[k] for k in ("migrations", "nonvol_switches", "minor_faults")}
+    mine["cpus"] = sorted(cpus)
+    seen = [None] * n
+    dist.all_gather_object(seen, mine, group=gloo)
     if rank == 0:
-        report(rows, n, args)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"rows": rows, "ranks": seen}, f)
+        else:
+            report(rows, n, args)
     dist.destroy_process_group()
 
 
@@ -178,6 +222,40 @@ def report(rows, n: int, args) -> None:
         print(f"wrote {args.plot}")
 
 
+def report_groups(groups: list, n: int, args) -> None:
+    """min / median / max over fresh groups of each point's time, and each
+    group's scheduler figures."""
+    kinds = [k for k in ("gloo", "fastpar", "fastpar_registered", "nccl") if k in groups[0]["rows"][0]]
+    print(f"\nallreduce float32 SUM, {n} ranks, {len(groups)} fresh groups: us per call "
+          f"(slowest rank's mean, best of {args.repeats} in each group), min / median / max over groups")
+    print(f"{'size':>9} " + " ".join(f"{k:>30}" for k in kinds) + f" {'fastpar max/min':>16}")
+    out = []
+    for i, r0 in enumerate(groups[0]["rows"]):
+        line = f"{human(r0['bytes']):>9} "
+        rec = {"bytes": r0["bytes"], "ranks": n, "groups": len(groups)}
+        for k in kinds:
+            ts = sorted(g["rows"][i][k] * 1e6 for g in groups)
+            lo, med, hi = ts[0], statistics.median(ts), ts[-1]
+            rec.update({f"{k}_min_us": lo, f"{k}_median_us": med, f"{k}_max_us": hi})
+            line += f"{lo:>9.1f} / {med:>8.1f} / {hi:>8.1f} "
+        rec["fastpar_max_over_min"] = rec["fastpar_max_us"] / rec["fastpar_min_us"]
+        line += f"{rec['fastpar_max_over_min']:>16.2f}"
+        print(line)
+        out.append(rec)
+    print("\nper group: fastpar us at the largest size; each rank's CPUs / migrations / involuntary "
+          "context switches / minor page faults during the sweep")
+    for g_i, g in enumerate(groups):
+        ranks = "  ".join(f"r{r}: cpus {s['cpus']} mig {s['migrations']} invol {s['nonvol_switches']} "
+                          f"flt {s['minor_faults']}" for r, s in enumerate(g["ranks"]))
+        print(f"  group {g_i:>2}: {g['rows'][-1]['fastpar'] * 1e6:>10.1f} us   {ranks}")
+    if args.csv:
+        with open(args.csv, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(out[0]))
+            w.writeheader()
+            w.writerows(out)
+        print(f"wrote {args.csv}")
+
+
 # ------------------------------------------------------------------ launcher
 
 
@@ -197,9 +275,23 @@ def main() -> None:
     p.add_argument("--schedules", action="store_true",
                    help="also time fastpar's one-shot and two-shot schedules forced (one-shot only up to "
                         "FASTPAR_SHM_SLOT_BYTES)")
+    p.add_argument("--groups", type=int, default=1,
+                   help="run the sweep in this many fresh process groups and report min / median / max")
+    p.add_argument("--json", default=None, help=argparse.SUPPRESS)  # one group's raw results (set by --groups)
     args = p.parse_args()
     if args.repeats is None:
         args.repeats = 1 if args.quick else 3
+    if args.groups > 1 and args.rank < 0:
+        groups = []
+        with tempfile.TemporaryDirectory() as tmp:
+            for g in range(args.groups):
+                path = os.path.join(tmp, f"group{g}.json")
+                print(f"group {g + 1}/{args.groups}", file=sys.stderr, flush=True)
+                run_ranks(__file__, sys.argv[1:] + ["--json", path], args.ranks)
+                with open(path) as f:
+                    groups.append(json.load(f))
+        report_groups(groups, args.ranks, args)
+        return
     run_or_launch(p, args, worker, __file__)
 
 

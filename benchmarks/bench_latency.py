@@ -6,7 +6,10 @@
 Every row is the same in-place float32 SUM, timed as a tight loop of calls
 (best of --repeats runs of the slowest rank's mean):
 
+  Open MPI              MPI_Allreduce (mpi4py, in place on a NumPy array) under
+                        mpirun, when mpirun and mpi4py are installed (baseline)
   gloo                  dist.all_reduce on a gloo group of all ranks (baseline)
+  fastpar direct        fastpar.distributed.all_reduce: the direct call
   fastpar               dist.all_reduce on the fastpar world group
   fastpar, 1-rank group dist.all_reduce on a fastpar group holding only this
                         rank: torch.distributed's own cost per call (Python
@@ -16,11 +19,17 @@ Every row is the same in-place float32 SUM, timed as a tight loop of calls
   backend.allreduce     fastpar's C++ backend object called directly
   transport             backend.allreduce minus its 1-rank time: what fastpar
                         itself spends per call (copy, flags, reduce)
+
+Open MPI runs first, in its own processes (mpirun), then the torch rows.
 """
 from __future__ import annotations
 
 import argparse
 import datetime
+import os
+import shutil
+import subprocess
+import sys
 import time
 
 from launch import add_rank_options, run_or_launch
@@ -61,14 +70,18 @@ def worker(args) -> None:
             best = min(best, dt.item())
         return best
 
-    rows = {
+    rows = {}
+    if args.mpi_us is not None:
+        rows["Open MPI (mpirun, shared memory)"] = args.mpi_us * 1e-6
+    rows.update({
         "gloo": timed(lambda: dist.all_reduce(t, group=gloo), max(50, args.iters // 100)),
+        "fastpar direct": timed(lambda: fd.all_reduce(t), args.iters),
         "fastpar": timed(lambda: dist.all_reduce(t), args.iters),
         "fastpar, 1-rank group": timed(lambda: dist.all_reduce(t, group=alone), args.iters),
         "pg.allreduce": timed(lambda: world_pg.allreduce([t], opts).wait(), args.iters),
         "backend.allreduce": timed(lambda: world_be.allreduce([t], opts).wait(), args.iters),
         "backend.allreduce, 1-rank": timed(lambda: alone_be.allreduce([t], opts).wait(), args.iters),
-    }
+    })
     rows["transport"] = rows["backend.allreduce"] - rows["backend.allreduce, 1-rank"]
     if rank == 0:
         report(rows, args)
@@ -83,7 +96,54 @@ def report(rows: dict, args) -> None:
     for name, sec in rows.items():
         print(f"{name:<28} {sec * 1e6:>9.2f} {sec / fp:>16.2f}x")
     print(f"\nfastpar is {rows['gloo'] / fp:.0f}x faster than gloo; torch.distributed's own per-call cost "
-          f"(1-rank group) is {rows['fastpar, 1-rank group'] / fp:.0%} of fastpar's time.")
+          f"(1-rank group) is {rows['fastpar, 1-rank group'] / fp:.0%} of fastpar's time; the direct call takes "
+          f"{rows['fastpar direct'] / fp:.2f}x of dist.all_reduce's.")
+    mpi = rows.get("Open MPI (mpirun, shared memory)")
+    if mpi:
+        print(f"direct call / Open MPI: {rows['fastpar direct'] / mpi:.2f}x; dist.all_reduce / Open MPI: {fp / mpi:.2f}x")
+    else:
+        print("Open MPI: not measured (needs mpirun and mpi4py; --no-mpi skips it)")
+
+
+def mpi_worker(args) -> None:
+    """One rank under mpirun: prints the slowest rank's best us per MPI_Allreduce."""
+    import numpy as np
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    buf = np.ones(max(1, args.bytes // 4), dtype=np.float32)
+    best = float("inf")
+    for _ in range(args.repeats):
+        for _ in range(max(10, args.iters // 10)):
+            comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+        comm.Barrier()
+        t0 = time.perf_counter()
+        for _ in range(args.iters):
+            comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+        best = min(best, comm.allreduce((time.perf_counter() - t0) / args.iters, op=MPI.MAX))
+    if comm.Get_rank() == 0:
+        print(f"MPI_US {best * 1e6:.4f}", flush=True)
+
+
+def measure_mpi(args):
+    """us per call of Open MPI's allreduce, or None where it is not installed."""
+    mpirun = shutil.which("mpirun")
+    if args.no_mpi or not mpirun:
+        return None
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return None
+    cmd = [mpirun, "--allow-run-as-root", "--oversubscribe", "-n", str(args.ranks), sys.executable,
+           os.path.abspath(__file__), "--mpi-worker", "--bytes", str(args.bytes), "--iters", str(args.iters),
+           "--repeats", str(args.repeats)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    for line in out.stdout.splitlines():
+        if line.startswith("MPI_US "):
+            return float(line.split()[1])
+    print(f"Open MPI run failed (rc {out.returncode}): {out.stderr[-400:]}", file=sys.stderr)
+    return None
 
 
 def main() -> None:
@@ -92,7 +152,16 @@ def main() -> None:
     p.add_argument("--bytes", type=int, default=4096, help="message size (rounded down to float32 elements)")
     p.add_argument("--iters", type=int, default=20000, help="calls per timed run (gloo: 1/100 of it)")
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--no-mpi", action="store_true", help="skip the Open MPI baseline")
+    p.add_argument("--mpi-worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--mpi-us", type=float, default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.mpi_worker:
+        return mpi_worker(args)
+    if args.rank < 0 and args.mpi_us is None:
+        us = measure_mpi(args)
+        if us is not None:
+            sys.argv += ["--mpi-us", str(us)]
     run_or_launch(p, args, worker, __file__)
 
 

@@ -10,8 +10,7 @@ std::string indexed(const char* arg, size_t i) { return std::string(arg) + "[" +
 
 static std::string device_str(const at::Tensor& t) { return "'" + t.device().str() + "'"; }
 
-// Python's spelling (torch.float16), not c10's (Half): users read these.
-static std::string dtype_str(at::ScalarType t) {
+std::string dtype_str(at::ScalarType t) {
   switch (t) {
     case at::kFloat: return "torch.float32";
     case at::kDouble: return "torch.float64";

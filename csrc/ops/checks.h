@@ -40,6 +40,9 @@ void check_op_dtype(const char* op, ReduceOp rop, const std::string& name, const
 
 std::string indexed(const char* arg, size_t i);
 
+// Python's spelling (torch.float16), not c10's (Half): users read these.
+std::string dtype_str(at::ScalarType t);
+
 // The whole argument check of each list op, shared by the CPU and CUDA
 // implementations so both refuse the same calls with the same words.
 // Each returns the validated reduce op where there is one.

@@ -145,6 +145,7 @@ ShmBackend::ShmBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, i
     C10_THROW_ERROR(DistBackendError, e.what());
   }
   if (world_) init_hosts(std::move(hosts));
+  p2p_ = std::make_shared<cpu_shm::ShmP2P>(comm_);
 }
 
 c10::intrusive_ptr<c10d::Backend::Options> ShmBackend::getBackendOptions() {
@@ -444,21 +445,6 @@ c10::intrusive_ptr<c10d::Work> ShmBackend::reduce_scatter_tensor_coalesced(std::
   return Backend::reduce_scatter_tensor_coalesced(outputs, inputs, opts);
 }
 
-c10::intrusive_ptr<c10d::Work> ShmBackend::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
-  if (for_cuda(tensors)) return cuda_->send(tensors, dst_rank, tag);
-  return Backend::send(tensors, dst_rank, tag);  // not supported: the base class says so
-}
-
-c10::intrusive_ptr<c10d::Work> ShmBackend::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
-  if (for_cuda(tensors)) return cuda_->recv(tensors, src_rank, tag);
-  return Backend::recv(tensors, src_rank, tag);
-}
-
-c10::intrusive_ptr<c10d::Work> ShmBackend::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
-  if (for_cuda(tensors)) return cuda_->recvAnysource(tensors, tag);
-  return Backend::recvAnysource(tensors, tag);
-}
-
 at::Tensor ShmBackend::registered_empty(const std::vector<int64_t>& sizes, at::ScalarType dtype) {
   const DType dt = to_dtype("registered_empty", "dtype", dtype);
   int64_t numel = 1;
@@ -476,6 +462,27 @@ at::Tensor ShmBackend::registered_empty(const std::vector<int64_t>& sizes, at::S
   return at::from_blob(
       comm_->arena(comm_->rank()) + off, sizes, [comm, off](void*) { comm->arena_free(off); },
       at::TensorOptions().dtype(dtype).device(at::kCPU));
+}
+
+void ShmBackend::direct_all_reduce(const at::Tensor& t, int64_t op) {
+  TORCH_CHECK_VALUE(op >= 0 && op <= 4, "fastpar.all_reduce: op ReduceOp value ", op,
+                    " is not supported (supported: SUM, AVG, PRODUCT, MIN, MAX)");
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = c10d::ReduceOp(static_cast<c10d::ReduceOp::RedOpType>(op));
+  std::vector<at::Tensor> ts{t};
+  allreduce(ts, opts)->wait();  // CPU: already done; CUDA: orders the current stream after it
+}
+
+void ShmBackend::direct_broadcast(const at::Tensor& t, int64_t root) {
+  c10d::BroadcastOptions opts;
+  opts.rootRank = root;
+  std::vector<at::Tensor> ts{t};
+  broadcast(ts, opts)->wait();
+}
+
+void ShmBackend::direct_all_gather_into_tensor(const at::Tensor& output, const at::Tensor& input) {
+  at::Tensor out = output, in = input;
+  _allgather_base(out, in, c10d::AllgatherOptions())->wait();
 }
 
 void ShmBackend::set_allreduce_tuning(int64_t one_shot_max_bytes, int algo) {
@@ -515,6 +522,12 @@ to be constructed by hand).)")
       .def("registered_empty", &ShmBackend::registered_empty, py::arg("sizes"), py::arg("dtype"),
            py::call_guard<py::gil_scoped_release>())
       .def("is_registered", &ShmBackend::is_registered, py::arg("tensor"))
+      .def("_direct_all_reduce", &ShmBackend::direct_all_reduce, py::arg("tensor"), py::arg("op"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("_direct_broadcast", &ShmBackend::direct_broadcast, py::arg("tensor"), py::arg("root"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("_direct_all_gather_into_tensor", &ShmBackend::direct_all_gather_into_tensor, py::arg("output"),
+           py::arg("input"), py::call_guard<py::gil_scoped_release>())
       .def("_set_allreduce_tuning", &ShmBackend::set_allreduce_tuning, py::arg("one_shot_max_bytes"),
            py::arg("algo"))
       .def_property_readonly("hierarchical", &ShmBackend::hierarchical)

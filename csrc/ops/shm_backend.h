@@ -15,6 +15,9 @@
 // tensors are CUDA to `cuda` (CudaBackend, cuda_backend.h) when the group has
 // one; barrier stays here. Without one, CUDA tensors get an error.
 //
+// Point to point (send / recv / recv from any source) runs on its own
+// channels (shm_p2p.h) and returns works that wait() drives to completion.
+//
 // Collectives execute synchronously on the calling thread (a spin-waiting
 // shared-memory collective finishes in microseconds; a worker thread hand-off
 // would cost more than the work) and return an already-completed Work, so
@@ -34,6 +37,7 @@
 
 #include "../transport/cpu_shm/shm_collectives.h"
 #include "../transport/cpu_shm/shm_comm.h"
+#include "../transport/cpu_shm/shm_p2p.h"
 
 namespace fastpar {
 namespace ops {
@@ -95,7 +99,7 @@ class ShmBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
                                           const c10d::AllToAllOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
-  // Coalesced forms and point to point: CUDA tensors only (through the CUDA backend).
+  // Coalesced forms: CUDA tensors only (through the CUDA backend).
   c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
                                                      std::vector<at::Tensor>& inputs,
                                                      const c10d::AllgatherOptions& opts) override;
@@ -105,9 +109,20 @@ class ShmBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                  std::vector<at::Tensor>& inputs,
                                                                  const c10d::ReduceScatterOptions& opts) override;
+  // Point to point (shm_backend_p2p.cpp): cpu_shm channels in a host, the
+  // world gloo group across hosts.
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) override;
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) override;
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
+
+  // fastpar.distributed.all_reduce / broadcast / all_gather_into_tensor: the
+  // collective itself, synchronous, without torch's Python wrapper, the op
+  // dispatcher or a Work (latency-critical code such as tensor-parallel
+  // inference). Same checks and errors as the c10d entry points; `root` is a
+  // group rank.
+  void direct_all_reduce(const at::Tensor& t, int64_t op);
+  void direct_broadcast(const at::Tensor& t, int64_t root);
+  void direct_all_gather_into_tensor(const at::Tensor& output, const at::Tensor& input);
 
   // A tensor in this rank's registered arena (collective: every rank of the
   // group calls it with the same sizes, in the same order).
@@ -152,6 +167,7 @@ class ShmBackend : public c10d::Backend {
   void hier_allgather_bytes(const at::Tensor& in, const at::Tensor& out, DType dt, std::chrono::milliseconds timeout);
 
   std::shared_ptr<cpu_shm::ShmComm> comm_;
+  std::shared_ptr<cpu_shm::ShmP2P> p2p_;  // point to point over comm_'s segments
   cpu_shm::ShmTuning tuning_;
   std::chrono::milliseconds timeout_;
   std::vector<int> local_ranks_;

@@ -17,6 +17,9 @@ torch.distributed calls run on fastpar:
 registered_empty(shape, dtype, group) allocates a tensor inside this rank's
 shared segment: all_reduce on it (16 MiB or more, FASTPAR_SHM_REGISTERED_MIN_BYTES)
 skips the copy into shared memory.
+
+all_reduce / broadcast / all_gather_into_tensor (direct.py): the same
+collectives as dist.*, synchronous, without torch.distributed's per-call path.
 """
 from .backend import (
     SEGMENT_PREFIX,
@@ -26,7 +29,9 @@ from .backend import (
     register,
     registered_empty,
 )
+from .direct import all_gather_into_tensor, all_reduce, broadcast
 
-__all__ = ["SEGMENT_PREFIX", "create_backend", "cuda_supported", "get_fastpar_backend", "register", "registered_empty"]
+__all__ = ["SEGMENT_PREFIX", "all_gather_into_tensor", "all_reduce", "broadcast", "create_backend", "cuda_supported",
+           "get_fastpar_backend", "register", "registered_empty"]
 
 register()

@@ -25,6 +25,7 @@ struct SegmentHeader {
   int64_t rank;
   int64_t slot_bytes;
   int64_t arena_bytes;
+  int64_t p2p_chunk_bytes;
 };
 constexpr int64_t kControlOffset = 512;  // ControlBlock after the header, 64-byte aligned
 static_assert(sizeof(SegmentHeader) <= kControlOffset, "header overlaps the control block");
@@ -90,6 +91,10 @@ ShmOptions default_shm_options(std::chrono::milliseconds timeout) {
   // Address space only: tmpfs commits a page when it is first touched.
   o.arena_bytes = env_bytes("FASTPAR_SHM_REGISTERED_BYTES", int64_t(512) << 20, 0);
   o.arena_bytes = (o.arena_bytes + 4095) / 4096 * 4096;
+  // 256 KiB chunks, 4 per channel: a large message streams through 1 MiB of
+  // ring per peer, the same footprint as one collective slot.
+  o.p2p_chunk_bytes = env_bytes("FASTPAR_SHM_P2P_CHUNK_BYTES", int64_t(256) << 10, 64);
+  o.p2p_chunk_bytes = (o.p2p_chunk_bytes + 63) / 64 * 64;
   o.timeout = timeout;
   return o;
 }
@@ -103,7 +108,8 @@ ShmComm::ShmComm(int rank, int size, std::vector<int> global_ranks, const Rendez
   if (size < 1 || size > kMaxShmRanks || rank < 0 || rank >= size || int(global_ranks_.size()) != size)
     throw std::invalid_argument("fastpar: bad communicator shape: rank " + std::to_string(rank) +
                                 " of size " + std::to_string(size) + " (at most " + std::to_string(kMaxShmRanks) + " ranks per host)");
-  const int64_t total = kHeaderBytes + flags::kSlots * opts_.slot_bytes + opts_.arena_bytes;
+  const int64_t total =
+      kHeaderBytes + flags::kSlots * opts_.slot_bytes + opts_.arena_bytes + int64_t(size) * p2p_block_bytes();
   const auto t0 = std::chrono::steady_clock::now();
   auto remaining = [&] {
     const auto spent = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
@@ -138,7 +144,7 @@ ShmComm::ShmComm(int rank, int size, std::vector<int> global_ranks, const Rendez
     segs_[rank] = Segment::create(names[rank], size_t(total));
     rv.set("seg/" + std::to_string(rank), names[rank]);
     auto* h = reinterpret_cast<SegmentHeader*>(segs_[rank].data());
-    *h = SegmentHeader{kMagic, int64_t(getpid()), rank, opts_.slot_bytes, opts_.arena_bytes};
+    *h = SegmentHeader{kMagic, int64_t(getpid()), rank, opts_.slot_bytes, opts_.arena_bytes, opts_.p2p_chunk_bytes};
     for (int q = 0; q < size; ++q) {
       if (q == rank) continue;
       const std::string key = "seg/" + std::to_string(q);
@@ -162,12 +168,13 @@ ShmComm::ShmComm(int rank, int size, std::vector<int> global_ranks, const Rendez
     base_[q] = segs_[q].data();
     const auto* h = reinterpret_cast<const SegmentHeader*>(base_[q]);
     if (h->magic != kMagic || h->rank != q || h->slot_bytes != opts_.slot_bytes ||
-        h->arena_bytes != opts_.arena_bytes)
+        h->arena_bytes != opts_.arena_bytes || h->p2p_chunk_bytes != opts_.p2p_chunk_bytes)
       throw std::runtime_error("fastpar: segment of rank " + std::to_string(global_ranks_[q]) +
                                " has a different layout (slot_bytes " + std::to_string(h->slot_bytes) +
                                " vs " + std::to_string(opts_.slot_bytes) + ", registered bytes " +
                                std::to_string(h->arena_bytes) + " vs " + std::to_string(opts_.arena_bytes) +
-                               "): set FASTPAR_SHM_* alike on every rank");
+                               ", p2p chunk bytes " + std::to_string(h->p2p_chunk_bytes) + " vs " +
+                               std::to_string(opts_.p2p_chunk_bytes) + "): set FASTPAR_SHM_* alike on every rank");
     pids_[q] = h->pid;
     // A peer in another pid namespace (containers sharing /dev/shm) is not in
     // our /proc: never call it dead, rely on the timeout for it.
@@ -195,6 +202,17 @@ void ShmComm::fail(const std::string& msg) {
 }
 
 bool ShmComm::peer_alive(int peer) const { return !watch_[peer] || process_alive(pids_[peer]); }
+
+bool ShmComm::peer_aborted(int peer) const { return HostMemory::load_acquire(&control(peer)->abort) != 0; }
+
+void ShmComm::abort_self() { flags::abort_rank<HostMemory>(control(rank_), 1); }
+
+int64_t ShmComm::p2p_block_bytes() const {
+  // 2 counters + kP2PChunks headers (64 bytes each), then the chunks; whole
+  // pages, so a channel's counters never share a page with another's data.
+  const int64_t head = 128 + kP2PChunks * 64;
+  return (head + kP2PChunks * opts_.p2p_chunk_bytes + 4095) / 4096 * 4096;
+}
 
 void ShmComm::phase(const CollCall& call) {
   const flags::OpDesc mine = call.desc(++seq_);

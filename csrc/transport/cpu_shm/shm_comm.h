@@ -7,6 +7,8 @@
 //   [0, 4 KiB)                   SegmentHeader + flags::ControlBlock
 //   [4 KiB, +3 * slot_bytes)     the rotating data slots (flags::kSlots)
 //   [.., +arena_bytes)           registered buffers (registered_empty)
+//   [.., +size * p2p block)      point-to-point channels, one block per peer
+//                                (shm_p2p.h; block q: this rank -> q)
 #pragma once
 
 #include <chrono>
@@ -35,11 +37,17 @@ struct Rendezvous {
 struct ShmOptions {
   int64_t slot_bytes;   // one rotating data slot; the chunk unit of every schedule
   int64_t arena_bytes;  // registered-buffer arena
+  int64_t p2p_chunk_bytes;  // one chunk of a point-to-point channel (kP2PChunks per channel)
   std::chrono::milliseconds timeout;
 };
 
-// Defaults, overridable by FASTPAR_SHM_SLOT_BYTES / FASTPAR_SHM_REGISTERED_BYTES
-// (tests shrink the slot so small tensors cross many chunks).
+// Chunks in the ring of one point-to-point channel: enough that a sender
+// streaming a large message rarely waits for its receiver to free one.
+constexpr int kP2PChunks = 4;
+
+// Defaults, overridable by FASTPAR_SHM_SLOT_BYTES / FASTPAR_SHM_REGISTERED_BYTES /
+// FASTPAR_SHM_P2P_CHUNK_BYTES (tests shrink slots and chunks so small tensors
+// cross many of them).
 ShmOptions default_shm_options(std::chrono::milliseconds timeout);
 
 class ShmComm {
@@ -62,6 +70,11 @@ class ShmComm {
 
   char* slot(int peer, int k) const { return base_[peer] + kHeaderBytes + int64_t(k) * opts_.slot_bytes; }
   char* arena(int peer) const { return base_[peer] + kHeaderBytes + flags::kSlots * opts_.slot_bytes; }
+  // The point-to-point block in `owner`'s segment for channel owner -> peer
+  // (layout in shm_p2p.cpp); p2p_block_bytes() apart.
+  char* p2p_block(int owner, int peer) const { return arena(owner) + opts_.arena_bytes + int64_t(peer) * p2p_block_bytes(); }
+  int64_t p2p_block_bytes() const;
+  int64_t p2p_chunk_bytes() const { return opts_.p2p_chunk_bytes; }
 
   // Starts a collective: checks the communicator is usable, fixes the deadline
   // (now + timeout) that every phase of this call waits against.
@@ -86,10 +99,18 @@ class ShmComm {
   // rank like a failed wait does, and throw `msg`.
   [[noreturn]] void fail(const std::string& msg);
 
+  // For the point-to-point engine, which waits on one peer at a time from any
+  // thread: whether `peer` is still running (false only when we can see it
+  // has exited), whether it has aborted, its pid; abort_self() marks this rank
+  // failed (thread-safe: one release store) so peers stop waiting on it.
+  bool peer_alive(int peer) const;
+  bool peer_aborted(int peer) const;
+  int64_t pid(int peer) const { return pids_[peer]; }
+  void abort_self();
+
  private:
   static constexpr int64_t kHeaderBytes = 4096;
   flags::ControlBlock* control(int peer) const;
-  bool peer_alive(int peer) const;
 
   int rank_, size_;
   std::vector<int> global_ranks_;

@@ -1,0 +1,80 @@
+"""Direct calls: collectives on a fastpar group without torch.distributed's per-call path.
+
+    import fastpar.distributed as fd
+    fd.all_reduce(t)                       # = dist.all_reduce(t) on a fastpar group, synchronous
+    fd.broadcast(t, src=0)
+    fd.all_gather_into_tensor(out, t)
+
+A 4 KiB dist.all_reduce spends most of its time in torch.distributed itself
+(the Python wrapper, the op dispatcher, a Work object: benchmarks/bench_latency.py
+breaks it down); fastpar's transport is a fraction of a microsecond. These
+functions call the fastpar backend object of the group directly: same
+arguments (less async_op), same checks and error messages, same results, in
+place and synchronous. For code that issues one small collective per layer,
+such as CPU tensor-parallel inference (examples/tensor_parallel_inference.py).
+
+The group must be a fastpar group ("fastpar" or "cpu:fastpar,..."); any other
+raises TypeError. CUDA tensors go to the group's fastpar CUDA backend and, as
+dist.all_reduce(...).wait() does, order the current stream after the call.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch.distributed import ReduceOp
+
+from .backend import get_fastpar_backend
+
+_OPS = {ReduceOp.SUM: 0, ReduceOp.AVG: 1, ReduceOp.PRODUCT: 2, ReduceOp.MIN: 3, ReduceOp.MAX: 4}
+
+# (group object, its fastpar backend) of the last call: one identity test per
+# call instead of a backend lookup (~1 us). The entry holds the group alive
+# only until a call on another group, or until destroy_process_group clears
+# the default group (checked through the group's identity below).
+_last: list = [None, None]
+
+
+def _backend(group):
+    pg = group if group is not None else dist.distributed_c10d._world.default_pg
+    if pg is _last[0] and pg is not None:
+        return _last[1]
+    if pg is None:
+        raise RuntimeError("fastpar.distributed: no default process group; call "
+                           "dist.init_process_group('fastpar') first")
+    backend = get_fastpar_backend(pg)
+    _last[0], _last[1] = pg, backend
+    return backend
+
+
+def _op_value(op) -> int:
+    try:
+        return _OPS[op]
+    except (KeyError, TypeError):
+        raise ValueError(f"fastpar.all_reduce: op {op!r} is not supported "
+                         "(supported: SUM, AVG, PRODUCT, MIN, MAX)") from None
+
+
+def _not_member(group) -> bool:
+    return group is not None and group is dist.GroupMember.NON_GROUP_MEMBER
+
+
+def all_reduce(tensor: torch.Tensor, op=ReduceOp.SUM, group=None) -> None:
+    """dist.all_reduce(tensor, op, group), in place and synchronous, on a fastpar group."""
+    if _not_member(group):
+        return
+    _backend(group)._direct_all_reduce(tensor, _op_value(op))
+
+
+def broadcast(tensor: torch.Tensor, src: int = 0, group=None) -> None:
+    """dist.broadcast(tensor, src, group): `src` is a global rank, as in torch."""
+    if _not_member(group):
+        return
+    root = src if group is None else dist.get_group_rank(group, src)
+    _backend(group)._direct_broadcast(tensor, root)
+
+
+def all_gather_into_tensor(output_tensor: torch.Tensor, input_tensor: torch.Tensor, group=None) -> None:
+    """dist.all_gather_into_tensor(output_tensor, input_tensor, group), synchronous."""
+    if _not_member(group):
+        return
+    _backend(group)._direct_all_gather_into_tensor(output_tensor, input_tensor)
