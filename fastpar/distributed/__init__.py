@@ -23,6 +23,7 @@ collectives as dist.*, synchronous, without torch.distributed's per-call path.
 """
 from .backend import (
     SEGMENT_PREFIX,
+    core_binding,
     create_backend,
     cuda_supported,
     get_fastpar_backend,
@@ -31,7 +32,8 @@ from .backend import (
 )
 from .direct import all_gather_into_tensor, all_reduce, broadcast
 
-__all__ = ["SEGMENT_PREFIX", "all_gather_into_tensor", "all_reduce", "broadcast", "create_backend", "cuda_supported",
+__all__ = ["SEGMENT_PREFIX", "all_gather_into_tensor", "all_reduce", "broadcast", "core_binding", "create_backend",
+           "cuda_supported",
            "get_fastpar_backend", "register", "registered_empty"]
 
 register()

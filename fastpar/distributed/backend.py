@@ -62,6 +62,62 @@ def _exchange_hosts(store, rank: int, size: int, timeout: datetime.timedelta) ->
     return [store.get(k).decode() for k in keys]
 
 
+# The CPUs this process was bound to by _bind_cores, or None.
+_binding: list[int] | None = None
+
+
+def _online_cpus() -> set[int]:
+    try:
+        with open("/sys/devices/system/cpu/online") as f:
+            out = set()
+            for part in f.read().strip().split(","):
+                lo, _, hi = part.partition("-")
+                out.update(range(int(lo), int(hi or lo) + 1))
+            return out
+    except (OSError, ValueError):
+        return set(range(os.cpu_count() or 1))
+
+
+def _bind_cores(local_index: int, local_size: int) -> None:
+    """Give each of this host's ranks its own share of the CPUs, once per process.
+
+    Ranks spin while they wait for each other (microseconds, when each has a
+    core). Left to the scheduler, two spinning ranks of a fresh group sometimes
+    share one core while the other runs something else, and every collective
+    then waits for time slices: bench_distributed.py --groups measured 2-4x
+    slower groups that way (README, "Run-to-run stability"). So the first
+    fastpar group binds local rank i to the i-th of local_size equal slices of
+    the CPUs it may use, all threads included. FASTPAR_BIND_CORES: "auto"
+    (default: only when the process may use every online CPU, i.e. nobody —
+    taskset, numactl, a launcher — has chosen already, and there are at least
+    as many CPUs as local ranks), "1" (partition whatever CPUs the process
+    has), "0" (never). core_binding() tells what was done."""
+    global _binding
+    mode = os.environ.get("FASTPAR_BIND_CORES", "auto").strip() or "auto"
+    if mode not in ("auto", "0", "1"):
+        raise ValueError(f"FASTPAR_BIND_CORES is {mode!r} but must be 'auto', '0' or '1'")
+    if _binding is not None or mode == "0" or local_size < 2 or not hasattr(os, "sched_setaffinity"):
+        return
+    mine = os.sched_getaffinity(0)
+    if mode == "auto" and mine != _online_cpus():
+        return
+    cpus = sorted(mine)
+    if len(cpus) < local_size:
+        return
+    share = cpus[local_index * len(cpus) // local_size:(local_index + 1) * len(cpus) // local_size]
+    for tid in os.listdir("/proc/self/task"):  # every thread: torch's pools exist already
+        try:
+            os.sched_setaffinity(int(tid), share)
+        except OSError:
+            pass  # a thread that has just exited
+    _binding = share
+
+
+def core_binding() -> list[int] | None:
+    """The CPUs fastpar bound this process to (see FASTPAR_BIND_CORES), or None."""
+    return None if _binding is None else list(_binding)
+
+
 def _gloo(store, rank: int, size: int, timeout: datetime.timedelta):
     return dist.ProcessGroupGloo(store, rank, size, timeout)
 
@@ -95,6 +151,7 @@ def create_backend(store, rank: int, size: int, timeout: datetime.timedelta, glo
     order = list(dict.fromkeys(hosts))  # hosts in order of their lowest rank
     me = hosts[rank]
     local = [r for r in range(size) if hosts[r] == me]
+    _bind_cores(local.index(rank), len(local))  # before the segments are first touched
     global_ranks = list(global_ranks) if global_ranks and len(global_ranks) == size else list(range(size))
     ms = _millis(timeout)
     cuda = _cuda_backend(store, rank, size, timeout, len(order) > 1, global_ranks, backend_options, group_name)
