@@ -92,9 +92,9 @@ def report(rows: dict, args) -> None:
     fp = rows["fastpar"]
     print(f"\nall_reduce of {max(4, args.bytes // 4 * 4)} bytes float32 SUM, {args.ranks} ranks: "
           f"time per call (slowest rank), best of {args.repeats}")
-    print(f"{'path':<28} {'us/call':>9} {'share of fastpar':>17}")
+    print(f"{'path':<34} {'us/call':>9} {'share of fastpar':>17}")
     for name, sec in rows.items():
-        print(f"{name:<28} {sec * 1e6:>9.2f} {sec / fp:>16.2f}x")
+        print(f"{name:<34} {sec * 1e6:>9.2f} {sec / fp:>16.2f}x")
     print(f"\nfastpar is {rows['gloo'] / fp:.0f}x faster than gloo; torch.distributed's own per-call cost "
           f"(1-rank group) is {rows['fastpar, 1-rank group'] / fp:.0%} of fastpar's time; the direct call takes "
           f"{rows['fastpar direct'] / fp:.2f}x of dist.all_reduce's.")
