@@ -79,6 +79,21 @@ void check_root(const char* op, int64_t root, int size) {
                     " ranks (0..", size - 1, ")");
 }
 
+// `t` if contiguous, else a contiguous temporary whose copy-back into `t` is
+// queued by finish_outputs (on the current stream, after the kernels).
+struct StagedOutputs {
+  std::vector<at::Tensor> user, staged;
+  void* add(const at::Tensor& t) {
+    if (t.is_contiguous()) return t.data_ptr();
+    user.push_back(t);
+    staged.push_back(at::empty_like(t, at::MemoryFormat::Contiguous));
+    return staged.back().data_ptr();
+  }
+  void finish() {
+    for (size_t i = 0; i < user.size(); ++i) user[i].copy_(staged[i]);
+  }
+};
+
 // Whether `op` reduces `dt` on the kernels: the route's op_supported.
 bool reduces(const std::optional<DType>& dt, const c10d::ReduceOp& op) {
   const int v = int(op.op_);
@@ -354,16 +369,16 @@ c10::intrusive_ptr<c10d::Work> CudaBackend::allgather(std::vector<std::vector<at
   check_cuda("all_gather", "input_tensor", in);
   TORCH_CHECK_VALUE(int64_t(outputs[0].size()) == getSize(), "fastpar.all_gather: tensor_list has ",
                     outputs[0].size(), " tensors but the group has ", getSize(), " ranks");
-  bool contiguous = in.is_contiguous(), same_device = true;
+  bool same_device = true;
   for (size_t q = 0; q < outputs[0].size(); ++q) {
     const at::Tensor& o = outputs[0][q];
     check_like("all_gather", "tensor_list[" + std::to_string(q) + "]", o, in, "input_tensor", in.numel());
-    contiguous = contiguous && o.is_contiguous();
     same_device = same_device && o.device() == in.device();
   }
   std::unique_lock<std::mutex> g(mu_);
+  // Routed by the input (what torch makes equal on every rank); outputs that
+  // are not contiguous are staged.
   cuda_ipc::RouteQuery q = query_for("all_gather", in);
-  q.contiguous = contiguous;
   q.on_rank_device = q.on_rank_device && same_device;
   if (cuda_ipc::route_ipc(q) == cuda_ipc::Route::kFallback) {
     to_fallback("all_gather", q);
@@ -373,10 +388,12 @@ c10::intrusive_ptr<c10d::Work> CudaBackend::allgather(std::vector<std::vector<at
   const std::chrono::milliseconds timeout = call_timeout(opts.timeout, timeout_);
   c10::cuda::CUDAGuard guard(in.device());
   const c10::cuda::CUDAStream stream = begin_ipc("all_gather", in, timeout);
+  StagedOutputs staged;
   void* outs[cuda_ipc::kMaxIpcRanks];
-  for (int r = 0; r < getSize(); ++r) outs[r] = outputs[0][size_t(r)].data_ptr();
+  for (int r = 0; r < getSize(); ++r) outs[r] = staged.add(outputs[0][size_t(r)]);
   C10_CUDA_CHECK(cuda_ipc::allgather_ipc(link_->ep->comm(), int32_t(in.scalar_type()), in.numel(),
                                          in.const_data_ptr(), outs, int64_t(in.nbytes()), stream));
+  staged.finish();
   return ipc_work(c10d::OpType::ALLGATHER, "all_gather", outputs[0], stream, timeout);
 }
 
@@ -599,33 +616,198 @@ c10::intrusive_ptr<c10d::Work> CudaBackend::allgather_coalesced(std::vector<std:
   return fallback_->allgather_coalesced(outputs, inputs, opts);
 }
 
+// ---------------------------------------------------------------- root-list and all-to-all collectives
+//
+// Only some ranks hold some of these tensors (gather's outputs on the root,
+// scatter's inputs on the root), so the route is decided from what every
+// rank holds (its own input / output); list entries that are not contiguous
+// go through contiguous temporaries copied on the same stream (StagedOutputs,
+// .contiguous()).
+
 c10::intrusive_ptr<c10d::Work> CudaBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                                    std::vector<at::Tensor>& inputs,
                                                    const c10d::GatherOptions& opts) {
-  FASTPAR_NOT_ON_SHARED_GPU("gather");
-  return fallback_->gather(outputs, inputs, opts);
+  TORCH_CHECK_VALUE(inputs.size() == 1, "fastpar.gather: expected exactly one input tensor (one per process), got ",
+                    inputs.size());
+  const at::Tensor& in = inputs[0];
+  check_cuda("gather", "tensor", in);
+  check_root("gather", opts.rootRank, getSize());
+  const bool root = getRank() == opts.rootRank;
+  if (root) {
+    TORCH_CHECK_VALUE(outputs.size() == 1 && int64_t(outputs[0].size()) == getSize(), "fastpar.gather: gather_list "
+                      "on the root must hold ", getSize(), " tensors (one per rank), got ",
+                      outputs.empty() ? 0 : outputs[0].size());
+    for (size_t q = 0; q < outputs[0].size(); ++q) {
+      const at::Tensor& o = outputs[0][q];
+      check_like("gather", "gather_list[" + std::to_string(q) + "]", o, in, "tensor", in.numel());
+      TORCH_CHECK_VALUE(o.device() == in.device(), "fastpar.gather: gather_list[", q, "] is on '", o.device().str(),
+                        "' but tensor is on '", in.device().str(), "'");
+    }
+  } else {
+    TORCH_CHECK_VALUE(outputs.empty() || outputs[0].empty(), "fastpar.gather: gather_list must be empty on "
+                      "non-root ranks, got ", outputs[0].size(), " tensors on rank ", getRank());
+  }
+  std::unique_lock<std::mutex> g(mu_);
+  const cuda_ipc::RouteQuery q = query_for("gather", in);
+  if (cuda_ipc::route_ipc(q) == cuda_ipc::Route::kFallback) {
+    to_fallback("gather", q);
+    g.unlock();
+    return fallback_->gather(outputs, inputs, opts);
+  }
+  const std::chrono::milliseconds timeout = call_timeout(opts.timeout, timeout_);
+  c10::cuda::CUDAGuard guard(in.device());
+  const c10::cuda::CUDAStream stream = begin_ipc("gather", in, timeout);
+  StagedOutputs staged;
+  void* outs[cuda_ipc::kMaxIpcRanks] = {};
+  if (root)
+    for (int r = 0; r < getSize(); ++r) outs[r] = staged.add(outputs[0][size_t(r)]);
+  C10_CUDA_CHECK(cuda_ipc::gather_ipc(link_->ep->comm(), int32_t(in.scalar_type()), in.numel(), in.const_data_ptr(),
+                                      outs, int64_t(in.nbytes()), int(opts.rootRank), stream));
+  staged.finish();
+  return ipc_work(c10d::OpType::GATHER, "gather", root ? outputs[0] : std::vector<at::Tensor>{}, stream, timeout);
 }
 
 c10::intrusive_ptr<c10d::Work> CudaBackend::scatter(std::vector<at::Tensor>& outputs,
                                                     std::vector<std::vector<at::Tensor>>& inputs,
                                                     const c10d::ScatterOptions& opts) {
-  FASTPAR_NOT_ON_SHARED_GPU("scatter");
-  return fallback_->scatter(outputs, inputs, opts);
+  TORCH_CHECK_VALUE(outputs.size() == 1, "fastpar.scatter: expected exactly one output tensor (one per process), got ",
+                    outputs.size());
+  at::Tensor& out = outputs[0];
+  check_cuda("scatter", "tensor", out);
+  check_root("scatter", opts.rootRank, getSize());
+  const bool root = getRank() == opts.rootRank;
+  std::vector<at::Tensor> ins;
+  if (root) {
+    TORCH_CHECK_VALUE(inputs.size() == 1 && int64_t(inputs[0].size()) == getSize(), "fastpar.scatter: scatter_list "
+                      "on the root must hold ", getSize(), " tensors (one per rank), got ",
+                      inputs.empty() ? 0 : inputs[0].size());
+    for (size_t q = 0; q < inputs[0].size(); ++q) {
+      const at::Tensor& x = inputs[0][q];
+      check_like("scatter", "scatter_list[" + std::to_string(q) + "]", x, out, "tensor", out.numel());
+      TORCH_CHECK_VALUE(x.device() == out.device(), "fastpar.scatter: scatter_list[", q, "] is on '",
+                        x.device().str(), "' but tensor is on '", out.device().str(), "'");
+    }
+  } else {
+    TORCH_CHECK_VALUE(inputs.empty() || inputs[0].empty(), "fastpar.scatter: scatter_list must be empty on "
+                      "non-root ranks, got ", inputs[0].size(), " tensors on rank ", getRank());
+  }
+  std::unique_lock<std::mutex> g(mu_);
+  const cuda_ipc::RouteQuery q = query_for("scatter", out);
+  if (cuda_ipc::route_ipc(q) == cuda_ipc::Route::kFallback) {
+    to_fallback("scatter", q);
+    g.unlock();
+    return fallback_->scatter(outputs, inputs, opts);
+  }
+  const std::chrono::milliseconds timeout = call_timeout(opts.timeout, timeout_);
+  c10::cuda::CUDAGuard guard(out.device());
+  const c10::cuda::CUDAStream stream = begin_ipc("scatter", out, timeout);
+  const void* srcs[cuda_ipc::kMaxIpcRanks] = {};
+  if (root) {
+    for (int r = 0; r < getSize(); ++r) {
+      ins.push_back(inputs[0][size_t(r)].contiguous());  // a copy on the current stream when strided
+      srcs[r] = ins.back().const_data_ptr();
+    }
+  }
+  C10_CUDA_CHECK(cuda_ipc::scatter_ipc(link_->ep->comm(), int32_t(out.scalar_type()), out.numel(), srcs,
+                                       out.data_ptr(), int64_t(out.nbytes()), int(opts.rootRank), stream));
+  return ipc_work(c10d::OpType::SCATTER, "scatter", outputs, stream, timeout);
 }
 
 c10::intrusive_ptr<c10d::Work> CudaBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
                                                           std::vector<int64_t>& output_split_sizes,
                                                           std::vector<int64_t>& input_split_sizes,
                                                           const c10d::AllToAllOptions& opts) {
-  FASTPAR_NOT_ON_SHARED_GPU("all_to_all_single");
-  return fallback_->alltoall_base(output, input, output_split_sizes, input_split_sizes, opts);
+  check_cuda("all_to_all_single", "input", input);
+  check_like("all_to_all_single", "output", output, input, "input", output.numel());
+  const int n = getSize();
+  // Equal blocks only (see collectives_ipc.h): no split sizes, or all equal.
+  auto even = [n](const std::vector<int64_t>& s, const at::Tensor& t) {
+    const int64_t rows = t.dim() == 0 ? 1 : t.size(0);
+    if (s.empty()) return rows % n == 0;
+    if (int(s.size()) != n) return false;
+    for (int64_t v : s)
+      if (v != s[0]) return false;
+    return s[0] * n == rows;
+  };
+  const bool equal_blocks = output.numel() == input.numel() && even(input_split_sizes, input) &&
+                            even(output_split_sizes, output);
+  std::unique_lock<std::mutex> g(mu_);
+  cuda_ipc::RouteQuery q = query_for("all_to_all_single", input);
+  q.contiguous = input.is_contiguous() && output.is_contiguous();
+  q.on_rank_device = q.on_rank_device && output.device() == input.device();
+  const bool ipc = cuda_ipc::route_ipc(q) == cuda_ipc::Route::kIpc && equal_blocks;
+  if (!ipc) {
+    TORCH_CHECK_VALUE(q.fallback_usable, "fastpar.all_to_all_single: ranks of this group share a GPU, where NCCL "
+                      "cannot run (it refuses two ranks on one device), and CUDA IPC cannot serve this call: ",
+                      equal_blocks ? cuda_ipc::ipc_refusal(q) : "uneven split sizes (CUDA IPC serves equal blocks)");
+    ++fallback_calls_;
+    g.unlock();
+    return fallback_->alltoall_base(output, input, output_split_sizes, input_split_sizes, opts);
+  }
+  const std::chrono::milliseconds timeout = call_timeout(opts.timeout, timeout_);
+  c10::cuda::CUDAGuard guard(input.device());
+  const c10::cuda::CUDAStream stream = begin_ipc("all_to_all_single", input, timeout);
+  const int64_t block = int64_t(input.nbytes()) / n;
+  const void* srcs[cuda_ipc::kMaxIpcRanks];
+  void* dsts[cuda_ipc::kMaxIpcRanks];
+  for (int r = 0; r < n; ++r) {
+    srcs[r] = static_cast<const char*>(input.const_data_ptr()) + block * r;
+    dsts[r] = static_cast<char*>(output.data_ptr()) + block * r;
+  }
+  C10_CUDA_CHECK(cuda_ipc::all_to_all_ipc(link_->ep->comm(), int32_t(input.scalar_type()), input.numel() / n, srcs,
+                                          dsts, block, stream));
+  return ipc_work(c10d::OpType::ALLTOALL_BASE, "all_to_all_single", {output}, stream, timeout);
 }
 
 c10::intrusive_ptr<c10d::Work> CudaBackend::alltoall(std::vector<at::Tensor>& outputs,
                                                      std::vector<at::Tensor>& inputs,
                                                      const c10d::AllToAllOptions& opts) {
-  FASTPAR_NOT_ON_SHARED_GPU("all_to_all");
-  return fallback_->alltoall(outputs, inputs, opts);
+  const int n = getSize();
+  TORCH_CHECK_VALUE(int(inputs.size()) == n && int(outputs.size()) == n, "fastpar.all_to_all: input_tensor_list and "
+                    "output_tensor_list must hold ", n, " tensors (one per rank), got ", inputs.size(), " and ",
+                    outputs.size());
+  check_cuda("all_to_all", "input_tensor_list[0]", inputs[0]);
+  bool equal_blocks = true;
+  for (int r = 0; r < n; ++r) {
+    check_cuda("all_to_all", ("input_tensor_list[" + std::to_string(r) + "]").c_str(), inputs[size_t(r)]);
+    check_cuda("all_to_all", ("output_tensor_list[" + std::to_string(r) + "]").c_str(), outputs[size_t(r)]);
+    TORCH_CHECK_VALUE(inputs[size_t(r)].scalar_type() == inputs[0].scalar_type() &&
+                      outputs[size_t(r)].scalar_type() == inputs[0].scalar_type(),
+                      "fastpar.all_to_all: every tensor must have dtype ", inputs[0].scalar_type(),
+                      " (input_tensor_list[0]'s); entry ", r, " has ", inputs[size_t(r)].scalar_type(), " / ",
+                      outputs[size_t(r)].scalar_type());
+    equal_blocks = equal_blocks && inputs[size_t(r)].numel() == inputs[0].numel() &&
+                   outputs[size_t(r)].numel() == inputs[0].numel() &&
+                   inputs[size_t(r)].device() == inputs[0].device() && outputs[size_t(r)].device() == inputs[0].device();
+  }
+  std::unique_lock<std::mutex> g(mu_);
+  const cuda_ipc::RouteQuery q = query_for("all_to_all", inputs[0]);
+  const bool ipc = cuda_ipc::route_ipc(q) == cuda_ipc::Route::kIpc && equal_blocks;
+  if (!ipc) {
+    TORCH_CHECK_VALUE(q.fallback_usable, "fastpar.all_to_all: ranks of this group share a GPU, where NCCL cannot "
+                      "run (it refuses two ranks on one device), and CUDA IPC cannot serve this call: ",
+                      equal_blocks ? cuda_ipc::ipc_refusal(q) : "tensors of different sizes (CUDA IPC serves equal "
+                      "blocks)");
+    ++fallback_calls_;
+    g.unlock();
+    return fallback_->alltoall(outputs, inputs, opts);
+  }
+  const std::chrono::milliseconds timeout = call_timeout(opts.timeout, timeout_);
+  c10::cuda::CUDAGuard guard(inputs[0].device());
+  const c10::cuda::CUDAStream stream = begin_ipc("all_to_all", inputs[0], timeout);
+  std::vector<at::Tensor> contiguous_inputs;
+  StagedOutputs staged;
+  const void* srcs[cuda_ipc::kMaxIpcRanks];
+  void* dsts[cuda_ipc::kMaxIpcRanks];
+  for (int r = 0; r < n; ++r) {
+    contiguous_inputs.push_back(inputs[size_t(r)].contiguous());
+    srcs[r] = contiguous_inputs.back().const_data_ptr();
+    dsts[r] = staged.add(outputs[size_t(r)]);
+  }
+  C10_CUDA_CHECK(cuda_ipc::all_to_all_ipc(link_->ep->comm(), int32_t(inputs[0].scalar_type()), inputs[0].numel(),
+                                          srcs, dsts, int64_t(inputs[0].nbytes()), stream));
+  staged.finish();
+  return ipc_work(c10d::OpType::ALLTOALL, "all_to_all", outputs, stream, timeout);
 }
 
 c10::intrusive_ptr<c10d::Work> CudaBackend::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {

@@ -275,24 +275,53 @@ def sc_collectives():
     print(f"collectives rank {RANK} ok", flush=True)
 
 
-def sc_nccl_only_collectives():
-    """gather, scatter, all_to_all(_single): no CUDA IPC schedule yet. On
-    distinct GPUs they run on NCCL; on a shared GPU (after IPC setup by a
-    first all_reduce) they raise ValueError naming the op, on every rank."""
+def sc_root_and_alltoall():
+    """gather and scatter (every root), all_to_all_single (even splits) and
+    all_to_all (equal tensors) over CUDA IPC, every dtype, against the
+    reference; uneven all_to_all_single and send/recv have no IPC schedule:
+    NCCL on distinct GPUs, a ValueError naming the op on a shared GPU."""
     init()
-    t = torch.ones(8, device=DEV)
-    dist.all_reduce(t)
-    calls = {
-        "gather": lambda: dist.gather(torch.ones(4, device=DEV),
-                                      [torch.empty(4, device=DEV) for _ in range(WORLD)] if RANK == 0 else None, dst=0),
-        "scatter": lambda: dist.scatter(torch.empty(4, device=DEV),
-                                        [torch.full((4,), float(q), device=DEV) for q in range(WORLD)] if RANK == 0
-                                        else None, src=0),
-        "all_to_all_single": lambda: dist.all_to_all_single(torch.empty(WORLD, device=DEV),
-                                                            torch.arange(WORLD, dtype=torch.float32, device=DEV)),
-    }
-    for name, call in calls.items():
+    cb = cuda_backend()
+    ipc = peer_access_everywhere()
+    seed = 500
+    for dtype in DTYPES:
+        for n in (0, 1, 17, 1000, 100_003):
+            seed += 1
+            xs = [exact_data(q, n, dtype, seed) for q in range(WORLD)]
+            for root in range(WORLD):
+                gl = [torch.full((n,), 3, dtype=dtype, device=DEV) for _ in range(WORLD)] if RANK == root else None
+                dist.gather(xs[RANK].to(DEV), gl, dst=root)
+                if RANK == root:
+                    for q in range(WORLD):
+                        check_equal(gl[q], xs[q], f"gather {dtype} n={n} root={root} [{q}]", True)
+                blocks = [exact_data(q + 10 * root, n, dtype, seed) for q in range(WORLD)]
+                o = torch.full((n,), 3, dtype=dtype, device=DEV)
+                dist.scatter(o, [b.to(DEV) for b in blocks] if RANK == root else None, src=root)
+                check_equal(o, blocks[RANK], f"scatter {dtype} n={n} root={root}", True)
+            # all_to_all_single: rank q's input is WORLD blocks; block r goes to rank r.
+            ins = [exact_data(q, WORLD * n, dtype, seed + 7) for q in range(WORLD)]
+            o = torch.empty(WORLD * n, dtype=dtype, device=DEV)
+            dist.all_to_all_single(o, ins[RANK].to(DEV))
+            want = torch.cat([ins[q][RANK * n:(RANK + 1) * n] for q in range(WORLD)])
+            check_equal(o, want, f"all_to_all_single {dtype} n={n}", True)
+            outs = [torch.empty(n, dtype=dtype, device=DEV) for _ in range(WORLD)]
+            dist.all_to_all(outs, [c.to(DEV) for c in ins[RANK].chunk(WORLD)] if n else
+                            [torch.empty(0, dtype=dtype, device=DEV) for _ in range(WORLD)])
+            for q in range(WORLD):
+                check_equal(outs[q], ins[q][RANK * n:(RANK + 1) * n], f"all_to_all {dtype} n={n} [{q}]", True)
+    if ipc:
+        assert cb.fallback_calls == 0, cb.fallback_calls
+    # Uneven splits: rank r sends r+1 rows to everyone.
+    inp = torch.full(((RANK + 1) * WORLD,), float(RANK), device=DEV)
+    out_splits = [q + 1 for q in range(WORLD)]
+    o = torch.empty(sum(out_splits), device=DEV)
+    uneven = lambda: dist.all_to_all_single(o, inp, out_splits, [RANK + 1] * WORLD)
+    p2p = lambda: (dist.send(torch.ones(4, device=DEV), dst=1) if RANK == 0 else
+                   dist.recv(torch.empty(4, device=DEV), src=0) if RANK == 1 else None)
+    for name, call in (("all_to_all_single", uneven), ("send" if RANK == 0 else "recv", p2p)):
         if SHARED:
+            if name == "recv" and RANK > 1:
+                continue
             try:
                 call()
                 raise AssertionError(f"{name} on a shared GPU did not raise")
@@ -300,10 +329,13 @@ def sc_nccl_only_collectives():
                 assert f"fastpar.{name}: ranks of this group share a GPU" in str(e), str(e)
         else:
             call()
+    if not SHARED:
+        want = torch.cat([torch.full((RANK + 1,), float(q)) for q in range(WORLD)])
+        check_equal(o, want, "uneven all_to_all_single (NCCL)", True)
     torch.cuda.synchronize()
     dist.barrier()
     dist.destroy_process_group()
-    print(f"nccl_only_collectives rank {RANK} ok", flush=True)
+    print(f"root_and_alltoall rank {RANK} ok", flush=True)
 
 
 def sc_state():

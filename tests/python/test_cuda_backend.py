@@ -1,8 +1,10 @@
 """fastpar's torch.distributed backend on CUDA tensors ("cpu:fastpar,cuda:fastpar"),
 multi-process: every collective with a CUDA IPC schedule (all_reduce,
 broadcast, reduce, all_gather, all_gather_into_tensor, reduce_scatter,
-reduce_scatter_tensor, coalesced forms) x dtype x op against a reference, the
-NCCL fallback, stream semantics, stock DDP and fastpar.DistributedDataParallel,
+reduce_scatter_tensor, coalesced forms, gather, scatter, all_to_all_single
+with even splits, all_to_all with equal tensors) x dtype x op against a
+reference, what has none (uneven all_to_all, send/recv: NCCL, refused by name
+on a shared GPU), stream semantics, stock DDP and fastpar.DistributedDataParallel,
 faults (a SIGKILLed peer, desynced calls, abort()).
 
 Two GPU layouts (cuda_backend_worker.py, FASTPAR_TEST_GPU_LAYOUT):
@@ -74,9 +76,11 @@ def test_collectives_with_a_small_slot(layout):
     assert_ok(run_cuda("collectives", 2, layout, env={"FASTPAR_CUDA_IPC_SLOT_BYTES": "4096"}))
 
 
-@pytest.mark.parametrize("layout", ["shared", pytest.param("distinct", marks=needs_two_gpus)])
-def test_collectives_without_ipc_schedule(layout):
-    assert_ok(run_cuda("nccl_only_collectives", 2, layout))
+@pytest.mark.parametrize("layout,world", LAYOUTS)
+def test_gather_scatter_all_to_all_and_what_has_no_ipc_schedule(layout, world):
+    results = run_cuda("root_and_alltoall", world, layout)
+    assert_ok(results)
+    assert all(f"root_and_alltoall rank {r.rank} ok" in r.out for r in results)
 
 
 @pytest.mark.parametrize("layout", ["shared", pytest.param("distinct", marks=needs_two_gpus)])

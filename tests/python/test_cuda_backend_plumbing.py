@@ -63,20 +63,12 @@ def test_fallback_is_required():
         fastpar._C.CudaBackend(dist.HashStore(), 0, 1, 1000, None)
 
 
-def test_collectives_without_ipc_schedule_go_to_the_fallback():
+def test_calls_without_ipc_schedule_go_to_the_fallback():
     cb = make()
     t = torch.arange(6, dtype=torch.float32)
-    out = [torch.zeros(6)]
-    cb.gather([out], [t], dist.GatherOptions()).wait()
-    assert torch.equal(out[0], t)
-    got = torch.zeros(6)
-    opts = dist.ScatterOptions()
-    opts.rootRank = 0
-    cb.scatter([got], [[t]], opts).wait()
-    assert torch.equal(got, t)
-    o = torch.zeros(6)
-    cb.alltoall_base(o, t, [], [], dist.AllToAllOptions()).wait()
-    assert torch.equal(o, t)
+    out = [[torch.zeros(6)]]
+    cb.allgather_coalesced(out, [t]).wait()
+    assert torch.equal(out[0][0], t)
     cb.barrier().wait()
     assert cb.ipc_state == "not set up"  # only a CUDA collective with an IPC schedule sets IPC up
     assert cb.ipc_calls == 0
@@ -95,6 +87,17 @@ def test_collectives_without_ipc_schedule_go_to_the_fallback():
      r"fastpar.reduce_scatter: output is on device 'cpu'"),
     (lambda cb: cb._reduce_scatter_base(torch.zeros(3), torch.ones(3)),
      r"fastpar.reduce_scatter_tensor: output is on device 'cpu'"),
+    (lambda cb: cb.gather([[torch.zeros(3)]], [torch.ones(3)], dist.GatherOptions()),
+     r"fastpar.gather: tensor is on device 'cpu'"),
+    (lambda cb: cb.scatter([torch.zeros(3)], [[torch.ones(3)]], dist.ScatterOptions()),
+     r"fastpar.scatter: tensor is on device 'cpu'"),
+    (lambda cb: cb.alltoall_base(torch.zeros(3), torch.ones(3), [], [], dist.AllToAllOptions()),
+     r"fastpar.all_to_all_single: input is on device 'cpu'"),
+    (lambda cb: cb.alltoall([torch.zeros(3)], [torch.ones(3)], dist.AllToAllOptions()),
+     r"fastpar.all_to_all: input_tensor_list\[0\] is on device 'cpu'"),
+    (lambda cb: cb.alltoall([torch.zeros(3), torch.zeros(3)], [torch.ones(3)], dist.AllToAllOptions()),
+     r"fastpar.all_to_all: input_tensor_list and output_tensor_list must hold 1 tensors \(one per rank\), got 1 "
+     r"and 2"),
     (lambda cb: cb.broadcast([torch.ones(3), torch.ones(3)]),
      r"fastpar.broadcast: expected exactly one tensor in tensors \(one per process\), got 2"),
     (lambda cb: cb.allgather([[torch.zeros(3)]], [torch.ones(3), torch.ones(3)]),

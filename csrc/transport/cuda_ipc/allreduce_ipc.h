@@ -73,6 +73,9 @@ enum class IpcOp : int32_t {
   kBarrier = 5,
   kReduceScatter = 6,
   kReduce = 7,
+  kGather = 8,
+  kScatter = 9,
+  kAllToAll = 10,
 };
 
 // One-shot: each chunk (a slot's worth) is copied in, one phase, and every rank

@@ -66,6 +66,78 @@ cudaError_t allgather_ipc(IpcComm& c, int32_t dtype, int64_t count, const void* 
   return cudaSuccess;
 }
 
+cudaError_t gather_ipc(IpcComm& c, int32_t dtype, int64_t count, const void* in, void* const* outs, int64_t bytes,
+                       int root, cudaStream_t stream) {
+  FASTPAR_CUDA_TRY(check_comm(c));
+  if (root < 0 || root >= c.size || bytes < 0) return cudaErrorInvalidValue;
+  const int n = c.size, r = c.rank;
+  const int64_t B = int64_t(c.slot_bytes);
+  cuda_p2p::DeviceRestore restore;
+  FASTPAR_CUDA_TRY(cudaSetDevice(c.device));
+  for (int64_t i = 0, np = pieces(bytes, B); i < np; ++i) {
+    const int64_t off = i * B, len = std::max<int64_t>(0, std::min(B, bytes - off));
+    const int k = next_round(c);
+    if (r != root && len > 0)
+      FASTPAR_CUDA_TRY(cudaMemcpyAsync(slot(c, r, k), at(in, off, 1), size_t(len), cudaMemcpyDeviceToDevice, stream));
+    FASTPAR_CUDA_TRY(ipc_steps::phase(c, IpcOp::kGather, dtype, -1, count, root, stream));
+    if (r != root) continue;
+    for (int q = 0; q < n; ++q)
+      FASTPAR_CUDA_TRY(guarded_copy(c, at(outs[q], off, 1), q == r ? at(in, off, 1) : slot(c, q, k), len, stream));
+  }
+  return cudaSuccess;
+}
+
+cudaError_t scatter_ipc(IpcComm& c, int32_t dtype, int64_t count, const void* const* ins, void* out, int64_t bytes,
+                        int root, cudaStream_t stream) {
+  FASTPAR_CUDA_TRY(check_comm(c));
+  if (root < 0 || root >= c.size || bytes < 0) return cudaErrorInvalidValue;
+  const int n = c.size, r = c.rank;
+  const int64_t region = region_bytes(c);
+  if (region * n > int64_t(c.slot_bytes)) return cudaErrorInvalidValue;
+  cuda_p2p::DeviceRestore restore;
+  FASTPAR_CUDA_TRY(cudaSetDevice(c.device));
+  for (int64_t i = 0, np = pieces(bytes, region); i < np; ++i) {
+    const int64_t off = i * region, len = std::max<int64_t>(0, std::min(region, bytes - off));
+    const int k = next_round(c);
+    if (r == root && len > 0)
+      for (int q = 0; q < n; ++q)
+        if (q != r)
+          FASTPAR_CUDA_TRY(cudaMemcpyAsync(slot(c, r, k) + q * region, at(ins[q], off, 1), size_t(len),
+                                           cudaMemcpyDeviceToDevice, stream));
+    FASTPAR_CUDA_TRY(ipc_steps::phase(c, IpcOp::kScatter, dtype, -1, count, root, stream));
+    FASTPAR_CUDA_TRY(guarded_copy(c, at(out, off, 1), r == root ? at(ins[r], off, 1) : slot(c, root, k) + r * region,
+                                  len, stream));
+  }
+  return cudaSuccess;
+}
+
+cudaError_t all_to_all_ipc(IpcComm& c, int32_t dtype, int64_t count, const void* const* ins, void* const* outs,
+                           int64_t bytes, cudaStream_t stream) {
+  FASTPAR_CUDA_TRY(check_comm(c));
+  if (bytes < 0) return cudaErrorInvalidValue;
+  const int n = c.size, r = c.rank;
+  const int64_t region = region_bytes(c);
+  if (region * n > int64_t(c.slot_bytes)) return cudaErrorInvalidValue;
+  cuda_p2p::DeviceRestore restore;
+  FASTPAR_CUDA_TRY(cudaSetDevice(c.device));
+  for (int64_t i = 0, np = pieces(bytes, region); i < np; ++i) {
+    const int64_t off = i * region, len = std::max<int64_t>(0, std::min(region, bytes - off));
+    const int k = next_round(c);
+    for (int q = 0; q < n && len > 0; ++q) {
+      if (q == r) continue;
+      FASTPAR_CUDA_TRY(cudaMemcpyAsync(slot(c, r, k) + q * region, at(ins[q], off, 1), size_t(len),
+                                       cudaMemcpyDeviceToDevice, stream));
+    }
+    FASTPAR_CUDA_TRY(guarded_copy(c, at(outs[r], off, 1), at(ins[r], off, 1), len, stream));
+    FASTPAR_CUDA_TRY(ipc_steps::phase(c, IpcOp::kAllToAll, dtype, -1, count, -1, stream));
+    for (int q = 0; q < n; ++q) {
+      if (q == r) continue;
+      FASTPAR_CUDA_TRY(guarded_copy(c, at(outs[q], off, 1), slot(c, q, k) + r * region, len, stream));
+    }
+  }
+  return cudaSuccess;
+}
+
 cudaError_t reduce_ipc(IpcComm& c, DType dt, ReduceOp op, const void* in, void* out, int64_t count, int root,
                        cudaStream_t stream) {
   FASTPAR_CUDA_TRY(check_comm(c));

@@ -1,6 +1,7 @@
-// broadcast, all_gather, reduce and reduce_scatter across processes through
-// IPC-mapped arenas. Each mirrors its CPU shared-memory schedule
-// (algorithms/copy_collectives_shm.h: broadcast_shm, gather_shm; for reduce
+// broadcast, all_gather, gather, scatter, all_to_all (equal blocks), reduce
+// and reduce_scatter across processes through IPC-mapped arenas. Each mirrors
+// its CPU shared-memory schedule (algorithms/copy_collectives_shm.h:
+// broadcast_shm, gather_shm, scatter_shm, alltoall_shm; for reduce
 // and reduce_scatter the one-phase "publish, post, read" shape of
 // allreduce_shm.h's one-shot) piece for piece: same slot rotation, one phase
 // per slot-sized piece, same descriptor checks. The steps are enqueued on one
@@ -34,6 +35,29 @@ cudaError_t broadcast_ipc(IpcComm& c, int32_t dtype, int64_t count, void* data, 
 // rank copies its own in, one phase, each copies the n-1 peers' out.
 cudaError_t allgather_ipc(IpcComm& c, int32_t dtype, int64_t count, const void* in, void* const* outs, int64_t bytes,
                           cudaStream_t stream);
+
+// outs[q][0, bytes) = rank q's `in`, on `root` only (`outs` is read only on
+// the root). Per piece: every non-root copies its piece in, one phase, the
+// root copies the n-1 pieces out.
+cudaError_t gather_ipc(IpcComm& c, int32_t dtype, int64_t count, const void* in, void* const* outs, int64_t bytes,
+                       int root, cudaStream_t stream);
+
+// Rank q's out[0, bytes) = the root's ins[q] (`ins` is read only on the root).
+// A slot holds n regions, one per destination: per piece the root copies the
+// n-1 pieces in, one phase, every non-root copies its region out.
+cudaError_t scatter_ipc(IpcComm& c, int32_t dtype, int64_t count, const void* const* ins, void* out, int64_t bytes,
+                        int root, cudaStream_t stream);
+
+// All-to-all with equal blocks: rank r's ins[q] (bytes) lands in rank q's
+// outs[r]. A slot holds n regions, one per destination: per piece each rank
+// copies its n-1 outgoing pieces in and its own block straight across, one
+// phase, each copies its n-1 incoming pieces out. `ins` may alias `outs`
+// block for block (a piece is published before the phase that lets peers
+// overwrite it). Uneven splits are not served here (their sizes would have
+// to reach the host before the pieces are counted): the backend routes them
+// to NCCL.
+cudaError_t all_to_all_ipc(IpcComm& c, int32_t dtype, int64_t count, const void* const* ins, void* const* outs,
+                           int64_t bytes, cudaStream_t stream);
 
 // out = op over every rank's `in` (count elements), written only on `root`
 // (`out` may be `in`; other ranks' buffers are read, never written). Per piece:

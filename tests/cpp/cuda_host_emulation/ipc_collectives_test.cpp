@@ -1,4 +1,5 @@
-// The CUDA IPC broadcast / all_gather / reduce / reduce_scatter schedules
+// The CUDA IPC broadcast / all_gather / gather / scatter / all_to_all /
+// reduce / reduce_scatter schedules
 // (transport/cuda_ipc/collectives_ipc.cpp) and the host abort word, run on
 // the host: one thread per rank stands for one process (emulated_ipc.h).
 // Checked:
@@ -42,7 +43,8 @@ void expect(bool ok, const char* what) {
   if (!ok && ++failures <= 20) std::fprintf(stderr, "FAILED %s\n", what);
 }
 
-enum class Kind { kBroadcast, kAllgather, kReduce, kReduceScatter, kAllreduce };
+enum class Kind { kBroadcast, kAllgather, kReduce, kReduceScatter, kAllreduce, kGather, kScatter, kAllToAll };
+constexpr unsigned kKinds = 8;
 const char* kind_name(Kind k) {
   switch (k) {
     case Kind::kBroadcast: return "broadcast";
@@ -50,6 +52,9 @@ const char* kind_name(Kind k) {
     case Kind::kReduce: return "reduce";
     case Kind::kReduceScatter: return "reduce_scatter";
     case Kind::kAllreduce: return "all_reduce";
+    case Kind::kGather: return "gather";
+    case Kind::kScatter: return "scatter";
+    case Kind::kAllToAll: return "all_to_all";
   }
   return "?";
 }
@@ -106,7 +111,8 @@ void run_and_check(cuda_ipc::IpcComm& c, const Call& call, int index, char* what
     return what;
   };
   // Every rank's input of this call (the reference needs the peers' too).
-  const int64_t in_count = call.kind == Kind::kReduceScatter ? call.count * n : call.count;
+  const bool blocks = call.kind == Kind::kReduceScatter || call.kind == Kind::kScatter || call.kind == Kind::kAllToAll;
+  const int64_t in_count = blocks ? call.count * n : call.count;
   std::vector<std::vector<T>> ins(static_cast<size_t>(n), std::vector<T>(static_cast<size_t>(in_count)));
   for (int q = 0; q < n; ++q) fill(ins[size_t(q)], q, index);
   std::vector<T> mine = ins[size_t(r)];
@@ -154,6 +160,52 @@ void run_and_check(cuda_ipc::IpcComm& c, const Call& call, int index, char* what
       expect(same_bits(mine.data(), reduce_ref(ins, 0, call.count, call.op)), label("output != reduction"));
       break;
     }
+    case Kind::kGather: {
+      std::vector<T> out(size_t(call.count * n), sentinel);
+      void* outs[cuda_ipc::kMaxIpcRanks];
+      for (int q = 0; q < n; ++q) outs[q] = out.data() + q * call.count;
+      err = cuda_ipc::gather_ipc(c, int32_t(dt), call.count, mine.data(), outs, call.count * int64_t(sizeof(T)),
+                                 call.root, nullptr);
+      for (int q = 0; q < n; ++q) {
+        if (r == call.root) {
+          expect(same_bits(out.data() + q * call.count, ins[size_t(q)]), label("root's block != rank's input"));
+        } else {
+          expect(std::all_of(out.begin(), out.end(), [&](T v) { return std::memcmp(&v, &sentinel, sizeof(T)) == 0; }),
+                 label("a non-root's output was written"));
+        }
+      }
+      break;
+    }
+    case Kind::kScatter: {
+      std::vector<T> out(size_t(call.count), sentinel);
+      const void* blocks_of_root[cuda_ipc::kMaxIpcRanks];
+      for (int q = 0; q < n; ++q) blocks_of_root[q] = mine.data() + q * call.count;
+      err = cuda_ipc::scatter_ipc(c, int32_t(dt), call.count, blocks_of_root, out.data(),
+                                  call.count * int64_t(sizeof(T)), call.root, nullptr);
+      const std::vector<T> want(ins[size_t(call.root)].begin() + r * call.count,
+                                ins[size_t(call.root)].begin() + (r + 1) * call.count);
+      expect(same_bits(out.data(), want), label("output != root's block r"));
+      break;
+    }
+    case Kind::kAllToAll: {
+      // In place for odd counts (ins alias outs block for block), else out of place.
+      const bool in_place = call.count % 2 == 1;
+      std::vector<T> out(size_t(call.count * n), sentinel);
+      T* dst = in_place ? mine.data() : out.data();
+      const void* src_blocks[cuda_ipc::kMaxIpcRanks];
+      void* dst_blocks[cuda_ipc::kMaxIpcRanks];
+      for (int q = 0; q < n; ++q) {
+        src_blocks[q] = mine.data() + q * call.count;
+        dst_blocks[q] = dst + q * call.count;
+      }
+      err = cuda_ipc::all_to_all_ipc(c, int32_t(dt), call.count, src_blocks, dst_blocks,
+                                     call.count * int64_t(sizeof(T)), nullptr);
+      for (int q = 0; q < n; ++q) {
+        const std::vector<T> want(ins[size_t(q)].begin() + r * call.count, ins[size_t(q)].begin() + (r + 1) * call.count);
+        expect(same_bits(dst + q * call.count, want), label("block q != rank q's block r"));
+      }
+      break;
+    }
   }
   expect(err == cudaSuccess, label("schedule returned an error"));
 }
@@ -162,8 +214,8 @@ void check_sequence(int n, size_t slot_bytes) {
   std::mt19937 rng(unsigned(n * 7919 + slot_bytes));
   std::vector<Call> calls;
   const int64_t sizes[] = {0, 1, 3, 17, 64, 100, 1000, 5000};
-  for (int i = 0; i < 60; ++i) {
-    Call c{Kind(rng() % 5), sizes[rng() % 8], int(rng() % unsigned(n)), ReduceOp(rng() % 5), bool(rng() % 2)};
+  for (int i = 0; i < 80; ++i) {
+    Call c{Kind(rng() % kKinds), sizes[rng() % 8], int(rng() % unsigned(n)), ReduceOp(rng() % 5), bool(rng() % 2)};
     calls.push_back(c);
   }
   Arenas arenas(n, slot_bytes);
@@ -214,6 +266,15 @@ void check_desync(int n, int variant) {
             const void* ins[cuda_ipc::kMaxIpcRanks];
             for (int q = 0; q < n; ++q) ins[q] = out.data() + q * 16;
             cuda_ipc::reduce_scatter_ipc(c, DType::F32, ReduceOp::SUM, ins, buf.data(), 16, nullptr);
+          }
+          break;
+        case 4:  // gather vs scatter, same root and bytes
+          if (r == 0) {
+            cuda_ipc::gather_ipc(c, int32_t(DType::F32), 16, buf.data(), outs, 64, 0, nullptr);
+          } else {
+            const void* ins[cuda_ipc::kMaxIpcRanks];
+            for (int q = 0; q < n; ++q) ins[q] = out.data() + q * 16;
+            cuda_ipc::scatter_ipc(c, int32_t(DType::F32), 16, ins, buf.data(), 64, 0, nullptr);
           }
           break;
         default:  // reduce ops differ
@@ -278,7 +339,7 @@ int main() {
   cuda_kernels::g_threads = 3;
   for (int n = 2; n <= 4; ++n) {
     for (size_t slot_bytes : {size_t(256), size_t(4096), size_t(1) << 20}) check_sequence(n, slot_bytes);
-    for (int v = 0; v < 4; ++v) check_desync(n, v);
+    for (int v = 0; v < 5; ++v) check_desync(n, v);
     check_host_abort(n);
   }
   std::printf("%ld checks, %ld failures\n", long(checks.load()), long(failures.load()));
