@@ -97,9 +97,35 @@ static void invisible_peers_are_not_watched_and_stop_is_prompt() {
   slow.stop();  // idempotent
 }
 
+// A child forked while the watcher runs has no watcher thread: its stop()
+// (its copy of the backend being destroyed) must return, not join a thread
+// that does not exist there.
+static void stop_in_a_forked_child_returns() {
+  PeerWatcher w;
+  w.start({int64_t(getpid())}, 0, [](int) {}, std::chrono::milliseconds(10));
+  const pid_t child = fork();
+  if (child == 0) {
+    w.stop();
+    _exit(0);
+  }
+  int status = -1;
+  bool exited = false;
+  for (int i = 0; i < 500 && !exited; ++i) {
+    exited = waitpid(child, &status, WNOHANG) == child;
+    if (!exited) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (!exited) {
+    kill(child, SIGKILL);
+    waitpid(child, nullptr, 0);
+  }
+  CHECK(exited && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  w.stop();
+}
+
 int main() {
   liveness_of_self_child_and_zombie();
   watcher_reports_the_killed_peer_once();
   invisible_peers_are_not_watched_and_stop_is_prompt();
+  stop_in_a_forked_child_returns();
   return TEST_MAIN_RESULT();
 }

@@ -14,6 +14,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <unistd.h>
+
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -48,11 +50,19 @@ class PeerWatcher {
     for (size_t q = 0; q < pids_.size(); ++q) watched_[q] = int(q) != self && process_alive(pids_[q]);
     on_dead_ = std::move(on_dead);
     stopping_ = false;
+    owner_pid_ = getpid();
     thread_ = std::thread([this, period] { loop(period); });
   }
 
-  // Joins the thread (returns within one period's sleep, usually at once).
+  // Joins the thread (returns at once: the sleep is a condition wait). In a
+  // child forked after start() (a DataLoader worker destroying its copy of
+  // the backend) the thread does not exist: joining it could hang, so the
+  // handle is only released there.
   void stop() {
+    if (thread_.joinable() && getpid() != owner_pid_) {
+      thread_.detach();
+      return;
+    }
     {
       std::lock_guard<std::mutex> g(mu_);
       stopping_ = true;
@@ -99,6 +109,7 @@ class PeerWatcher {
   std::mutex mu_;
   std::condition_variable cv_;
   bool stopping_ = false;
+  pid_t owner_pid_ = 0;
   std::thread thread_;
 };
 
