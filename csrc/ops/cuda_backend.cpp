@@ -5,10 +5,12 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <optional>
 
 #include "../transport/cuda_ipc/allreduce_ipc.h"
+#include "../transport/cuda_ipc/collectives_ipc.h"
 #include "../transport/cuda_ipc/route.h"
 #include "call_timeout.h"
 #include "checks.h"
@@ -39,6 +41,64 @@ bool env_flag(const char* name) {
 // The teardown barrier waits this long at most: peers that are not there by
 // then are gone or stuck, and the arena is left to the driver instead.
 constexpr std::chrono::milliseconds kFarewellMax{10000};
+
+// cudaDevAttrMpsEnabled (CUDA 12.x and later) by number, so that the build
+// does not depend on the toolkit's header having it; an older driver answers
+// cudaErrorInvalidValue, read as "unknown".
+constexpr int kDevAttrMpsEnabled = 133;
+
+cuda_ipc::Mps query_mps(int device) {
+  int v = 0;
+  const bool ok = cudaDeviceGetAttribute(&v, static_cast<cudaDeviceAttr>(kDevAttrMpsEnabled), device) == cudaSuccess;
+  if (!ok) cudaGetLastError();
+  return cuda_ipc::mps_from_attribute(ok, v);
+}
+
+// The device a call runs on; "undefined" / "on device 'cpu'" for the errors.
+std::string device_words(const at::Tensor& t) {
+  return t.defined() ? "on device '" + t.device().str() + "'" : std::string("undefined");
+}
+
+void check_cuda(const char* op, const char* arg, const at::Tensor& t) {
+  TORCH_CHECK_VALUE(t.defined() && t.is_cuda(), "fastpar.", op, ": ", arg, " is ", device_words(t),
+                    " but fastpar's CUDA backend handles CUDA tensors only");
+}
+
+void check_like(const char* op, const std::string& arg, const at::Tensor& t, const at::Tensor& ref,
+                const char* ref_name, int64_t numel) {
+  TORCH_CHECK_VALUE(t.defined() && t.is_cuda(), "fastpar.", op, ": ", arg, " is ", device_words(t),
+                    " but fastpar's CUDA backend handles CUDA tensors only");
+  TORCH_CHECK_VALUE(t.scalar_type() == ref.scalar_type(), "fastpar.", op, ": ", arg, " has dtype ", t.scalar_type(),
+                    " but ", ref_name, " has dtype ", ref.scalar_type());
+  TORCH_CHECK_VALUE(t.numel() == numel, "fastpar.", op, ": ", arg, " has ", t.numel(), " elements but ", numel,
+                    " are expected (", ref_name, " has ", ref.numel(), ")");
+}
+
+void check_root(const char* op, int64_t root, int size) {
+  TORCH_CHECK_VALUE(root >= 0 && root < size, "fastpar.", op, ": root is ", root, " but the group has ", size,
+                    " ranks (0..", size - 1, ")");
+}
+
+// `t` if contiguous, else a contiguous temporary whose copy-back into `t` is
+// queued by finish_outputs (on the current stream, after the kernels).
+struct StagedOutputs {
+  std::vector<at::Tensor> user, staged;
+  void* add(const at::Tensor& t) {
+    if (t.is_contiguous()) return t.data_ptr();
+    user.push_back(t);
+    staged.push_back(at::empty_like(t, at::MemoryFormat::Contiguous));
+    return staged.back().data_ptr();
+  }
+  void finish() {
+    for (size_t i = 0; i < user.size(); ++i) user[i].copy_(staged[i]);
+  }
+};
+
+// Whether `op` reduces `dt` on the kernels: the route's op_supported.
+bool reduces(const std::optional<DType>& dt, const c10d::ReduceOp& op) {
+  const int v = int(op.op_);
+  return dt.has_value() && v >= 0 && v <= 4 && op_supports_dtype(ReduceOp(v), *dt);
+}
 
 }  // namespace
 
@@ -79,23 +139,37 @@ void CudaBackend::shutdown() {
 }
 
 void CudaBackend::abort() {
-  // No device synchronization here: abort must not wait for kernels that may
-  // be spinning on a dead peer. The arena stays mapped until the process exits.
+  // No device synchronization and no mu_ here: abort must not wait for
+  // kernels that may be spinning on a dead peer, nor for a call holding mu_
+  // while it enqueues. The host abort word stops this rank's waiting kernels
+  // at once, and their control-block abort word the peers'. The arena stays
+  // mapped until the process exits.
+  const std::shared_ptr<IpcLink> link = std::atomic_load(&link_);
+  if (link) {
+    link->aborted.store(true);
+    link->ep->raise_host_abort(uint32_t(flags::WaitStatus::kPeerAborted));
+  }
   fallback_->abort();
 }
 
 void CudaBackend::release_ipc(bool farewell) noexcept {
-  if (!ep_) return;
-  std::shared_ptr<cuda_ipc::IpcEndpoint> ep = std::move(ep_);
+  std::shared_ptr<IpcLink> link = std::atomic_exchange(&link_, std::shared_ptr<IpcLink>());
+  if (!link) return;
   why_not_ = "shut down";
-  // After disconnect() our kernels are done (they end at the latest at their
-  // flag-wait timeout); peers may still read our arena until they are done too.
-  const bool all_done = ep->disconnect() == cudaSuccess && farewell &&
+  // After disconnect() our kernels are done: they end when their peers post,
+  // at the latest at their flag-wait timeout, and at once when a peer died
+  // (the watcher, still running here, raised the host abort word).
+  const bool disconnected = link->ep->disconnect() == cudaSuccess;
+  link->watcher.stop();
+  // A dead or aborted group has no farewell to wait for: peers that are
+  // still alive may read our arena, so it is abandoned, not freed.
+  const bool healthy = link->watcher.dead_rank() < 0 && !link->aborted.load() && link->ep->host_status() == 0;
+  const bool all_done = disconnected && farewell && healthy &&
                         ipc_farewell(*store_, getRank(), getSize(), std::min(timeout_, kFarewellMax));
   if (all_done) {
-    ep->free_arena();
+    link->ep->free_arena();
   } else {
-    ep->abandon_arena();
+    link->ep->abandon_arena();
   }
   cudaGetLastError();
 }
@@ -122,173 +196,648 @@ void CudaBackend::set_up(int device) {
     why_not_ = std::string("setup failed: ") + e.what();
     throw;
   }
-  ep_ = std::move(rv.endpoint);
+  group_shares_gpu_ = rv.group_shares_gpu;
+  mps_ = query_mps(device);
+  if (cuda_ipc::sharing_warrants_warning(group_shares_gpu_, mps_)) {
+    TORCH_WARN_ONCE("fastpar: ", cuda_ipc::gpu_sharing_note(group_shares_gpu_, mps_));
+  }
   why_not_ = std::move(rv.why_not);
+  if (rv.endpoint) {
+    auto link = std::make_shared<IpcLink>();
+    link->ep = std::move(rv.endpoint);
+    link->watch(std::move(rv.pids), getRank());
+    std::atomic_store(&link_, std::move(link));
+  }
 }
 
 std::string CudaBackend::ipc_state() const {
   std::lock_guard<std::mutex> g(mu_);
   if (!set_up_) return "not set up";
-  if (ep_) return "ipc on cuda:" + std::to_string(device_);
+  const std::string note = cuda_ipc::gpu_sharing_note(group_shares_gpu_, mps_);
+  if (link_) return "ipc on cuda:" + std::to_string(device_) + (note.empty() ? "" : "; " + note);
   return "fallback: " + why_not_;
 }
+
+bool CudaBackend::shares_gpu() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return group_shares_gpu_;
+}
+
+std::string CudaBackend::mps() const {
+  std::lock_guard<std::mutex> g(mu_);
+  if (!set_up_) return "";
+  return mps_ == cuda_ipc::Mps::kOn ? "on" : mps_ == cuda_ipc::Mps::kOff ? "off" : "unknown";
+}
+
+int CudaBackend::dead_peer() const {
+  const std::shared_ptr<IpcLink> link = std::atomic_load(&link_);
+  return link ? link->watcher.dead_rank() : -1;
+}
+
+cuda_ipc::RouteQuery CudaBackend::query_for(const char* op, const at::Tensor& t) {
+  if (!set_up_) set_up(t.get_device());
+  if (link_) {
+    TORCH_CHECK_VALUE(t.get_device() == device_, "fastpar.", op, ": the tensor is on 'cuda:", int(t.get_device()),
+                      "' but this group's CUDA IPC communicator on this rank is on 'cuda:", device_,
+                      "' (the device of its first CUDA collective; one GPU per rank)");
+  }
+  cuda_ipc::RouteQuery q;
+  q.peer_access_agreed = bool(link_);
+  q.nbytes = int64_t(t.nbytes());
+  q.dtype_supported = true;  // byte copies; the reductions set it
+  q.op_supported = true;
+  q.contiguous = t.is_contiguous();
+  q.on_rank_device = t.get_device() == device_;
+  q.world_size = getSize();
+  q.max_ipc_bytes = max_ipc_bytes_;
+  q.fallback_usable = !group_shares_gpu_;
+  return q;
+}
+
+void CudaBackend::to_fallback(const char* op, const cuda_ipc::RouteQuery& q) {
+  TORCH_CHECK_VALUE(q.fallback_usable, "fastpar.", op, ": ranks of this group share a GPU, where NCCL cannot run "
+                    "(it refuses two ranks on one device), and CUDA IPC cannot serve this call: ",
+                    cuda_ipc::ipc_refusal(q));
+  ++fallback_calls_;
+}
+
+c10::cuda::CUDAStream CudaBackend::begin_ipc(const char* op, const at::Tensor& t, std::chrono::milliseconds timeout) {
+  // A failure recorded by an earlier call makes the communicator unusable:
+  // its phase numbers no longer match the peers'.
+  link_->throw_if_failed(op, getRank(), timeout);
+  ++ipc_calls_;
+  link_->ep->comm().timeout_ns = uint64_t(timeout.count()) * 1000 * 1000;
+  return c10::cuda::getCurrentCUDAStream(t.get_device());
+}
+
+c10::intrusive_ptr<c10d::Work> CudaBackend::ipc_work(c10d::OpType type, const char* op,
+                                                     std::vector<at::Tensor> outputs,
+                                                     const c10::cuda::CUDAStream& stream,
+                                                     std::chrono::milliseconds timeout) {
+  return c10::make_intrusive<IpcWork>(type, op, std::move(outputs), stream, link_, getRank(), timeout,
+                                      blocking_wait_);
+}
+
+// ---------------------------------------------------------------- IPC collectives
 
 c10::intrusive_ptr<c10d::Work> CudaBackend::allreduce(std::vector<at::Tensor>& tensors,
                                                       const c10d::AllreduceOptions& opts) {
   TORCH_CHECK_VALUE(tensors.size() == 1, "fastpar.all_reduce: expected exactly one tensor in tensors (one per "
                     "process), got ", tensors.size());
   at::Tensor& t = tensors[0];
-  TORCH_CHECK_VALUE(t.defined() && t.is_cuda(), "fastpar.all_reduce: tensors[0] is ",
-                    t.defined() ? "on device '" + t.device().str() + "'" : std::string("undefined"),
-                    " but fastpar's CUDA backend handles CUDA tensors only");
+  check_cuda("all_reduce", "tensors[0]", t);
   std::unique_lock<std::mutex> g(mu_);
-  if (!set_up_) set_up(t.get_device());
-  if (ep_) {
-    TORCH_CHECK_VALUE(t.get_device() == device_, "fastpar.all_reduce: tensors[0] is on 'cuda:", int(t.get_device()),
-                      "' but this group's CUDA IPC communicator on this rank is on 'cuda:", device_,
-                      "' (the device of its first CUDA all_reduce; one GPU per rank)");
-  }
+  cuda_ipc::RouteQuery q = query_for("all_reduce", t);
   const std::optional<DType> dt = maybe_dtype(t.scalar_type());
-  const int op_value = int(opts.reduceOp.op_);
-  cuda_ipc::RouteQuery q;
-  q.peer_access_agreed = bool(ep_);
-  q.nbytes = int64_t(t.nbytes());
   q.dtype_supported = dt.has_value();
-  q.op_supported = dt.has_value() && op_value >= 0 && op_value <= 4 && op_supports_dtype(ReduceOp(op_value), *dt);
-  q.contiguous = t.is_contiguous();
-  q.on_rank_device = t.get_device() == device_;
-  q.world_size = getSize();
-  q.max_ipc_bytes = max_ipc_bytes_;
-  if (cuda_ipc::route_allreduce(q) == cuda_ipc::Route::kFallback) {
+  q.op_supported = reduces(dt, opts.reduceOp);
+  if (cuda_ipc::route_ipc(q) == cuda_ipc::Route::kFallback) {
+    to_fallback("all_reduce", q);
     g.unlock();
-    ++fallback_calls_;
     return fallback_->allreduce(tensors, opts);
   }
-
   const std::chrono::milliseconds timeout = call_timeout(opts.timeout, timeout_);
-  // A failure recorded by an earlier call makes the communicator unusable:
-  // its phase numbers no longer match the peers'.
-  throw_if_ipc_failed(*ep_, "all_reduce", getRank(), timeout);
-  ++ipc_calls_;
   c10::cuda::CUDAGuard guard(t.device());
-  const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream(t.get_device());
-  cuda_ipc::IpcComm& c = ep_->comm();
+  const c10::cuda::CUDAStream stream = begin_ipc("all_reduce", t, timeout);
+  cuda_ipc::IpcComm& c = link_->ep->comm();
   if (t.numel() > 0 && getSize() > 1) {
-    c.timeout_ns = uint64_t(timeout.count()) * 1000 * 1000;
-    const ReduceOp rop = ReduceOp(op_value);
+    const ReduceOp rop = ReduceOp(int(opts.reduceOp.op_));
     if (cuda_ipc::prefer_one_shot(q.nbytes, c)) {
       C10_CUDA_CHECK(cuda_ipc::allreduce_one_shot(c, *dt, rop, t.const_data_ptr(), t.data_ptr(), t.numel(), stream));
     } else {
       C10_CUDA_CHECK(cuda_ipc::allreduce_two_shot(c, *dt, rop, t.const_data_ptr(), t.data_ptr(), t.numel(), stream));
     }
   }
-  return c10::make_intrusive<IpcAllreduceWork>(tensors, stream, ep_, getRank(), timeout, blocking_wait_);
+  return ipc_work(c10d::OpType::ALLREDUCE, "all_reduce", tensors, stream, timeout);
 }
-
-// ---------------------------------------------------------------- fallback
 
 c10::intrusive_ptr<c10d::Work> CudaBackend::broadcast(std::vector<at::Tensor>& tensors,
                                                       const c10d::BroadcastOptions& opts) {
-  return fallback_->broadcast(tensors, opts);
-}
-
-c10::intrusive_ptr<c10d::Work> CudaBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
-                                                                const c10d::AllreduceCoalescedOptions& opts) {
-  ++fallback_calls_;
-  return fallback_->allreduce_coalesced(tensors, opts);
+  TORCH_CHECK_VALUE(tensors.size() == 1, "fastpar.broadcast: expected exactly one tensor in tensors (one per "
+                    "process), got ", tensors.size());
+  at::Tensor& t = tensors[0];
+  check_cuda("broadcast", "tensors[0]", t);
+  check_root("broadcast", opts.rootRank, getSize());
+  std::unique_lock<std::mutex> g(mu_);
+  const cuda_ipc::RouteQuery q = query_for("broadcast", t);
+  if (cuda_ipc::route_ipc(q) == cuda_ipc::Route::kFallback) {
+    to_fallback("broadcast", q);
+    g.unlock();
+    return fallback_->broadcast(tensors, opts);
+  }
+  const std::chrono::milliseconds timeout = call_timeout(opts.timeout, timeout_);
+  c10::cuda::CUDAGuard guard(t.device());
+  const c10::cuda::CUDAStream stream = begin_ipc("broadcast", t, timeout);
+  // Every call runs its phases, even with one rank or no bytes: the descriptor
+  // check is what catches a desynced peer.
+  C10_CUDA_CHECK(cuda_ipc::broadcast_ipc(link_->ep->comm(), int32_t(t.scalar_type()), t.numel(), t.data_ptr(),
+                                         int64_t(t.nbytes()), int(opts.rootRank), stream));
+  return ipc_work(c10d::OpType::BROADCAST, "broadcast", tensors, stream, timeout);
 }
 
 c10::intrusive_ptr<c10d::Work> CudaBackend::reduce(std::vector<at::Tensor>& tensors,
                                                    const c10d::ReduceOptions& opts) {
-  return fallback_->reduce(tensors, opts);
+  TORCH_CHECK_VALUE(tensors.size() == 1, "fastpar.reduce: expected exactly one tensor in tensors (one per "
+                    "process), got ", tensors.size());
+  at::Tensor& t = tensors[0];
+  check_cuda("reduce", "tensors[0]", t);
+  check_root("reduce", opts.rootRank, getSize());
+  std::unique_lock<std::mutex> g(mu_);
+  cuda_ipc::RouteQuery q = query_for("reduce", t);
+  const std::optional<DType> dt = maybe_dtype(t.scalar_type());
+  q.dtype_supported = dt.has_value();
+  q.op_supported = reduces(dt, opts.reduceOp);
+  if (cuda_ipc::route_ipc(q) == cuda_ipc::Route::kFallback) {
+    to_fallback("reduce", q);
+    g.unlock();
+    return fallback_->reduce(tensors, opts);
+  }
+  const std::chrono::milliseconds timeout = call_timeout(opts.timeout, timeout_);
+  c10::cuda::CUDAGuard guard(t.device());
+  const c10::cuda::CUDAStream stream = begin_ipc("reduce", t, timeout);
+  C10_CUDA_CHECK(cuda_ipc::reduce_ipc(link_->ep->comm(), *dt, ReduceOp(int(opts.reduceOp.op_)), t.const_data_ptr(),
+                                      t.data_ptr(), t.numel(), int(opts.rootRank), stream));
+  return ipc_work(c10d::OpType::REDUCE, "reduce", tensors, stream, timeout);
 }
 
 c10::intrusive_ptr<c10d::Work> CudaBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                       std::vector<at::Tensor>& inputs,
                                                       const c10d::AllgatherOptions& opts) {
-  return fallback_->allgather(outputs, inputs, opts);
+  TORCH_CHECK_VALUE(inputs.size() == 1 && outputs.size() == 1, "fastpar.all_gather: expected one input tensor and "
+                    "one output list (one per process), got ", inputs.size(), " and ", outputs.size());
+  const at::Tensor& in = inputs[0];
+  check_cuda("all_gather", "input_tensor", in);
+  TORCH_CHECK_VALUE(int64_t(outputs[0].size()) == getSize(), "fastpar.all_gather: tensor_list has ",
+                    outputs[0].size(), " tensors but the group has ", getSize(), " ranks");
+  bool same_device = true;
+  for (size_t q = 0; q < outputs[0].size(); ++q) {
+    const at::Tensor& o = outputs[0][q];
+    check_like("all_gather", "tensor_list[" + std::to_string(q) + "]", o, in, "input_tensor", in.numel());
+    same_device = same_device && o.device() == in.device();
+  }
+  std::unique_lock<std::mutex> g(mu_);
+  // Routed by the input (what torch makes equal on every rank); outputs that
+  // are not contiguous are staged.
+  cuda_ipc::RouteQuery q = query_for("all_gather", in);
+  q.on_rank_device = q.on_rank_device && same_device;
+  if (cuda_ipc::route_ipc(q) == cuda_ipc::Route::kFallback) {
+    to_fallback("all_gather", q);
+    g.unlock();
+    return fallback_->allgather(outputs, inputs, opts);
+  }
+  const std::chrono::milliseconds timeout = call_timeout(opts.timeout, timeout_);
+  c10::cuda::CUDAGuard guard(in.device());
+  const c10::cuda::CUDAStream stream = begin_ipc("all_gather", in, timeout);
+  StagedOutputs staged;
+  void* outs[cuda_ipc::kMaxIpcRanks];
+  for (int r = 0; r < getSize(); ++r) outs[r] = staged.add(outputs[0][size_t(r)]);
+  C10_CUDA_CHECK(cuda_ipc::allgather_ipc(link_->ep->comm(), int32_t(in.scalar_type()), in.numel(),
+                                         in.const_data_ptr(), outs, int64_t(in.nbytes()), stream));
+  staged.finish();
+  return ipc_work(c10d::OpType::ALLGATHER, "all_gather", outputs[0], stream, timeout);
 }
 
 c10::intrusive_ptr<c10d::Work> CudaBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                             const c10d::AllgatherOptions& opts) {
-  return fallback_->_allgather_base(output, input, opts);
-}
-
-c10::intrusive_ptr<c10d::Work> CudaBackend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
-                                                                std::vector<at::Tensor>& inputs,
-                                                                const c10d::AllgatherOptions& opts) {
-  return fallback_->allgather_coalesced(outputs, inputs, opts);
+  check_cuda("all_gather_into_tensor", "input_tensor", input);
+  check_like("all_gather_into_tensor", "output_tensor", output, input, "input_tensor", input.numel() * getSize());
+  std::unique_lock<std::mutex> g(mu_);
+  cuda_ipc::RouteQuery q = query_for("all_gather_into_tensor", input);
+  q.contiguous = input.is_contiguous() && output.is_contiguous();
+  q.on_rank_device = q.on_rank_device && output.device() == input.device();
+  if (cuda_ipc::route_ipc(q) == cuda_ipc::Route::kFallback) {
+    to_fallback("all_gather_into_tensor", q);
+    g.unlock();
+    return fallback_->_allgather_base(output, input, opts);
+  }
+  const std::chrono::milliseconds timeout = call_timeout(opts.timeout, timeout_);
+  c10::cuda::CUDAGuard guard(input.device());
+  const c10::cuda::CUDAStream stream = begin_ipc("all_gather_into_tensor", input, timeout);
+  void* outs[cuda_ipc::kMaxIpcRanks];
+  for (int r = 0; r < getSize(); ++r) outs[r] = static_cast<char*>(output.data_ptr()) + int64_t(input.nbytes()) * r;
+  C10_CUDA_CHECK(cuda_ipc::allgather_ipc(link_->ep->comm(), int32_t(input.scalar_type()), input.numel(),
+                                         input.const_data_ptr(), outs, int64_t(input.nbytes()), stream));
+  return ipc_work(c10d::OpType::_ALLGATHER_BASE, "all_gather_into_tensor", {output}, stream, timeout);
 }
 
 c10::intrusive_ptr<c10d::Work> CudaBackend::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                             std::vector<at::Tensor>& inputs,
                                                                             const c10d::AllgatherOptions& opts) {
-  return fallback_->allgather_into_tensor_coalesced(outputs, inputs, opts);
-}
-
-c10::intrusive_ptr<c10d::Work> CudaBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
-                                                   std::vector<at::Tensor>& inputs,
-                                                   const c10d::GatherOptions& opts) {
-  return fallback_->gather(outputs, inputs, opts);
-}
-
-c10::intrusive_ptr<c10d::Work> CudaBackend::scatter(std::vector<at::Tensor>& outputs,
-                                                    std::vector<std::vector<at::Tensor>>& inputs,
-                                                    const c10d::ScatterOptions& opts) {
-  return fallback_->scatter(outputs, inputs, opts);
+  TORCH_CHECK_VALUE(outputs.size() == inputs.size(), "fastpar.all_gather_into_tensor_coalesced: ", outputs.size(),
+                    " outputs but ", inputs.size(), " inputs");
+  if (inputs.empty()) return fallback_->allgather_into_tensor_coalesced(outputs, inputs, opts);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    check_cuda("all_gather_into_tensor_coalesced", ("inputs[" + std::to_string(i) + "]").c_str(), inputs[i]);
+    check_like("all_gather_into_tensor_coalesced", "outputs[" + std::to_string(i) + "]", outputs[i], inputs[i],
+               ("inputs[" + std::to_string(i) + "]").c_str(), inputs[i].numel() * getSize());
+  }
+  std::unique_lock<std::mutex> g(mu_);
+  // One route for the whole call: every entry must qualify (the largest sets the size).
+  cuda_ipc::RouteQuery q = query_for("all_gather_into_tensor_coalesced", inputs[0]);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    q.nbytes = std::max<int64_t>(q.nbytes, int64_t(inputs[i].nbytes()));
+    q.contiguous = q.contiguous && inputs[i].is_contiguous() && outputs[i].is_contiguous();
+    q.on_rank_device = q.on_rank_device && inputs[i].get_device() == device_ && outputs[i].get_device() == device_;
+  }
+  if (cuda_ipc::route_ipc(q) == cuda_ipc::Route::kFallback) {
+    to_fallback("all_gather_into_tensor_coalesced", q);
+    g.unlock();
+    return fallback_->allgather_into_tensor_coalesced(outputs, inputs, opts);
+  }
+  const std::chrono::milliseconds timeout = call_timeout(opts.timeout, timeout_);
+  c10::cuda::CUDAGuard guard(inputs[0].device());
+  const c10::cuda::CUDAStream stream = begin_ipc("all_gather_into_tensor_coalesced", inputs[0], timeout);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    void* outs[cuda_ipc::kMaxIpcRanks];
+    const int64_t b = int64_t(inputs[i].nbytes());
+    for (int r = 0; r < getSize(); ++r) outs[r] = static_cast<char*>(outputs[i].data_ptr()) + b * r;
+    C10_CUDA_CHECK(cuda_ipc::allgather_ipc(link_->ep->comm(), int32_t(inputs[i].scalar_type()), inputs[i].numel(),
+                                           inputs[i].const_data_ptr(), outs, b, stream));
+  }
+  return ipc_work(c10d::OpType::ALLGATHER_INTO_TENSOR_COALESCED, "all_gather_into_tensor_coalesced", outputs, stream, timeout);
 }
 
 c10::intrusive_ptr<c10d::Work> CudaBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
                                                            std::vector<std::vector<at::Tensor>>& inputs,
                                                            const c10d::ReduceScatterOptions& opts) {
-  return fallback_->reduce_scatter(outputs, inputs, opts);
+  TORCH_CHECK_VALUE(inputs.size() == 1 && outputs.size() == 1, "fastpar.reduce_scatter: expected one output tensor "
+                    "and one input list (one per process), got ", outputs.size(), " and ", inputs.size());
+  at::Tensor& out = outputs[0];
+  check_cuda("reduce_scatter", "output", out);
+  TORCH_CHECK_VALUE(int64_t(inputs[0].size()) == getSize(), "fastpar.reduce_scatter: input_list has ",
+                    inputs[0].size(), " tensors but the group has ", getSize(), " ranks");
+  bool contiguous = out.is_contiguous(), same_device = true;
+  for (size_t q = 0; q < inputs[0].size(); ++q) {
+    const at::Tensor& x = inputs[0][q];
+    check_like("reduce_scatter", "input_list[" + std::to_string(q) + "]", x, out, "output", out.numel());
+    contiguous = contiguous && x.is_contiguous();
+    same_device = same_device && x.device() == out.device();
+  }
+  std::unique_lock<std::mutex> g(mu_);
+  cuda_ipc::RouteQuery q = query_for("reduce_scatter", out);
+  const std::optional<DType> dt = maybe_dtype(out.scalar_type());
+  q.dtype_supported = dt.has_value();
+  q.op_supported = reduces(dt, opts.reduceOp);
+  q.contiguous = contiguous;
+  q.on_rank_device = q.on_rank_device && same_device;
+  if (cuda_ipc::route_ipc(q) == cuda_ipc::Route::kFallback) {
+    to_fallback("reduce_scatter", q);
+    g.unlock();
+    return fallback_->reduce_scatter(outputs, inputs, opts);
+  }
+  const std::chrono::milliseconds timeout = call_timeout(opts.timeout, timeout_);
+  c10::cuda::CUDAGuard guard(out.device());
+  const c10::cuda::CUDAStream stream = begin_ipc("reduce_scatter", out, timeout);
+  const void* ins[cuda_ipc::kMaxIpcRanks];
+  for (int r = 0; r < getSize(); ++r) ins[r] = inputs[0][size_t(r)].const_data_ptr();
+  C10_CUDA_CHECK(cuda_ipc::reduce_scatter_ipc(link_->ep->comm(), *dt, ReduceOp(int(opts.reduceOp.op_)), ins,
+                                              out.data_ptr(), out.numel(), stream));
+  return ipc_work(c10d::OpType::REDUCE_SCATTER, "reduce_scatter", outputs, stream, timeout);
 }
 
 c10::intrusive_ptr<c10d::Work> CudaBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                  const c10d::ReduceScatterOptions& opts) {
-  return fallback_->_reduce_scatter_base(output, input, opts);
+  check_cuda("reduce_scatter_tensor", "output", output);
+  check_like("reduce_scatter_tensor", "input", input, output, "output", output.numel() * getSize());
+  std::unique_lock<std::mutex> g(mu_);
+  cuda_ipc::RouteQuery q = query_for("reduce_scatter_tensor", output);
+  const std::optional<DType> dt = maybe_dtype(output.scalar_type());
+  q.dtype_supported = dt.has_value();
+  q.op_supported = reduces(dt, opts.reduceOp);
+  q.contiguous = input.is_contiguous() && output.is_contiguous();
+  q.on_rank_device = q.on_rank_device && input.device() == output.device();
+  if (cuda_ipc::route_ipc(q) == cuda_ipc::Route::kFallback) {
+    to_fallback("reduce_scatter_tensor", q);
+    g.unlock();
+    return fallback_->_reduce_scatter_base(output, input, opts);
+  }
+  const std::chrono::milliseconds timeout = call_timeout(opts.timeout, timeout_);
+  c10::cuda::CUDAGuard guard(output.device());
+  const c10::cuda::CUDAStream stream = begin_ipc("reduce_scatter_tensor", output, timeout);
+  const void* ins[cuda_ipc::kMaxIpcRanks];
+  for (int r = 0; r < getSize(); ++r)
+    ins[r] = static_cast<const char*>(input.const_data_ptr()) + int64_t(output.nbytes()) * r;
+  C10_CUDA_CHECK(cuda_ipc::reduce_scatter_ipc(link_->ep->comm(), *dt, ReduceOp(int(opts.reduceOp.op_)), ins,
+                                              output.data_ptr(), output.numel(), stream));
+  return ipc_work(c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", {output}, stream, timeout);
 }
 
 c10::intrusive_ptr<c10d::Work> CudaBackend::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                             std::vector<at::Tensor>& inputs,
                                                                             const c10d::ReduceScatterOptions& opts) {
-  return fallback_->reduce_scatter_tensor_coalesced(outputs, inputs, opts);
+  TORCH_CHECK_VALUE(outputs.size() == inputs.size(), "fastpar.reduce_scatter_tensor_coalesced: ", outputs.size(),
+                    " outputs but ", inputs.size(), " inputs");
+  if (inputs.empty()) return fallback_->reduce_scatter_tensor_coalesced(outputs, inputs, opts);
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    check_cuda("reduce_scatter_tensor_coalesced", ("outputs[" + std::to_string(i) + "]").c_str(), outputs[i]);
+    check_like("reduce_scatter_tensor_coalesced", "inputs[" + std::to_string(i) + "]", inputs[i], outputs[i],
+               ("outputs[" + std::to_string(i) + "]").c_str(), outputs[i].numel() * getSize());
+  }
+  std::unique_lock<std::mutex> g(mu_);
+  cuda_ipc::RouteQuery q = query_for("reduce_scatter_tensor_coalesced", outputs[0]);
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const std::optional<DType> dt = maybe_dtype(outputs[i].scalar_type());
+    q.dtype_supported = q.dtype_supported && dt.has_value();
+    q.op_supported = q.op_supported && reduces(dt, opts.reduceOp);
+    q.nbytes = std::max<int64_t>(q.nbytes, int64_t(outputs[i].nbytes()));
+    q.contiguous = q.contiguous && inputs[i].is_contiguous() && outputs[i].is_contiguous();
+    q.on_rank_device = q.on_rank_device && inputs[i].get_device() == device_ && outputs[i].get_device() == device_;
+  }
+  if (cuda_ipc::route_ipc(q) == cuda_ipc::Route::kFallback) {
+    to_fallback("reduce_scatter_tensor_coalesced", q);
+    g.unlock();
+    return fallback_->reduce_scatter_tensor_coalesced(outputs, inputs, opts);
+  }
+  const std::chrono::milliseconds timeout = call_timeout(opts.timeout, timeout_);
+  c10::cuda::CUDAGuard guard(outputs[0].device());
+  const c10::cuda::CUDAStream stream = begin_ipc("reduce_scatter_tensor_coalesced", outputs[0], timeout);
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const void* ins[cuda_ipc::kMaxIpcRanks];
+    for (int r = 0; r < getSize(); ++r)
+      ins[r] = static_cast<const char*>(inputs[i].const_data_ptr()) + int64_t(outputs[i].nbytes()) * r;
+    C10_CUDA_CHECK(cuda_ipc::reduce_scatter_ipc(link_->ep->comm(), *maybe_dtype(outputs[i].scalar_type()),
+                                                ReduceOp(int(opts.reduceOp.op_)), ins, outputs[i].data_ptr(),
+                                                outputs[i].numel(), stream));
+  }
+  return ipc_work(c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED, "reduce_scatter_tensor_coalesced", outputs, stream, timeout);
+}
+
+c10::intrusive_ptr<c10d::Work> CudaBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                                const c10d::AllreduceCoalescedOptions& opts) {
+  if (tensors.empty()) return fallback_->allreduce_coalesced(tensors, opts);
+  for (size_t i = 0; i < tensors.size(); ++i)
+    check_cuda("all_reduce_coalesced", ("tensors[" + std::to_string(i) + "]").c_str(), tensors[i]);
+  std::unique_lock<std::mutex> g(mu_);
+  cuda_ipc::RouteQuery q = query_for("all_reduce_coalesced", tensors[0]);
+  for (const at::Tensor& t : tensors) {
+    const std::optional<DType> dt = maybe_dtype(t.scalar_type());
+    q.dtype_supported = q.dtype_supported && dt.has_value();
+    q.op_supported = q.op_supported && reduces(dt, opts.reduceOp);
+    q.nbytes = std::max<int64_t>(q.nbytes, int64_t(t.nbytes()));
+    q.contiguous = q.contiguous && t.is_contiguous();
+    q.on_rank_device = q.on_rank_device && t.get_device() == device_;
+  }
+  if (cuda_ipc::route_ipc(q) == cuda_ipc::Route::kFallback) {
+    to_fallback("all_reduce_coalesced", q);
+    g.unlock();
+    return fallback_->allreduce_coalesced(tensors, opts);
+  }
+  const std::chrono::milliseconds timeout = call_timeout(opts.timeout, timeout_);
+  c10::cuda::CUDAGuard guard(tensors[0].device());
+  const c10::cuda::CUDAStream stream = begin_ipc("all_reduce_coalesced", tensors[0], timeout);
+  cuda_ipc::IpcComm& c = link_->ep->comm();
+  const ReduceOp rop = ReduceOp(int(opts.reduceOp.op_));
+  for (at::Tensor& t : tensors) {
+    if (t.numel() == 0 || getSize() == 1) continue;  // as all_reduce: every rank skips the same entries
+    const DType dt = *maybe_dtype(t.scalar_type());
+    if (cuda_ipc::prefer_one_shot(int64_t(t.nbytes()), c)) {
+      C10_CUDA_CHECK(cuda_ipc::allreduce_one_shot(c, dt, rop, t.const_data_ptr(), t.data_ptr(), t.numel(), stream));
+    } else {
+      C10_CUDA_CHECK(cuda_ipc::allreduce_two_shot(c, dt, rop, t.const_data_ptr(), t.data_ptr(), t.numel(), stream));
+    }
+  }
+  return ipc_work(c10d::OpType::ALLREDUCE_COALESCED, "all_reduce_coalesced", tensors, stream, timeout);
+}
+
+// ---------------------------------------------------------------- fallback only
+
+// NCCL serves these; a group whose ranks share a GPU has no NCCL, so they are
+// refused there by name instead of failing inside NCCL's setup. Known only
+// once IPC was set up (by an earlier IPC-capable call).
+#define FASTPAR_NOT_ON_SHARED_GPU(op)                                                                         \
+  TORCH_CHECK_VALUE(!shares_gpu(), "fastpar.", op, ": ranks of this group share a GPU, where NCCL cannot run " \
+                    "(it refuses two ranks on one device), and this collective has no CUDA IPC schedule yet; "  \
+                    "use CPU tensors for it (fastpar's shared-memory path) or one GPU per rank")
+
+c10::intrusive_ptr<c10d::Work> CudaBackend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                                std::vector<at::Tensor>& inputs,
+                                                                const c10d::AllgatherOptions& opts) {
+  FASTPAR_NOT_ON_SHARED_GPU("all_gather_coalesced");
+  return fallback_->allgather_coalesced(outputs, inputs, opts);
+}
+
+// ---------------------------------------------------------------- root-list and all-to-all collectives
+//
+// Only some ranks hold some of these tensors (gather's outputs on the root,
+// scatter's inputs on the root), so the route is decided from what every
+// rank holds (its own input / output); list entries that are not contiguous
+// go through contiguous temporaries copied on the same stream (StagedOutputs,
+// .contiguous()).
+
+c10::intrusive_ptr<c10d::Work> CudaBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                   std::vector<at::Tensor>& inputs,
+                                                   const c10d::GatherOptions& opts) {
+  TORCH_CHECK_VALUE(inputs.size() == 1, "fastpar.gather: expected exactly one input tensor (one per process), got ",
+                    inputs.size());
+  const at::Tensor& in = inputs[0];
+  check_cuda("gather", "tensor", in);
+  check_root("gather", opts.rootRank, getSize());
+  const bool root = getRank() == opts.rootRank;
+  if (root) {
+    TORCH_CHECK_VALUE(outputs.size() == 1 && int64_t(outputs[0].size()) == getSize(), "fastpar.gather: gather_list "
+                      "on the root must hold ", getSize(), " tensors (one per rank), got ",
+                      outputs.empty() ? 0 : outputs[0].size());
+    for (size_t q = 0; q < outputs[0].size(); ++q) {
+      const at::Tensor& o = outputs[0][q];
+      check_like("gather", "gather_list[" + std::to_string(q) + "]", o, in, "tensor", in.numel());
+      TORCH_CHECK_VALUE(o.device() == in.device(), "fastpar.gather: gather_list[", q, "] is on '", o.device().str(),
+                        "' but tensor is on '", in.device().str(), "'");
+    }
+  } else {
+    TORCH_CHECK_VALUE(outputs.empty() || outputs[0].empty(), "fastpar.gather: gather_list must be empty on "
+                      "non-root ranks, got ", outputs[0].size(), " tensors on rank ", getRank());
+  }
+  std::unique_lock<std::mutex> g(mu_);
+  const cuda_ipc::RouteQuery q = query_for("gather", in);
+  if (cuda_ipc::route_ipc(q) == cuda_ipc::Route::kFallback) {
+    to_fallback("gather", q);
+    g.unlock();
+    return fallback_->gather(outputs, inputs, opts);
+  }
+  const std::chrono::milliseconds timeout = call_timeout(opts.timeout, timeout_);
+  c10::cuda::CUDAGuard guard(in.device());
+  const c10::cuda::CUDAStream stream = begin_ipc("gather", in, timeout);
+  StagedOutputs staged;
+  void* outs[cuda_ipc::kMaxIpcRanks] = {};
+  if (root)
+    for (int r = 0; r < getSize(); ++r) outs[r] = staged.add(outputs[0][size_t(r)]);
+  C10_CUDA_CHECK(cuda_ipc::gather_ipc(link_->ep->comm(), int32_t(in.scalar_type()), in.numel(), in.const_data_ptr(),
+                                      outs, int64_t(in.nbytes()), int(opts.rootRank), stream));
+  staged.finish();
+  return ipc_work(c10d::OpType::GATHER, "gather", root ? outputs[0] : std::vector<at::Tensor>{}, stream, timeout);
+}
+
+c10::intrusive_ptr<c10d::Work> CudaBackend::scatter(std::vector<at::Tensor>& outputs,
+                                                    std::vector<std::vector<at::Tensor>>& inputs,
+                                                    const c10d::ScatterOptions& opts) {
+  TORCH_CHECK_VALUE(outputs.size() == 1, "fastpar.scatter: expected exactly one output tensor (one per process), got ",
+                    outputs.size());
+  at::Tensor& out = outputs[0];
+  check_cuda("scatter", "tensor", out);
+  check_root("scatter", opts.rootRank, getSize());
+  const bool root = getRank() == opts.rootRank;
+  std::vector<at::Tensor> ins;
+  if (root) {
+    TORCH_CHECK_VALUE(inputs.size() == 1 && int64_t(inputs[0].size()) == getSize(), "fastpar.scatter: scatter_list "
+                      "on the root must hold ", getSize(), " tensors (one per rank), got ",
+                      inputs.empty() ? 0 : inputs[0].size());
+    for (size_t q = 0; q < inputs[0].size(); ++q) {
+      const at::Tensor& x = inputs[0][q];
+      check_like("scatter", "scatter_list[" + std::to_string(q) + "]", x, out, "tensor", out.numel());
+      TORCH_CHECK_VALUE(x.device() == out.device(), "fastpar.scatter: scatter_list[", q, "] is on '",
+                        x.device().str(), "' but tensor is on '", out.device().str(), "'");
+    }
+  } else {
+    TORCH_CHECK_VALUE(inputs.empty() || inputs[0].empty(), "fastpar.scatter: scatter_list must be empty on "
+                      "non-root ranks, got ", inputs[0].size(), " tensors on rank ", getRank());
+  }
+  std::unique_lock<std::mutex> g(mu_);
+  const cuda_ipc::RouteQuery q = query_for("scatter", out);
+  if (cuda_ipc::route_ipc(q) == cuda_ipc::Route::kFallback) {
+    to_fallback("scatter", q);
+    g.unlock();
+    return fallback_->scatter(outputs, inputs, opts);
+  }
+  const std::chrono::milliseconds timeout = call_timeout(opts.timeout, timeout_);
+  c10::cuda::CUDAGuard guard(out.device());
+  const c10::cuda::CUDAStream stream = begin_ipc("scatter", out, timeout);
+  const void* srcs[cuda_ipc::kMaxIpcRanks] = {};
+  if (root) {
+    for (int r = 0; r < getSize(); ++r) {
+      ins.push_back(inputs[0][size_t(r)].contiguous());  // a copy on the current stream when strided
+      srcs[r] = ins.back().const_data_ptr();
+    }
+  }
+  C10_CUDA_CHECK(cuda_ipc::scatter_ipc(link_->ep->comm(), int32_t(out.scalar_type()), out.numel(), srcs,
+                                       out.data_ptr(), int64_t(out.nbytes()), int(opts.rootRank), stream));
+  return ipc_work(c10d::OpType::SCATTER, "scatter", outputs, stream, timeout);
 }
 
 c10::intrusive_ptr<c10d::Work> CudaBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
                                                           std::vector<int64_t>& output_split_sizes,
                                                           std::vector<int64_t>& input_split_sizes,
                                                           const c10d::AllToAllOptions& opts) {
-  return fallback_->alltoall_base(output, input, output_split_sizes, input_split_sizes, opts);
+  check_cuda("all_to_all_single", "input", input);
+  check_like("all_to_all_single", "output", output, input, "input", output.numel());
+  const int n = getSize();
+  // Equal blocks only (see collectives_ipc.h): no split sizes, or all equal.
+  auto even = [n](const std::vector<int64_t>& s, const at::Tensor& t) {
+    const int64_t rows = t.dim() == 0 ? 1 : t.size(0);
+    if (s.empty()) return rows % n == 0;
+    if (int(s.size()) != n) return false;
+    for (int64_t v : s)
+      if (v != s[0]) return false;
+    return s[0] * n == rows;
+  };
+  const bool equal_blocks = output.numel() == input.numel() && even(input_split_sizes, input) &&
+                            even(output_split_sizes, output);
+  std::unique_lock<std::mutex> g(mu_);
+  cuda_ipc::RouteQuery q = query_for("all_to_all_single", input);
+  q.contiguous = input.is_contiguous() && output.is_contiguous();
+  q.on_rank_device = q.on_rank_device && output.device() == input.device();
+  const bool ipc = cuda_ipc::route_ipc(q) == cuda_ipc::Route::kIpc && equal_blocks;
+  if (!ipc) {
+    TORCH_CHECK_VALUE(q.fallback_usable, "fastpar.all_to_all_single: ranks of this group share a GPU, where NCCL "
+                      "cannot run (it refuses two ranks on one device), and CUDA IPC cannot serve this call: ",
+                      equal_blocks ? cuda_ipc::ipc_refusal(q) : "uneven split sizes (CUDA IPC serves equal blocks)");
+    ++fallback_calls_;
+    g.unlock();
+    return fallback_->alltoall_base(output, input, output_split_sizes, input_split_sizes, opts);
+  }
+  const std::chrono::milliseconds timeout = call_timeout(opts.timeout, timeout_);
+  c10::cuda::CUDAGuard guard(input.device());
+  const c10::cuda::CUDAStream stream = begin_ipc("all_to_all_single", input, timeout);
+  const int64_t block = int64_t(input.nbytes()) / n;
+  const void* srcs[cuda_ipc::kMaxIpcRanks];
+  void* dsts[cuda_ipc::kMaxIpcRanks];
+  for (int r = 0; r < n; ++r) {
+    srcs[r] = static_cast<const char*>(input.const_data_ptr()) + block * r;
+    dsts[r] = static_cast<char*>(output.data_ptr()) + block * r;
+  }
+  C10_CUDA_CHECK(cuda_ipc::all_to_all_ipc(link_->ep->comm(), int32_t(input.scalar_type()), input.numel() / n, srcs,
+                                          dsts, block, stream));
+  return ipc_work(c10d::OpType::ALLTOALL_BASE, "all_to_all_single", {output}, stream, timeout);
 }
 
 c10::intrusive_ptr<c10d::Work> CudaBackend::alltoall(std::vector<at::Tensor>& outputs,
                                                      std::vector<at::Tensor>& inputs,
                                                      const c10d::AllToAllOptions& opts) {
-  return fallback_->alltoall(outputs, inputs, opts);
+  const int n = getSize();
+  TORCH_CHECK_VALUE(int(inputs.size()) == n && int(outputs.size()) == n, "fastpar.all_to_all: input_tensor_list and "
+                    "output_tensor_list must hold ", n, " tensors (one per rank), got ", inputs.size(), " and ",
+                    outputs.size());
+  check_cuda("all_to_all", "input_tensor_list[0]", inputs[0]);
+  bool equal_blocks = true;
+  for (int r = 0; r < n; ++r) {
+    check_cuda("all_to_all", ("input_tensor_list[" + std::to_string(r) + "]").c_str(), inputs[size_t(r)]);
+    check_cuda("all_to_all", ("output_tensor_list[" + std::to_string(r) + "]").c_str(), outputs[size_t(r)]);
+    TORCH_CHECK_VALUE(inputs[size_t(r)].scalar_type() == inputs[0].scalar_type() &&
+                      outputs[size_t(r)].scalar_type() == inputs[0].scalar_type(),
+                      "fastpar.all_to_all: every tensor must have dtype ", inputs[0].scalar_type(),
+                      " (input_tensor_list[0]'s); entry ", r, " has ", inputs[size_t(r)].scalar_type(), " / ",
+                      outputs[size_t(r)].scalar_type());
+    equal_blocks = equal_blocks && inputs[size_t(r)].numel() == inputs[0].numel() &&
+                   outputs[size_t(r)].numel() == inputs[0].numel() &&
+                   inputs[size_t(r)].device() == inputs[0].device() && outputs[size_t(r)].device() == inputs[0].device();
+  }
+  std::unique_lock<std::mutex> g(mu_);
+  const cuda_ipc::RouteQuery q = query_for("all_to_all", inputs[0]);
+  const bool ipc = cuda_ipc::route_ipc(q) == cuda_ipc::Route::kIpc && equal_blocks;
+  if (!ipc) {
+    TORCH_CHECK_VALUE(q.fallback_usable, "fastpar.all_to_all: ranks of this group share a GPU, where NCCL cannot "
+                      "run (it refuses two ranks on one device), and CUDA IPC cannot serve this call: ",
+                      equal_blocks ? cuda_ipc::ipc_refusal(q) : "tensors of different sizes (CUDA IPC serves equal "
+                      "blocks)");
+    ++fallback_calls_;
+    g.unlock();
+    return fallback_->alltoall(outputs, inputs, opts);
+  }
+  const std::chrono::milliseconds timeout = call_timeout(opts.timeout, timeout_);
+  c10::cuda::CUDAGuard guard(inputs[0].device());
+  const c10::cuda::CUDAStream stream = begin_ipc("all_to_all", inputs[0], timeout);
+  std::vector<at::Tensor> contiguous_inputs;
+  StagedOutputs staged;
+  const void* srcs[cuda_ipc::kMaxIpcRanks];
+  void* dsts[cuda_ipc::kMaxIpcRanks];
+  for (int r = 0; r < n; ++r) {
+    contiguous_inputs.push_back(inputs[size_t(r)].contiguous());
+    srcs[r] = contiguous_inputs.back().const_data_ptr();
+    dsts[r] = staged.add(outputs[size_t(r)]);
+  }
+  C10_CUDA_CHECK(cuda_ipc::all_to_all_ipc(link_->ep->comm(), int32_t(inputs[0].scalar_type()), inputs[0].numel(),
+                                          srcs, dsts, int64_t(inputs[0].nbytes()), stream));
+  staged.finish();
+  return ipc_work(c10d::OpType::ALLTOALL, "all_to_all", outputs, stream, timeout);
 }
 
 c10::intrusive_ptr<c10d::Work> CudaBackend::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
+  FASTPAR_NOT_ON_SHARED_GPU("send");
   return fallback_->send(tensors, dst_rank, tag);
 }
 
 c10::intrusive_ptr<c10d::Work> CudaBackend::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
+  FASTPAR_NOT_ON_SHARED_GPU("recv");
   return fallback_->recv(tensors, src_rank, tag);
 }
 
 c10::intrusive_ptr<c10d::Work> CudaBackend::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+  FASTPAR_NOT_ON_SHARED_GPU("recv");
   return fallback_->recvAnysource(tensors, tag);
 }
 
 c10::intrusive_ptr<c10d::Work> CudaBackend::barrier(const c10d::BarrierOptions& opts) {
+  FASTPAR_NOT_ON_SHARED_GPU("barrier");
   return fallback_->barrier(opts);
 }
+
+#undef FASTPAR_NOT_ON_SHARED_GPU
 
 void register_cuda_backend(pybind11::module& m) {
   namespace py = pybind11;
   py::module::import("torch._C._distributed_c10d");  // registers c10d::Backend with pybind first
   py::class_<CudaBackend, c10d::Backend, c10::intrusive_ptr<CudaBackend>>(m, "CudaBackend", R"(
-fastpar's backend for CUDA tensors: all_reduce over CUDA IPC where eligible,
+fastpar's backend for CUDA tensors: all_reduce, broadcast, reduce, all_gather and
+reduce_scatter (and their tensor / coalesced forms) over CUDA IPC where eligible,
 everything else through `fallback` (NCCL). Created by fastpar.distributed and
 held by the group's ShmBackend, which forwards CUDA tensors to it.)")
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, int64_t timeout_ms,
@@ -299,6 +848,11 @@ held by the group's ShmBackend, which forwards CUDA tensors to it.)")
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout_ms"), py::arg("fallback"),
            py::arg("ipc_off_reason") = std::string(), py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("ipc_state", &CudaBackend::ipc_state)
+      .def("abort", &CudaBackend::abort, "Stops this rank's CUDA IPC kernels now and aborts the fallback; never "
+           "blocks. The group is unusable afterwards.", py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("shares_gpu", &CudaBackend::shares_gpu)
+      .def_property_readonly("mps", &CudaBackend::mps)
+      .def_property_readonly("dead_peer", &CudaBackend::dead_peer)
       .def_property_readonly("ipc_calls", &CudaBackend::ipc_calls)
       .def_property_readonly("fallback_calls", &CudaBackend::fallback_calls)
       .def_property_readonly("max_ipc_bytes", &CudaBackend::max_ipc_bytes)

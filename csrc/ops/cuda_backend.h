@@ -1,16 +1,30 @@
 // fastpar's c10d backend for CUDA tensors (compiled in CUDA builds only).
 //
-// all_reduce runs over CUDA IPC (transport/cuda_ipc: one-shot / two-shot,
-// kernels on the caller's current stream) when transport/cuda_ipc/route.h
-// says so; every other collective, and all_reduce when the route says
-// "fallback", goes to `fallback`, a ProcessGroupNCCL the Python creator
-// builds on the group's store (fastpar/distributed/backend.py).
+// all_reduce, broadcast, reduce, all_gather (+ all_gather_into_tensor and
+// its coalesced form) and reduce_scatter (+ reduce_scatter_tensor and its
+// coalesced form) run over CUDA IPC (transport/cuda_ipc: kernels on the
+// caller's current stream) when transport/cuda_ipc/route.h says so; gather,
+// scatter, all_to_all, send/recv and calls the route refuses go to
+// `fallback`, a ProcessGroupNCCL the Python creator builds on the group's
+// store (fastpar/distributed/backend.py). barrier never gets here: the
+// ShmBackend runs it on the CPU.
 //
-// Setup is lazy, at the first CUDA all_reduce (a collective call, so every
-// rank sets up together, as NCCL creates its communicators): the tensor's
-// device becomes this rank's IPC device, then cuda_ipc_rendezvous.h probes
-// peer access and exchanges arena handles through the Store. IPC is on for
-// every rank or for none.
+// Ranks may share a GPU (several processes on one device): IPC works there,
+// NCCL does not ("Duplicate GPU detected"), so such a group ignores the size
+// threshold and refuses, with a message, the calls IPC cannot serve instead
+// of handing them to NCCL. Without MPS the GPU time-slices between the
+// processes: a warning once, and ipc_state says so.
+//
+// Faults: the peers' pids travel at setup, a PeerWatcher thread reads
+// /proc and, when a peer dies, raises the host abort word that the waiting
+// phase kernels poll; the Work's wait() and the next call raise
+// DistBackendError naming the op and the dead rank (cuda_ipc_work.h).
+//
+// Setup is lazy, at the first CUDA collective that IPC serves (a collective
+// call, so every rank sets up together, as NCCL creates its communicators):
+// the tensor's device becomes this rank's IPC device, then
+// cuda_ipc_rendezvous.h probes peer access and exchanges arena handles
+// through the Store. IPC is on for every rank or for none.
 //
 // Not registered with torch directly: ShmBackend (the "fastpar" backend torch
 // creates once for both devices) forwards calls on CUDA tensors here.
@@ -18,6 +32,7 @@
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
+#include <c10/cuda/CUDAStream.h>
 #include <torch/extension.h>
 
 #include <atomic>
@@ -27,6 +42,9 @@
 #include <string>
 
 #include "../transport/cuda_ipc/ipc_endpoint.h"
+#include "../transport/cuda_ipc/ipc_failure.h"
+#include "../transport/cuda_ipc/route.h"
+#include "cuda_ipc_work.h"
 
 namespace fastpar {
 namespace ops {
@@ -49,7 +67,7 @@ class CudaBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts) override;
 
-  // Everything below: the fallback backend, unchanged.
+  // Over IPC where the route says so, else the fallback.
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
@@ -66,6 +84,7 @@ class CudaBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                  std::vector<at::Tensor>& inputs,
                                                                  const c10d::AllgatherOptions& opts) override;
+  // The fallback (refused with a message when ranks share a GPU).
   c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
                                         std::vector<at::Tensor>& inputs, const c10d::GatherOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
@@ -90,9 +109,15 @@ class CudaBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
 
-  // Diagnostics (Python properties): "not set up", "ipc on cuda:N", or
-  // "fallback: <reason>"; how many all_reduce calls took each route.
+  // Diagnostics (Python properties): "not set up", "ipc on cuda:N" (plus
+  // "; <GPU-sharing note>" when ranks share a GPU), or "fallback: <reason>";
+  // how many CUDA calls took each route.
   std::string ipc_state() const;
+  bool shares_gpu() const;
+  // "on", "off", "unknown" (cudaDevAttrMpsEnabled), or "" before setup.
+  std::string mps() const;
+  // The rank the peer watcher found dead, or -1.
+  int dead_peer() const;
   int64_t ipc_calls() const { return ipc_calls_; }
   int64_t fallback_calls() const { return fallback_calls_; }
   int64_t max_ipc_bytes() const { return max_ipc_bytes_; }
@@ -102,6 +127,18 @@ class CudaBackend : public c10d::Backend {
  private:
   void set_up(int device);  // the lazy, collective IPC setup (mu_ held)
   void release_ipc(bool farewell) noexcept;
+  // Sets IPC up at the first eligible-looking CUDA call (mu_ held) and checks
+  // the tensor is on the IPC device; the query's setup-dependent fields.
+  cuda_ipc::RouteQuery query_for(const char* op, const at::Tensor& t);
+  // For a call the route sends to the fallback: refuses it (ValueError
+  // naming `op` and why IPC would not serve it) when ranks share a GPU, where
+  // NCCL cannot run; else counts it.
+  void to_fallback(const char* op, const cuda_ipc::RouteQuery& q);
+  // The common start of an IPC call (mu_ held): raises if the communicator
+  // failed, sets the flag-wait timeout, counts the call; the stream to use.
+  c10::cuda::CUDAStream begin_ipc(const char* op, const at::Tensor& t, std::chrono::milliseconds timeout);
+  c10::intrusive_ptr<c10d::Work> ipc_work(c10d::OpType type, const char* op, std::vector<at::Tensor> outputs,
+                                          const c10::cuda::CUDAStream& stream, std::chrono::milliseconds timeout);
 
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::Backend> fallback_;
@@ -114,8 +151,10 @@ class CudaBackend : public c10d::Backend {
   mutable std::mutex mu_;      // setup and the IPC communicator's state (phase numbers, slots)
   bool set_up_ = false;
   int device_ = -1;            // this rank's IPC device, from the first CUDA all_reduce
-  std::shared_ptr<cuda_ipc::IpcEndpoint> ep_;  // null: every all_reduce goes to the fallback
-  std::string why_not_;        // why ep_ is null, once set up
+  std::shared_ptr<IpcLink> link_;  // null: every CUDA call goes to the fallback
+  std::string why_not_;        // why link_ is null, once set up
+  bool group_shares_gpu_ = false;  // from setup, equal on every rank
+  cuda_ipc::Mps mps_ = cuda_ipc::Mps::kUnknown;
   std::atomic<int64_t> ipc_calls_{0}, fallback_calls_{0};
 };
 

@@ -3,6 +3,8 @@
 #include <c10/util/Exception.h>
 #include <cuda_runtime_api.h>
 
+#include <unistd.h>
+
 #include <cstring>
 #include <sstream>
 #include <vector>
@@ -66,7 +68,10 @@ std::string probe_peer(int device, const std::string& my_bus, int q, const std::
     return "cannot see rank " + std::to_string(q) + "'s GPU (PCI bus id " + peer_bus +
            ") among its visible devices (CUDA_VISIBLE_DEVICES)";
   }
-  if (dq == device) return "shares its GPU (PCI bus id " + my_bus + ") with rank " + std::to_string(q);
+  // Ranks sharing one GPU: IPC handles open in another process on the same
+  // device, and the arena is then plain local memory to both; no peer access
+  // to enable.
+  if (dq == device) return "";
   int can = 0;
   if (cudaDeviceCanAccessPeer(&can, device, dq) != cudaSuccess) {
     cudaGetLastError();
@@ -87,18 +92,24 @@ IpcRendezvous ipc_rendezvous(c10d::Store& store, int rank, int size, int device,
 
   // cfg: the knobs must match, or ranks would route the same call differently.
   std::ostringstream cfg;
-  cfg << max_ipc_bytes << " " << slot_bytes << " " << my_bus;
+  cfg << max_ipc_bytes << " " << slot_bytes << " " << my_bus << " " << int64_t(getpid());
   const std::vector<std::string> cfgs = exchange(store, "cfg", rank, size, cfg.str(), timeout);
   std::vector<std::string> buses(static_cast<size_t>(size));
+  out.pids.assign(size_t(size), -1);
   for (int q = 0; q < size; ++q) {
     std::istringstream in(cfgs[size_t(q)]);
     int64_t max_q = -1, slot_q = -1;
-    in >> max_q >> slot_q >> buses[size_t(q)];
+    in >> max_q >> slot_q >> buses[size_t(q)] >> out.pids[size_t(q)];
     TORCH_CHECK_VALUE(max_q == max_ipc_bytes, "fastpar: FASTPAR_CUDA_IPC_MAX_BYTES is ", max_q, " on rank ", q, " but ",
                 max_ipc_bytes, " on rank ", rank, "; it must be equal on every rank (it picks each call's route)");
     TORCH_CHECK_VALUE(slot_q == slot_bytes, "fastpar: FASTPAR_CUDA_IPC_SLOT_BYTES is ", slot_q, " on rank ", q, " but ",
                 slot_bytes, " on rank ", rank, "; it must be equal on every rank");
   }
+  // Decided from the cfg round only, so every rank gets the same answer: it
+  // picks routes (NCCL refuses ranks that share a GPU).
+  for (int q = 0; q < size && !out.group_shares_gpu; ++q)
+    for (int p = q + 1; p < size; ++p)
+      if (buses[size_t(q)] != "unknown" && buses[size_t(q)] == buses[size_t(p)]) out.group_shares_gpu = true;
   if (max_ipc_bytes == 0) {
     out.why_not = "FASTPAR_CUDA_IPC_MAX_BYTES=0";
     return out;

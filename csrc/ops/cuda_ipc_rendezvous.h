@@ -10,6 +10,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "../transport/cuda_ipc/ipc_endpoint.h"
 
@@ -19,13 +20,19 @@ namespace ops {
 struct IpcRendezvous {
   std::shared_ptr<cuda_ipc::IpcEndpoint> endpoint;  // connected, or null: use the fallback
   std::string why_not;                              // when null: the reason, identical on every rank
+  // From the cfg round, so identical on every rank whatever the outcome:
+  bool group_shares_gpu = false;  // two ranks of the group have the same PCI bus id
+  std::vector<int64_t> pids;      // rank q's process id (for the peer watcher)
 };
 
 // Rounds (each: every rank publishes one key, then reads all ranks' keys):
-//   cfg     max_ipc_bytes, slot_bytes, PCI bus id  (differing knobs: an error on every rank)
+//   cfg     max_ipc_bytes, slot_bytes, PCI bus id, pid  (differing knobs: an
+//           error on every rank)
 //   probe   "can I map every peer": the peer's bus id is visible here
-//           (cudaDeviceGetByPCIBusId), is not this rank's own GPU, and
-//           cudaDeviceCanAccessPeer says yes
+//           (cudaDeviceGetByPCIBusId), and it is this rank's own GPU (a peer
+//           process on the same device: cudaIpcOpenMemHandle maps memory of
+//           another process on one device; only the same process could not)
+//           or cudaDeviceCanAccessPeer says yes
 //   handle  the arena's cudaIpcMemHandle_t (or why allocating it failed)
 //   open    whether mapping every peer's arena worked
 //   unwind  (only after a failed open) every rank has unmapped: arenas may go

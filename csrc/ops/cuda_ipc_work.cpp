@@ -10,56 +10,73 @@
 namespace fastpar {
 namespace ops {
 
-void throw_if_ipc_failed(const cuda_ipc::IpcEndpoint& ep, const char* op, int rank, std::chrono::milliseconds timeout) {
-  const uint32_t s = ep.host_status();
-  if (s == 0) return;
-  C10_THROW_ERROR(DistBackendError,
-                  std::string("fastpar: ") + op + " over CUDA IPC failed on rank " + std::to_string(rank) + ": " +
-                      cuda_ipc::wait_status_text(s) + " (flag-wait timeout " + std::to_string(timeout.count()) +
-                      " ms, the group's or the call's timeout); this group's CUDA IPC communicator is unusable, "
-                      "destroy the group and create a new one");
+void IpcLink::watch(std::vector<int64_t> pids, int rank) {
+  cuda_ipc::IpcEndpoint* e = ep.get();  // outlives the watcher: release_ipc stops it first
+  watcher.start(std::move(pids), rank,
+                [e](int) { e->raise_host_abort(uint32_t(flags::WaitStatus::kPeerDead)); });
 }
 
-IpcAllreduceWork::IpcAllreduceWork(std::vector<at::Tensor> outputs, c10::cuda::CUDAStream stream,
-                                   std::shared_ptr<const cuda_ipc::IpcEndpoint> endpoint, int rank,
-                                   std::chrono::milliseconds timeout, bool blocking_wait)
-    : Work(rank, c10d::OpType::ALLREDUCE),
+cuda_ipc::FailureFacts IpcLink::facts() const {
+  cuda_ipc::FailureFacts f;
+  f.status = ep->host_status();
+  f.dead_rank = watcher.dead_rank();
+  f.dead_pid = watcher.pid_of(f.dead_rank);
+  f.aborted_here = aborted.load();
+  return f;
+}
+
+void IpcLink::throw_if_failed(const char* op, int rank, std::chrono::milliseconds timeout) const {
+  const cuda_ipc::FailureFacts f = facts();
+  if (f.status == 0 && !f.aborted_here) return;
+  C10_THROW_ERROR(DistBackendError, cuda_ipc::failure_message(op, rank, f, timeout.count()));
+}
+
+IpcWork::IpcWork(c10d::OpType type, const char* op_name, std::vector<at::Tensor> outputs,
+                 c10::cuda::CUDAStream stream, std::shared_ptr<const IpcLink> link, int rank,
+                 std::chrono::milliseconds timeout, bool blocking_wait)
+    : Work(rank, type),
+      op_name_(op_name),
       outputs_(std::move(outputs)),
       stream_(stream),
-      endpoint_(std::move(endpoint)),
+      link_(std::move(link)),
       rank_(rank),
       timeout_(timeout),
       blocking_wait_(blocking_wait) {
   done_.record(stream_);
 }
 
-bool IpcAllreduceWork::isCompleted() { return done_.query(); }
+bool IpcWork::isCompleted() { return done_.query(); }
 
-bool IpcAllreduceWork::isSuccess() const { return endpoint_->host_status() == 0; }
+bool IpcWork::isSuccess() const { return link_->ep->host_status() == 0; }
 
-bool IpcAllreduceWork::wait(std::chrono::milliseconds timeout) {
-  if (blocking_wait_) {
+bool IpcWork::wait(std::chrono::milliseconds timeout) {
+  // A dead peer: the watcher raised the host abort word, so this call's
+  // kernels end within one poll (microseconds) whether they finish or fail;
+  // synchronizing is bounded and lets the failure surface here, in seconds.
+  const bool sync = blocking_wait_ || link_->watcher.dead_rank() >= 0 || link_->aborted.load();
+  if (sync) {
     if (timeout <= ::kNoTimeout) {
       // Bounded anyway: the phase kernels give up at the group's timeout.
       done_.synchronize();
     } else {
       const auto deadline = std::chrono::steady_clock::now() + timeout;
       while (!done_.query()) {
-        TORCH_CHECK_WITH(DistBackendError, std::chrono::steady_clock::now() < deadline, "fastpar: all_reduce over CUDA IPC on rank ",
-                         rank_, " did not finish within wait(timeout=", timeout.count(), " ms)");
+        TORCH_CHECK_WITH(DistBackendError, std::chrono::steady_clock::now() < deadline, "fastpar: ", op_name_,
+                         " over CUDA IPC on rank ", rank_, " did not finish within wait(timeout=", timeout.count(),
+                         " ms)");
         std::this_thread::sleep_for(std::chrono::microseconds(50));
       }
     }
   } else {
     done_.block(c10::cuda::getCurrentCUDAStream(stream_.device_index()));
   }
-  throw_if_ipc_failed(*endpoint_, "all_reduce", rank_, timeout_);
+  link_->throw_if_failed(op_name_, rank_, timeout_);
   return true;
 }
 
-void IpcAllreduceWork::synchronize() { done_.block(c10::cuda::getCurrentCUDAStream(stream_.device_index())); }
+void IpcWork::synchronize() { done_.block(c10::cuda::getCurrentCUDAStream(stream_.device_index())); }
 
-c10::intrusive_ptr<c10::ivalue::Future> IpcAllreduceWork::getFuture() {
+c10::intrusive_ptr<c10::ivalue::Future> IpcWork::getFuture() {
   std::lock_guard<std::mutex> g(future_mu_);
   if (!future_) {
     future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),

@@ -3,6 +3,7 @@
 // FASTPAR_CUDA_IPC_MAX_BYTES. Every rank evaluates this on equal inputs, so
 // the policy being a pure function of them is what keeps ranks on one route.
 #include <cstdint>
+#include <string>
 
 #include "check.h"
 #include "transport/cuda_ipc/route.h"
@@ -105,7 +106,39 @@ static void parser() {
   CHECK(v == 5);
 }
 
+// Ranks sharing a GPU: NCCL cannot run, so the threshold (a choice between
+// two working routes) no longer sends large calls away from IPC; every other
+// condition still holds. ipc_refusal names the first failing condition.
+static void shared_gpu_ignores_the_threshold_only() {
+  RouteQuery q = eligible();
+  q.fallback_usable = false;
+  q.nbytes = kDefaultMaxIpcBytes * 16;
+  CHECK(route_ipc(q) == Route::kIpc);
+  CHECK(std::string(ipc_refusal(q)).empty());
+  q.fallback_usable = true;
+  CHECK(route_ipc(q) == Route::kFallback);
+  CHECK(std::string(ipc_refusal(q)) == "larger than FASTPAR_CUDA_IPC_MAX_BYTES");
+  q = eligible();
+  q.fallback_usable = false;
+  q.max_ipc_bytes = 0;  // IPC off by the knob stays off
+  CHECK(route_ipc(q) == Route::kFallback);
+  CHECK(std::string(ipc_refusal(q)) == "FASTPAR_CUDA_IPC_MAX_BYTES=0");
+  q = eligible();
+  q.fallback_usable = false;
+  q.contiguous = false;
+  CHECK(route_ipc(q) == Route::kFallback);
+  CHECK(std::string(ipc_refusal(q)) == "a tensor is not contiguous");
+  q = eligible();
+  q.peer_access_agreed = false;
+  q.dtype_supported = false;
+  CHECK(std::string(ipc_refusal(q)).find("not set up") != std::string::npos);  // the first condition wins
+  q = eligible();
+  q.op_supported = false;
+  CHECK(std::string(ipc_refusal(q)).find("reduce op") != std::string::npos);
+}
+
 int main() {
+  shared_gpu_ignores_the_threshold_only();
   each_condition_is_required();
   size_threshold_is_inclusive();
   world_size_limits();

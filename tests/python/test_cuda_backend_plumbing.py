@@ -1,8 +1,9 @@
 """fastpar._C.CudaBackend without a GPU: construction, its knobs from the
-environment, and the forwarding of every non-all_reduce call to its fallback
-backend, with a one-rank gloo group standing in for NCCL (the class itself
-never touches the GPU until the first CUDA all_reduce). The CUDA paths:
-test_cuda_backend.py (needs >= 2 GPUs)."""
+environment, its state before setup, argument errors of the IPC-capable
+collectives, and the forwarding of the other calls to its fallback backend,
+with a one-rank gloo group standing in for NCCL (the class itself never
+touches the GPU until the first CUDA collective). The CUDA paths:
+test_cuda_backend.py (needs a GPU)."""
 import datetime
 import os
 
@@ -31,6 +32,7 @@ def clean_env(monkeypatch):
 def test_defaults_and_state():
     cb = make()
     assert cb.ipc_state == "not set up"
+    assert cb.shares_gpu is False and cb.mps == "" and cb.dead_peer == -1
     assert cb.max_ipc_bytes == 8 << 20
     assert cb.blocking_wait is False
     assert isinstance(cb.fallback, dist.ProcessGroupGloo)
@@ -61,16 +63,57 @@ def test_fallback_is_required():
         fastpar._C.CudaBackend(dist.HashStore(), 0, 1, 1000, None)
 
 
-def test_other_collectives_go_to_the_fallback():
+def test_calls_without_ipc_schedule_go_to_the_fallback():
     cb = make()
     t = torch.arange(6, dtype=torch.float32)
-    cb.broadcast([t]).wait()
-    assert torch.equal(t, torch.arange(6, dtype=torch.float32))
-    out = [torch.zeros(6)]
-    cb.allgather([out], [t]).wait()
-    assert torch.equal(out[0], t)
+    out = [[torch.zeros(6)]]
+    cb.allgather_coalesced(out, [t]).wait()
+    assert torch.equal(out[0][0], t)
     cb.barrier().wait()
-    assert cb.ipc_state == "not set up"  # only a CUDA all_reduce sets IPC up
+    assert cb.ipc_state == "not set up"  # only a CUDA collective with an IPC schedule sets IPC up
+    assert cb.ipc_calls == 0
+
+
+@pytest.mark.parametrize("call,words", [
+    (lambda cb: cb.broadcast([torch.ones(3)]),
+     r"fastpar.broadcast: tensors\[0\] is on device 'cpu' but fastpar's CUDA backend handles CUDA tensors only"),
+    (lambda cb: cb.allgather([[torch.zeros(3)]], [torch.ones(3)]),
+     r"fastpar.all_gather: input_tensor is on device 'cpu'"),
+    (lambda cb: cb._allgather_base(torch.zeros(3), torch.ones(3)),
+     r"fastpar.all_gather_into_tensor: input_tensor is on device 'cpu'"),
+    (lambda cb: cb.reduce([torch.ones(3)]),
+     r"fastpar.reduce: tensors\[0\] is on device 'cpu'"),
+    (lambda cb: cb.reduce_scatter([torch.zeros(3)], [[torch.ones(3)]]),
+     r"fastpar.reduce_scatter: output is on device 'cpu'"),
+    (lambda cb: cb._reduce_scatter_base(torch.zeros(3), torch.ones(3)),
+     r"fastpar.reduce_scatter_tensor: output is on device 'cpu'"),
+    (lambda cb: cb.gather([[torch.zeros(3)]], [torch.ones(3)], dist.GatherOptions()),
+     r"fastpar.gather: tensor is on device 'cpu'"),
+    (lambda cb: cb.scatter([torch.zeros(3)], [[torch.ones(3)]], dist.ScatterOptions()),
+     r"fastpar.scatter: tensor is on device 'cpu'"),
+    (lambda cb: cb.alltoall_base(torch.zeros(3), torch.ones(3), [], [], dist.AllToAllOptions()),
+     r"fastpar.all_to_all_single: input is on device 'cpu'"),
+    (lambda cb: cb.alltoall([torch.zeros(3)], [torch.ones(3)], dist.AllToAllOptions()),
+     r"fastpar.all_to_all: input_tensor_list\[0\] is on device 'cpu'"),
+    (lambda cb: cb.alltoall([torch.zeros(3), torch.zeros(3)], [torch.ones(3)], dist.AllToAllOptions()),
+     r"fastpar.all_to_all: input_tensor_list and output_tensor_list must hold 1 tensors \(one per rank\), got 1 "
+     r"and 2"),
+    (lambda cb: cb.broadcast([torch.ones(3), torch.ones(3)]),
+     r"fastpar.broadcast: expected exactly one tensor in tensors \(one per process\), got 2"),
+    (lambda cb: cb.allgather([[torch.zeros(3)]], [torch.ones(3), torch.ones(3)]),
+     r"fastpar.all_gather: expected one input tensor and one output list \(one per process\), got 2 and 1"),
+])
+def test_ipc_collectives_refuse_bad_arguments_by_name(call, words):
+    cb = make()
+    with pytest.raises(ValueError, match=words):
+        call(cb)
+    assert cb.ipc_state == "not set up"  # refused before any setup
+
+
+def test_abort_before_setup_is_harmless():
+    cb = make()
+    cb.abort()
+    assert cb.ipc_state == "not set up"
 
 
 def test_all_reduce_refuses_non_cuda_tensors_by_argument_and_device():

@@ -4,7 +4,10 @@ on any machine with a C++20 compiler, GPU or not:
   * the reduce and ring-step kernels, run thread by thread (index math,
     16-byte and scalar paths, aliasing) and the cuda_p2p ring executor;
   * the CUDA IPC allreduce schedules with one thread per rank over the shared
-    flag protocol (slot rotation, chunking, mismatch handling).
+    flag protocol (slot rotation, chunking, mismatch handling);
+  * the CUDA IPC broadcast / all_gather / reduce / reduce_scatter schedules,
+    interleaved with allreduce, desynced calls, and the host abort word that
+    the peer watcher raises when a peer process dies.
 Streams, events, peer access, IPC mappings and the PTX memory-ordering policy
 still need real GPUs: test_cuda.py, test_cuda_ipc.py."""
 import os
@@ -17,7 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 HERE = os.path.join(ROOT, "tests", "cpp", "cuda_host_emulation")
 
 
-@pytest.mark.parametrize("program", ["kernels_and_ring_test", "ipc_schedules_test"])
+@pytest.mark.parametrize("program", ["kernels_and_ring_test", "ipc_schedules_test", "ipc_collectives_test"])
 def test_cuda_code_on_host(program, tmp_path):
     cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
     if not cxx:

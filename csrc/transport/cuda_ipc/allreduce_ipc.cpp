@@ -10,68 +10,24 @@
 #include "../../algorithms/ring_schedule.h"  // split_range
 #include "../../kernels/cuda_reduce_launch.h"
 #include "../cuda_p2p/cuda_try.h"
-#include "phase_launch.h"
+#include "ipc_steps.h"
 
 namespace fastpar {
 namespace cuda_ipc {
 namespace {
 
-char* at(void* p, int64_t elems, int64_t ts) { return static_cast<char*>(p) + elems * ts; }
-const char* at(const void* p, int64_t elems, int64_t ts) { return static_cast<const char*>(p) + elems * ts; }
+using ipc_steps::at;
+using ipc_steps::check_comm;
+using ipc_steps::guarded_copy;
+using ipc_steps::next_round;
+using ipc_steps::reduce;
 
 // Shards start on 64-byte boundaries, as in allreduce_shm.h: no two ranks
 // write one cache line, and every shard keeps the 16-byte alignment of its buffer.
 int64_t shard_align(int64_t ts) { return std::max<int64_t>(1, 64 / ts); }
 
-int next_round(IpcComm& c) { return int(c.rounds++ % flags::kSlots); }
-
 cudaError_t phase(IpcComm& c, IpcOp op, DType dt, ReduceOp rop, int64_t count, cudaStream_t stream) {
-  PhaseArgs a{};
-  a.self = control_of(c.bases[c.rank]);
-  for (int q = 0; q < c.size; ++q) a.peers[q] = control_of(c.bases[q]);
-  a.status = status_of(c.bases[c.rank]);
-  a.host_status = c.host_status;
-  a.desc.seq = ++c.seq;
-  a.desc.count = count;
-  a.desc.aux = -1;
-  a.desc.op = int32_t(op);
-  a.desc.dtype = int32_t(dt);
-  a.desc.root = -1;
-  a.desc.redop = int32_t(rop);
-  a.rank = c.rank;
-  a.size = c.size;
-  a.timeout_ns = c.timeout_ns;
-  return launch_phase(a, stream);
-}
-
-// The reduce kernel, guarded by this rank's status word.
-cudaError_t reduce(const IpcComm& c, DType dt, ReduceOp op, const void* const* srcs, int nsrc, void* const* dsts,
-                   int ndst, int64_t count, int contributions, cudaStream_t stream) {
-  cuda_kernels::ReduceLaunch l;
-  for (int i = 0; i < nsrc; ++i) l.srcs[i] = srcs[i];
-  for (int i = 0; i < ndst; ++i) l.dsts[i] = dsts[i];
-  l.nsrc = nsrc;
-  l.ndst = ndst;
-  l.count = count;
-  l.contributions = contributions;
-  l.guard = status_of(c.bases[c.rank]);
-  return cuda_kernels::launch_reduce(dt, op, l, stream);
-}
-
-// A byte copy out of a peer's slot: the reduce kernel with one source over
-// uint8 (exact bits, 16-byte packs), guarded like the reductions.
-cudaError_t guarded_copy(const IpcComm& c, void* dst, const void* src, int64_t bytes, cudaStream_t stream) {
-  const void* s[1] = {src};
-  void* d[1] = {dst};
-  return reduce(c, DType::U8, ReduceOp::SUM, s, 1, d, 1, bytes, 1, stream);
-}
-
-cudaError_t check_comm(const IpcComm& c) {
-  if (c.size < 1 || c.size > kMaxIpcRanks || c.rank < 0 || c.rank >= c.size || c.slot_bytes < 64)
-    return cudaErrorInvalidValue;
-  for (int q = 0; q < c.size; ++q)
-    if (!c.bases[q]) return cudaErrorInvalidValue;
-  return cudaSuccess;
+  return ipc_steps::phase(c, op, int32_t(dt), int32_t(rop), count, -1, stream);
 }
 
 }  // namespace

@@ -39,6 +39,10 @@ struct IpcComm {
   // word: a failed phase writes it too, so the host can see the failure
   // without synchronizing any stream (null: no mirror).
   uint32_t* host_status = nullptr;
+  // Optional device pointer to the host abort word (pinned, host-mapped): the
+  // host writes a flags::WaitStatus there (a peer died, abort()) and waiting
+  // phase kernels give up with it (phase_step.h). Null: none.
+  const uint64_t* host_abort = nullptr;
   uint64_t seq = 0;     // last phase posted (the protocol's phase number)
   uint64_t rounds = 0;  // slot rounds started; slot = rounds % flags::kSlots
 };
@@ -61,7 +65,18 @@ inline bool prefer_one_shot(int64_t nbytes, const IpcComm& c) {
 
 // Descriptor op ids: peers running different schedules fail with kMismatch
 // instead of reading each other's slots with different layouts.
-enum class IpcOp : int32_t { kAllreduceOneShot = 1, kAllreduceTwoShot = 2 };
+enum class IpcOp : int32_t {
+  kAllreduceOneShot = 1,
+  kAllreduceTwoShot = 2,
+  kBroadcast = 3,
+  kAllgather = 4,
+  kBarrier = 5,
+  kReduceScatter = 6,
+  kReduce = 7,
+  kGather = 8,
+  kScatter = 9,
+  kAllToAll = 10,
+};
 
 // One-shot: each chunk (a slot's worth) is copied in, one phase, and every rank
 // reduces all n slots. Latency: one flag round trip per chunk. `out` may be `in`.

@@ -6,18 +6,10 @@
 
 namespace fastpar {
 namespace cuda_ipc {
-
-const char* wait_status_text(uint32_t status) {
-  switch (flags::WaitStatus(status)) {
-    case flags::WaitStatus::kOk: return "ok";
-    case flags::WaitStatus::kTimeout: return "timed out waiting for a peer's flag";
-    case flags::WaitStatus::kPeerAborted: return "a peer aborted";
-    case flags::WaitStatus::kPeerDead: return "a peer died";
-    case flags::WaitStatus::kMismatch:
-      return "peers are in a different call (op, numel, dtype or algorithm differ)";
-  }
-  return "unknown failure";
-}
+namespace {
+constexpr size_t kHostAbortOffset = 8;
+constexpr size_t kHostWordsBytes = 16;
+}  // namespace
 
 IpcEndpoint::~IpcEndpoint() {
   disconnect();
@@ -30,9 +22,12 @@ cudaError_t IpcEndpoint::create(int rank, int size, int device, size_t slot_byte
   cuda_p2p::DeviceRestore restore;
   FASTPAR_CUDA_TRY(cudaSetDevice(device));
   // The mirror first: a failure after the arena exists would have to free it.
+  // 16 bytes: the status mirror at 0, the host abort word at 8.
   void* host = nullptr;
-  FASTPAR_CUDA_TRY(cudaHostAlloc(&host, sizeof(uint32_t), cudaHostAllocMapped));
+  FASTPAR_CUDA_TRY(cudaHostAlloc(&host, kHostWordsBytes, cudaHostAllocMapped));
   *static_cast<volatile uint32_t*>(host) = 0;
+  __atomic_store_n(reinterpret_cast<uint64_t*>(static_cast<char*>(host) + kHostAbortOffset), uint64_t(0),
+                   __ATOMIC_RELEASE);
   void* dev_view = nullptr;
   void* base = nullptr;
   cudaError_t err = cudaHostGetDevicePointer(&dev_view, host, 0);
@@ -42,6 +37,7 @@ cudaError_t IpcEndpoint::create(int rank, int size, int device, size_t slot_byte
     return err;
   }
   host_status_ = static_cast<uint32_t*>(host);
+  host_abort_ = reinterpret_cast<uint64_t*>(static_cast<char*>(host) + kHostAbortOffset);
   c_ = IpcComm{};
   c_.rank = rank;
   c_.size = size;
@@ -49,6 +45,7 @@ cudaError_t IpcEndpoint::create(int rank, int size, int device, size_t slot_byte
   c_.slot_bytes = slot_bytes;
   c_.bases[rank] = base;
   c_.host_status = static_cast<uint32_t*>(dev_view);
+  c_.host_abort = reinterpret_cast<const uint64_t*>(static_cast<char*>(dev_view) + kHostAbortOffset);
   return cudaSuccess;
 }
 
@@ -108,7 +105,9 @@ cudaError_t IpcEndpoint::free_arena() {
   const cudaError_t err = arena_free(own);
   cudaFreeHost(host_status_);
   host_status_ = nullptr;
+  host_abort_ = nullptr;
   c_.host_status = nullptr;
+  c_.host_abort = nullptr;
   return err;
 }
 
@@ -120,8 +119,19 @@ void IpcEndpoint::abandon_arena() {
   }  // else the device is broken: leave the mirror too
   c_.bases[c_.rank] = nullptr;
   host_status_ = nullptr;
+  host_abort_ = nullptr;
   c_.host_status = nullptr;
+  c_.host_abort = nullptr;
 }
+
+void IpcEndpoint::raise_host_abort(uint32_t code) {
+  if (host_abort_ == nullptr || code == 0) return;
+  uint64_t expected = 0;
+  // Release: pairs with the kernel's ld.acquire.sys of the word.
+  __atomic_compare_exchange_n(host_abort_, &expected, uint64_t(code), false, __ATOMIC_RELEASE, __ATOMIC_RELAXED);
+}
+
+uint64_t IpcEndpoint::host_abort() const { return host_abort_ ? __atomic_load_n(host_abort_, __ATOMIC_ACQUIRE) : 0u; }
 
 uint32_t IpcEndpoint::host_status() const {
   return host_status_ ? __atomic_load_n(host_status_, __ATOMIC_ACQUIRE) : 0u;

@@ -22,12 +22,10 @@
 #include <cstdint>
 
 #include "allreduce_ipc.h"
+#include "ipc_failure.h"  // wait_status_text
 
 namespace fastpar {
 namespace cuda_ipc {
-
-// Human words for a flags::WaitStatus stored in a status word.
-const char* wait_status_text(uint32_t status);
 
 class IpcEndpoint {
  public:
@@ -60,10 +58,19 @@ class IpcEndpoint {
   // The failure a phase kernel recorded (0: none), read without synchronizing:
   // it lags the device by the kernels still queued.
   uint32_t host_status() const;
+  // Makes waiting phase kernels of this rank give up with `code` (a
+  // flags::WaitStatus), and every later one fail at once; never blocks, so
+  // the peer watcher and abort() may call it while a kernel spins. The first
+  // code stays. Thread-safe.
+  void raise_host_abort(uint32_t code);
+  uint64_t host_abort() const;
 
  private:
   IpcComm c_;
+  // One pinned, host-mapped allocation: the status mirror (device -> host)
+  // and, 8 bytes on, the host abort word (host -> device).
   uint32_t* host_status_ = nullptr;  // host address of c_.host_status
+  uint64_t* host_abort_ = nullptr;   // host address of c_.host_abort
   bool connected_ = false;
 };
 

@@ -1,5 +1,5 @@
 // The one piece of the IPC schedules that is device code: launching the phase
-// step (phase_kernel.cuh). Split out so that the schedules (allreduce_ipc.cpp)
+// step (phase_step.h, run by phase_kernel.cuh). Split out so that the schedules (allreduce_ipc.cpp)
 // are plain host code.
 #pragma once
 
@@ -18,6 +18,7 @@ struct PhaseArgs {
   const flags::ControlBlock* peers[kMaxIpcRanks];  // peers[rank] is unused
   uint32_t* status;                                 // this rank's status word
   uint32_t* host_status;                            // its host-mapped mirror, or null
+  const uint64_t* host_abort;                       // host abort word, device view (phase_step.h), or null
   flags::OpDesc desc;
   int rank;
   int size;
@@ -26,7 +27,8 @@ struct PhaseArgs {
 
 // Enqueues on `stream` (a stream of the current device): if *status != 0,
 // abort this rank; else post desc.seq and wait until every peer has posted it
-// with the same descriptor, recording a failure in *status.
+// with the same descriptor, recording a failure in *status (a timeout, a
+// peer's abort, a mismatch, or the code the host wrote to *host_abort).
 cudaError_t launch_phase(const PhaseArgs& a, cudaStream_t stream);
 
 }  // namespace cuda_ipc

@@ -18,54 +18,8 @@
 #include <thread>
 #include <vector>
 
-#include "emulated_launchers.h"
+#include "emulated_ipc.h"
 #include "csrc/kernels/cpu_reduce.h"
-#include "csrc/transport/cuda_ipc/allreduce_ipc.h"
-#include "csrc/transport/cuda_ipc/phase_launch.h"
-
-namespace fastpar {
-namespace cuda_ipc {
-
-// The host memory-ordering policy, as the CPU shared-memory transport's.
-struct HostMemory {
-  static uint64_t load_acquire(const uint64_t* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
-  static void store_release(uint64_t* p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
-  static void pause() { std::this_thread::yield(); }
-  static uint64_t now_ns() {
-    return uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                        std::chrono::steady_clock::now().time_since_epoch())
-                        .count());
-  }
-};
-
-struct NoPoll {
-  flags::WaitStatus operator()() const { return flags::WaitStatus::kOk; }
-};
-
-// phase_kernel's body (phase_kernel.cuh) over HostMemory.
-cudaError_t launch_phase(const PhaseArgs& a, cudaStream_t) {
-  if (*a.status != 0) {
-    flags::abort_rank<HostMemory>(a.self, *a.status);
-    return cudaSuccess;
-  }
-  flags::post<HostMemory>(a.self, a.desc);
-  const uint64_t deadline = HostMemory::now_ns() + a.timeout_ns;
-  for (int q = 0; q < a.size; ++q) {
-    if (q == a.rank) continue;
-    flags::OpDesc theirs;
-    const flags::WaitStatus s = flags::wait_and_check<HostMemory>(a.peers[q], a.desc, deadline, NoPoll{}, &theirs);
-    if (s != flags::WaitStatus::kOk) {
-      *a.status = uint32_t(s);
-      if (a.host_status) *static_cast<volatile uint32_t*>(a.host_status) = uint32_t(s);
-      flags::abort_rank<HostMemory>(a.self, uint64_t(s));
-      return cudaSuccess;
-    }
-  }
-  return cudaSuccess;
-}
-
-}  // namespace cuda_ipc
-}  // namespace fastpar
 
 #include "csrc/transport/cuda_ipc/allreduce_ipc.cpp"
 
@@ -80,27 +34,8 @@ void expect(bool ok, const char* what) {
   if (!ok && ++failures <= 20) std::fprintf(stderr, "FAILED %s\n", what);
 }
 
-struct Arenas {
-  std::vector<std::vector<uint4>> store;
-  std::vector<void*> bases;
-  Arenas(int n, size_t slot_bytes) {
-    for (int r = 0; r < n; ++r) {
-      store.emplace_back(cuda_ipc::arena_bytes(slot_bytes) / 16 + 1, uint4{});  // zeroed header
-      bases.push_back(store.back().data());
-    }
-  }
-};
-
-cuda_ipc::IpcComm comm_for(const Arenas& a, int rank, size_t slot_bytes) {
-  cuda_ipc::IpcComm c;
-  c.rank = rank;
-  c.size = int(a.bases.size());
-  c.device = rank;
-  for (int q = 0; q < c.size; ++q) c.bases[q] = a.bases[size_t(q)];
-  c.slot_bytes = slot_bytes;
-  c.timeout_ns = 20ull * 1000 * 1000 * 1000;
-  return c;
-}
+using emulated::Arenas;
+using emulated::comm_for;
 
 float value(int rank, int call, int64_t i) { return float((rank * 7 + call * 3 + i * 5) % 17) - 8.0f + 0.25f * float(rank); }
 

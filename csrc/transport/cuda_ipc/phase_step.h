@@ -1,0 +1,73 @@
+// The protocol's phase step (flags::post, then flags::wait_and_check on every
+// peer), written once over a memory-ordering policy: phase_kernel.cuh runs it
+// as a one-thread kernel (DeviceMemory), and the host emulation
+// (tests/cpp/cuda_host_emulation) runs the very same code over host atomics.
+#pragma once
+
+#include <cstdint>
+
+#include "../../algorithms/flag_protocol.h"
+#include "phase_launch.h"
+
+namespace fastpar {
+namespace cuda_ipc {
+
+// Peer liveness is the host's business (it sees processes, see
+// liveness/peer_watcher.h); on the device the way out of a wait besides the
+// deadline and the peers' abort words is the host abort word: a word of
+// host-mapped pinned memory that the host writes (a dead peer, abort()) and
+// the waiting kernel polls every flags::kPollSpins spins. Why pinned host
+// memory and not the control block's abort word in the arena: the arena is
+// device memory, and a host write to it would need a copy on some stream,
+// which would queue behind (or need a stream beside) the very kernel that is
+// spinning; a mapped host word is read by the kernel directly over the bus,
+// with ld.acquire.sys ordering it against the host's release store.
+//
+// The poll also reads every peer's abort word, not only the one of the peer
+// being waited for: a survivor waiting on a dead rank would otherwise never
+// hear that another survivor has already given up (each survivor's watcher
+// finds the death too, but only where the dead pid is visible in its /proc).
+template <class Mem>
+struct PhasePoll {
+  const PhaseArgs* a;
+  FASTPAR_HD flags::WaitStatus operator()() const {
+    if (a->host_abort != nullptr) {
+      const uint64_t v = Mem::load_acquire(a->host_abort);
+      if (v != 0) return flags::WaitStatus(int(v));
+    }
+    for (int q = 0; q < a->size; ++q)
+      if (q != a->rank && Mem::load_acquire(&a->peers[q]->abort) != 0) return flags::WaitStatus::kPeerAborted;
+    return flags::WaitStatus::kOk;
+  }
+};
+
+template <class Mem>
+FASTPAR_HD void phase_step(const PhaseArgs& a) {
+  if (*a.status != 0) {
+    // An earlier phase failed here: tell the peers instead of posting a phase
+    // whose data this rank never wrote.
+    flags::abort_rank<Mem>(a.self, *a.status);
+    return;
+  }
+  flags::post<Mem>(a.self, a.desc);
+  const uint64_t deadline = Mem::now_ns() + a.timeout_ns;
+  const PhasePoll<Mem> poll{&a};
+  for (int q = 0; q < a.size; ++q) {
+    if (q == a.rank) continue;
+    flags::OpDesc theirs;
+    const flags::WaitStatus s = flags::wait_and_check<Mem>(a.peers[q], a.desc, deadline, poll, &theirs);
+    if (s != flags::WaitStatus::kOk) {
+      *a.status = uint32_t(s);
+      // The host polls this word without synchronizing (the c10d backend's
+      // Work::wait); the system-scope release in abort_rank orders it.
+      if (a.host_status) *static_cast<volatile uint32_t*>(a.host_status) = uint32_t(s);
+      // Peers waiting on us stop too: this is how one dead rank seen by one
+      // watcher reaches every survivor's kernels.
+      flags::abort_rank<Mem>(a.self, uint64_t(s));
+      return;
+    }
+  }
+}
+
+}  // namespace cuda_ipc
+}  // namespace fastpar

@@ -1,0 +1,68 @@
+// The words of the CUDA IPC backend's failures and GPU-sharing state
+// (csrc/transport/cuda_ipc/ipc_failure.h): which facts make a communicator
+// failed, what the DistBackendError says (the op, this rank, the dead rank
+// and its pid, the timeout), and the MPS note and warning decision.
+#include <string>
+
+#include "check.h"
+#include "transport/cuda_ipc/ipc_failure.h"
+
+using namespace fastpar;
+using namespace fastpar::cuda_ipc;
+
+static bool has(const std::string& s, const char* part) { return s.find(part) != std::string::npos; }
+
+static void status_words() {
+  CHECK(std::string(wait_status_text(0)) == "ok");
+  CHECK(has(wait_status_text(uint32_t(flags::WaitStatus::kTimeout)), "timed out"));
+  CHECK(has(wait_status_text(uint32_t(flags::WaitStatus::kPeerAborted)), "aborted"));
+  CHECK(has(wait_status_text(uint32_t(flags::WaitStatus::kPeerDead)), "died"));
+  CHECK(has(wait_status_text(uint32_t(flags::WaitStatus::kMismatch)), "different call"));
+  CHECK(has(wait_status_text(99), "unknown"));
+}
+
+static void failed_and_message() {
+  FailureFacts f;
+  CHECK(!failed(f));
+  f.status = uint32_t(flags::WaitStatus::kMismatch);
+  CHECK(failed(f));
+  std::string m = failure_message("broadcast", 2, f, 5000);
+  CHECK(has(m, "fastpar: broadcast over CUDA IPC failed on rank 2: peers are in a different call"));
+  CHECK(has(m, "flag-wait timeout 5000 ms"));
+  CHECK(has(m, "destroy the group"));
+  // A dead peer is named whatever the status word says.
+  f.status = uint32_t(flags::WaitStatus::kPeerAborted);
+  f.dead_rank = 1;
+  f.dead_pid = 4242;
+  m = failure_message("all_reduce", 0, f, 1000);
+  CHECK(has(m, "all_reduce over CUDA IPC failed on rank 0: rank 1 (pid 4242) exited"));
+  FailureFacts dead_only;
+  dead_only.dead_rank = 3;
+  CHECK(failed(dead_only));
+  FailureFacts aborted;
+  aborted.aborted_here = true;
+  CHECK(failed(aborted));
+  CHECK(has(failure_message("reduce", 1, aborted, 10), "this rank's process group was aborted"));
+}
+
+static void gpu_sharing() {
+  CHECK(mps_from_attribute(false, 1) == Mps::kUnknown);
+  CHECK(mps_from_attribute(true, 0) == Mps::kOff);
+  CHECK(mps_from_attribute(true, 1) == Mps::kOn);
+  CHECK(gpu_sharing_note(false, Mps::kOff).empty());
+  CHECK(!sharing_warrants_warning(false, Mps::kOff));
+  CHECK(has(gpu_sharing_note(true, Mps::kOn), "MPS on"));
+  CHECK(!sharing_warrants_warning(true, Mps::kOn));
+  CHECK(has(gpu_sharing_note(true, Mps::kOff), "time-slice"));
+  CHECK(has(gpu_sharing_note(true, Mps::kOff), "nvidia-cuda-mps-control -d"));
+  CHECK(sharing_warrants_warning(true, Mps::kOff));
+  CHECK(has(gpu_sharing_note(true, Mps::kUnknown), "does not say"));
+  CHECK(sharing_warrants_warning(true, Mps::kUnknown));
+}
+
+int main() {
+  status_words();
+  failed_and_message();
+  gpu_sharing();
+  return TEST_MAIN_RESULT();
+}
