@@ -7,9 +7,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <stdexcept>
 
+#include "../liveness/process_liveness.h"
 #include "host_memory.h"
 
 namespace fastpar {
@@ -54,20 +54,6 @@ int64_t env_bytes(const char* name, int64_t dflt, int64_t min) {
     throw std::invalid_argument(std::string("fastpar: ") + name + " is '" + v +
                                 "' but must be an integer >= " + std::to_string(min));
   return x;
-}
-
-// Dead means gone or a zombie: a SIGKILLed child stays a zombie until its
-// parent reaps it, and kill(pid, 0) still succeeds on a zombie.
-bool process_alive(int64_t pid) {
-  char path[64];
-  std::snprintf(path, sizeof(path), "/proc/%lld/stat", static_cast<long long>(pid));
-  std::ifstream f(path);
-  if (!f) return false;
-  std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  const size_t p = s.rfind(')');
-  if (p == std::string::npos || p + 2 >= s.size()) return true;
-  const char state = s[p + 2];
-  return state != 'Z' && state != 'X' && state != 'x';
 }
 
 }  // namespace
@@ -178,7 +164,7 @@ ShmComm::ShmComm(int rank, int size, std::vector<int> global_ranks, const Rendez
     pids_[q] = h->pid;
     // A peer in another pid namespace (containers sharing /dev/shm) is not in
     // our /proc: never call it dead, rely on the timeout for it.
-    watch_[q] = q != rank_ && process_alive(h->pid);
+    watch_[q] = q != rank_ && liveness::process_alive(h->pid);
   }
   if (opts_.arena_bytes > 0) arena_free_[0] = opts_.arena_bytes;
 }
@@ -201,7 +187,7 @@ void ShmComm::fail(const std::string& msg) {
   throw std::runtime_error(msg);
 }
 
-bool ShmComm::peer_alive(int peer) const { return !watch_[peer] || process_alive(pids_[peer]); }
+bool ShmComm::peer_alive(int peer) const { return !watch_[peer] || liveness::process_alive(pids_[peer]); }
 
 bool ShmComm::peer_aborted(int peer) const { return HostMemory::load_acquire(&control(peer)->abort) != 0; }
 

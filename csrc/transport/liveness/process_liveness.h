@@ -1,7 +1,7 @@
 // Whether a process of this host is still running, from /proc/<pid>/stat.
 // Torch-free and CUDA-free: the CUDA IPC backend's peer watcher uses it, and
-// ctest checks it (tests/cpp/test_peer_watcher.cpp). The CPU shared-memory
-// transport (cpu_shm/shm_comm.cpp) applies the same rule.
+// ctest checks it (tests/cpp/test_peer_watcher.cpp); the CPU shared-memory
+// transport (cpu_shm/shm_comm.cpp) uses it too.
 #pragma once
 
 #include <cstdint>
