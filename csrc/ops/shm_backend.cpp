@@ -469,8 +469,17 @@ void ShmBackend::direct_all_reduce(const at::Tensor& t, int64_t op) {
                     " is not supported (supported: SUM, AVG, PRODUCT, MIN, MAX)");
   c10d::AllreduceOptions opts;
   opts.reduceOp = c10d::ReduceOp(static_cast<c10d::ReduceOp::RedOpType>(op));
-  std::vector<at::Tensor> ts{t};
-  allreduce(ts, opts)->wait();  // CPU: already done; CUDA: orders the current stream after it
+  if (for_cuda(t) || world_) {  // CUDA: wait() orders the current stream after it
+    std::vector<at::Tensor> ts{t};
+    allreduce(ts, opts)->wait();
+    return;
+  }
+  // The CPU path of allreduce() without its Work and tensor list: the same
+  // checks, words and schedule.
+  const DType dt = check_tensor("all_reduce", "tensors[0]", t);
+  const ReduceOp rop = reduce_op("all_reduce", opts.reduceOp, "tensors[0]", t);
+  auto g = start(std::chrono::milliseconds(0));
+  FASTPAR_RUN(cpu_shm::allreduce(*comm_, tuning_, t.data_ptr(), t.data_ptr(), t.numel(), dt, rop));
 }
 
 void ShmBackend::direct_broadcast(const at::Tensor& t, int64_t root) {

@@ -26,16 +26,19 @@ from torch.distributed import ReduceOp
 from .backend import get_fastpar_backend
 
 _OPS = {ReduceOp.SUM: 0, ReduceOp.AVG: 1, ReduceOp.PRODUCT: 2, ReduceOp.MIN: 3, ReduceOp.MAX: 4}
+_SUM = ReduceOp.SUM
+_NON_MEMBER = dist.GroupMember.NON_GROUP_MEMBER
+_world = dist.distributed_c10d._world
 
 # (group object, its fastpar backend) of the last call: one identity test per
 # call instead of a backend lookup (~1 us). The entry holds the group alive
-# only until a call on another group, or until destroy_process_group clears
-# the default group (checked through the group's identity below).
+# only until a call on another group; a new default group (after
+# destroy_process_group) is a new object, so it is looked up afresh.
 _last: list = [None, None]
 
 
 def _backend(group):
-    pg = group if group is not None else dist.distributed_c10d._world.default_pg
+    pg = _world.default_pg if group is None else group
     if pg is _last[0] and pg is not None:
         return _last[1]
     if pg is None:
@@ -47,6 +50,9 @@ def _backend(group):
 
 
 def _op_value(op) -> int:
+    # `is` first: hashing a ReduceOp costs more than the rest of the Python side
+    if op is _SUM:
+        return 0
     try:
         return _OPS[op]
     except (KeyError, TypeError):
@@ -54,20 +60,16 @@ def _op_value(op) -> int:
                          "(supported: SUM, AVG, PRODUCT, MIN, MAX)") from None
 
 
-def _not_member(group) -> bool:
-    return group is not None and group is dist.GroupMember.NON_GROUP_MEMBER
-
-
 def all_reduce(tensor: torch.Tensor, op=ReduceOp.SUM, group=None) -> None:
     """dist.all_reduce(tensor, op, group), in place and synchronous, on a fastpar group."""
-    if _not_member(group):
+    if group is _NON_MEMBER:
         return
     _backend(group)._direct_all_reduce(tensor, _op_value(op))
 
 
 def broadcast(tensor: torch.Tensor, src: int = 0, group=None) -> None:
     """dist.broadcast(tensor, src, group): `src` is a global rank, as in torch."""
-    if _not_member(group):
+    if group is _NON_MEMBER:
         return
     root = src if group is None else dist.get_group_rank(group, src)
     _backend(group)._direct_broadcast(tensor, root)
@@ -75,6 +77,6 @@ def broadcast(tensor: torch.Tensor, src: int = 0, group=None) -> None:
 
 def all_gather_into_tensor(output_tensor: torch.Tensor, input_tensor: torch.Tensor, group=None) -> None:
     """dist.all_gather_into_tensor(output_tensor, input_tensor, group), synchronous."""
-    if _not_member(group):
+    if group is _NON_MEMBER:
         return
     _backend(group)._direct_all_gather_into_tensor(output_tensor, input_tensor)
