@@ -76,14 +76,7 @@ def device_list(fn: str, devices: Any) -> list:
         i = next(i for i, d in enumerate(devs) if d.type != first.type)
         raise ValueError(f"fastpar.{fn}: devices[{i}] is '{devs[i]}' but devices[0] is '{first}'; "
                          f"all devices must be CPU or all CUDA")
-    seen: dict = {}
-    for i, d in enumerate(devs):
-        if d.type == "cuda":
-            if d in seen:
-                raise ValueError(f"fastpar.{fn}: devices[{i}] is '{d}', the same device as devices[{seen[d]}]; "
-                                 f"CUDA devices must be distinct (only 'cpu' may repeat)")
-            seen[d] = i
-    return devs
+    return devs  # a device may repeat: every entry gets its own buffer
 
 
 def dim_index(fn: str, dim: int, ndim: int, what: str = "tensor") -> int:

@@ -7,6 +7,8 @@ reduce_scatter), with two extensions:
 * CPU tensors are first-class: each list entry is its own buffer, and
   `devices` may repeat "cpu" (e.g. ``scatter(x, ["cpu", "cpu"])``). This is a
   real, multi-threaded, vectorized path, not a test double.
+* A CUDA device may repeat too (``allreduce([a, b])`` with both on cuda:0):
+  each entry is still its own buffer, so one GPU runs every op.
 * ``op`` takes torch.distributed.ReduceOp values: SUM, AVG, PRODUCT, MIN, MAX.
   16-bit floats accumulate in fp32; every output of an allreduce holds
   identical bits.

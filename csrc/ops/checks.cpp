@@ -82,13 +82,11 @@ void check_numel(const char* op, const std::string& name, const at::Tensor& t, i
                     " elements but ", expected, " were expected (", why, ")");
 }
 
-void check_tensor_list(const char* op, const char* arg, const at::TensorList& ts, bool distinct_cuda,
-                       bool same_numel) {
+void check_tensor_list(const char* op, const char* arg, const at::TensorList& ts, bool same_numel) {
   TORCH_CHECK_VALUE(!ts.empty(), "fastpar.", op, ": expected a non-empty list of tensors for argument '",
                     arg, "', got an empty list");
   const std::string first = indexed(arg, 0);
   to_dtype(op, first, ts[0].scalar_type());
-  std::vector<int> owner(1024, -1);  // CUDA device index -> list index
   for (size_t i = 0; i < ts.size(); ++i) {
     const std::string name = indexed(arg, i);
     TORCH_CHECK_VALUE(ts[i].defined(), "fastpar.", op, ": ", name, " is an undefined tensor");
@@ -97,15 +95,6 @@ void check_tensor_list(const char* op, const char* arg, const at::TensorList& ts
       TORCH_CHECK_VALUE(ts[i].numel() == ts[0].numel(), "fastpar.", op, ": ", name, " has ",
                         ts[i].numel(), " elements (shape ", ts[i].sizes(), ") but ", first, " has ",
                         ts[0].numel(), " elements (shape ", ts[0].sizes(), ")");
-    }
-    if (distinct_cuda && ts[i].is_cuda()) {
-      const int dev = ts[i].get_device();
-      TORCH_CHECK_VALUE(dev >= 0 && dev < int(owner.size()), "fastpar.", op, ": ", name,
-                        " has device index ", dev);
-      TORCH_CHECK_VALUE(owner[dev] < 0, "fastpar.", op, ": ", name, " is on device ", device_str(ts[i]),
-                        ", the same device as ", indexed(arg, owner[dev]),
-                        "; this op needs one tensor per CUDA device");
-      owner[dev] = int(i);
     }
   }
 }
@@ -121,7 +110,7 @@ void check_like_any_device(const char* op, const std::string& name, const at::Te
 }
 
 ReduceOp check_allreduce_args(at::TensorList tensors, int64_t op, const std::string& algorithm) {
-  check_tensor_list("allreduce", "tensors", tensors, /*distinct_cuda=*/true);
+  check_tensor_list("allreduce", "tensors", tensors);
   const ReduceOp rop = to_reduce_op("allreduce", op);
   check_op_dtype("allreduce", rop, "tensors[0]", tensors[0]);
   TORCH_CHECK_VALUE(algorithm == "auto" || algorithm == "direct" || algorithm == "ring",
@@ -130,7 +119,7 @@ ReduceOp check_allreduce_args(at::TensorList tensors, int64_t op, const std::str
 }
 
 ReduceOp check_reduce_args(at::TensorList inputs, const at::Tensor& output, int64_t op) {
-  check_tensor_list("reduce", "inputs", inputs, /*distinct_cuda=*/true);
+  check_tensor_list("reduce", "inputs", inputs);
   check_like("reduce", "output", output, "inputs[0]", inputs[0]);
   check_numel("reduce", "output", output, inputs[0].numel(), "the numel of inputs[0]");
   const ReduceOp rop = to_reduce_op("reduce", op);
@@ -139,8 +128,8 @@ ReduceOp check_reduce_args(at::TensorList inputs, const at::Tensor& output, int6
 }
 
 ReduceOp check_reduce_scatter_args(at::TensorList inputs, at::TensorList outputs, int64_t op) {
-  check_tensor_list("reduce_scatter", "inputs", inputs, /*distinct_cuda=*/true);
-  check_tensor_list("reduce_scatter", "outputs", outputs, /*distinct_cuda=*/true);
+  check_tensor_list("reduce_scatter", "inputs", inputs);
+  check_tensor_list("reduce_scatter", "outputs", outputs);
   const int64_t n = int64_t(inputs.size());
   TORCH_CHECK_VALUE(int64_t(outputs.size()) == n, "fastpar.reduce_scatter: outputs has ", outputs.size(),
                     " tensors but inputs has ", n);
@@ -153,8 +142,8 @@ ReduceOp check_reduce_scatter_args(at::TensorList inputs, at::TensorList outputs
 }
 
 void check_allgather_args(at::TensorList inputs, at::TensorList outputs) {
-  check_tensor_list("allgather", "inputs", inputs, /*distinct_cuda=*/true);
-  check_tensor_list("allgather", "outputs", outputs, /*distinct_cuda=*/true);
+  check_tensor_list("allgather", "inputs", inputs);
+  check_tensor_list("allgather", "outputs", outputs);
   TORCH_CHECK_VALUE(outputs.size() == inputs.size(), "fastpar.allgather: outputs has ", outputs.size(),
                     " tensors but inputs has ", inputs.size());
   check_like("allgather", "outputs[0]", outputs[0], "inputs[0]", inputs[0]);

@@ -24,10 +24,9 @@ std::optional<DType> maybe_dtype(at::ScalarType t);
 
 ReduceOp to_reduce_op(const char* op, int64_t value);
 
-// Non-empty, same dtype / numel, contiguous, one device type; `distinct_cuda`
-// additionally requires each CUDA tensor to be on its own device.
-void check_tensor_list(const char* op, const char* arg, const at::TensorList& ts,
-                       bool distinct_cuda, bool same_numel = true);
+// Non-empty, same dtype / numel, contiguous, one device type. A CUDA device
+// may appear more than once, as "cpu" may: every entry is its own buffer.
+void check_tensor_list(const char* op, const char* arg, const at::TensorList& ts, bool same_numel = true);
 
 // `t` against the first tensor of a list: same dtype, contiguous, same device type.
 void check_like(const char* op, const std::string& name, const at::Tensor& t,

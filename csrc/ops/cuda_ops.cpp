@@ -278,7 +278,7 @@ void allgather_cuda(at::TensorList inputs, at::TensorList outputs) {
 }
 
 void broadcast_cuda(const at::Tensor& src, at::TensorList outputs) {
-  check_tensor_list("broadcast", "outputs", outputs, /*distinct_cuda=*/true);
+  check_tensor_list("broadcast", "outputs", outputs);
   if (src.is_cuda() || !outputs[0].is_cuda()) {
     check_like("broadcast", "tensor", src, "outputs[0]", outputs[0]);
   } else {

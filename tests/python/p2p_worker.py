@@ -104,6 +104,28 @@ def sc_p2p_values():
     finish()
 
 
+def sc_p2p_hosts():
+    """Ranks on different (faked) hosts: point to point goes over the world
+    gloo group, any source included."""
+    init()
+    assert fd.get_fastpar_backend().hierarchical
+    n = 5003
+    if RANK == 0:
+        for q in range(1, WORLD):
+            got = torch.empty(n, dtype=torch.float16)
+            sender = dist.recv(got)
+            check(got, payload(sender, 0, n, torch.float16), f"recv from any host (sender {sender})")
+        dist.send(payload(0, 1, n, torch.int64, tag=3), 1, tag=3)
+    else:
+        dist.isend(payload(RANK, 0, n, torch.float16), 0).wait()
+        if RANK == 1:
+            t = torch.empty(n, dtype=torch.int64)
+            dist.recv(t, 0, tag=3)
+            check(t, payload(0, 1, n, torch.int64, tag=3), "recv across hosts")
+    print("p2p_hosts: ok", flush=True)
+    finish()
+
+
 def sc_p2p_bad_input():
     """Refused before any work, with the argument and both values; last, a size
     mismatch fails the receiver with both sides' sizes."""

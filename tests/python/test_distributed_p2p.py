@@ -28,6 +28,12 @@ def test_p2p_against_sent_values(world):
     assert all("p2p_values: ok" in r.out for r in results), [r.out for r in results]
 
 
+def test_p2p_across_hosts_uses_gloo():
+    results = run("p2p_hosts", 3, worker=WORKER, per_rank_env=lambda r: {"FASTPAR_HOST_ID": f"host{r % 2}"})
+    assert_ok(results)
+    assert all("p2p_hosts: ok" in r.out for r in results)
+
+
 def test_p2p_bad_input_and_size_mismatch():
     results = run("p2p_bad_input", 2, env=SMALL_CHUNKS, worker=WORKER)
     assert_ok(results)
