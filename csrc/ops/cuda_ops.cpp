@@ -15,6 +15,7 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -154,6 +155,31 @@ void allreduce_direct(at::TensorList tensors, DType dt, ReduceOp rop) {
   ss.join();
 }
 
+bool on_one_device(at::TensorList ts) {
+  for (const auto& t : ts)
+    if (dev(t) != dev(ts[0])) return false;
+  return true;
+}
+
+// Every entry on one GPU (at most kMaxReducePtrs): one kernel over the whole
+// range on that device's current stream. The caller's stream order already
+// covers every tensor, so no side stream, event or record_stream is needed:
+// the call costs one launch. Element for element it is the same in-order
+// reduction as allreduce_direct's shards, so the same bits.
+void allreduce_one_device(at::TensorList tensors, DType dt, ReduceOp rop) {
+  cuda_kernels::ReduceLaunch a;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    a.srcs[i] = cptr(tensors[i]);
+    a.dsts[i] = mptr(tensors[i]);
+  }
+  a.nsrc = a.ndst = int(tensors.size());
+  a.count = tensors[0].numel();
+  a.contributions = int(tensors.size());
+  const c10::DeviceIndex d = dev(tensors[0]);
+  c10::cuda::CUDAGuard guard(d);
+  C10_CUDA_CHECK(cuda_kernels::launch_reduce(dt, rop, a, c10::cuda::getCurrentCUDAStream(d).stream()));
+}
+
 // The ring schedule (algorithms/ring_schedule.h), executed by cuda_p2p.
 void allreduce_ring(at::TensorList tensors, DType dt, ReduceOp rop) {
   const int n = int(tensors.size());
@@ -200,7 +226,9 @@ void allreduce_cuda(at::TensorList tensors, int64_t op, c10::string_view algorit
   if (n == 1 || tensors[0].numel() == 0) return;  // op over one tensor is the tensor
   const bool direct = algo == "direct" ||
                       (algo == "auto" && n <= size_t(kMaxReducePtrs) && missing_peer_pair(tensors).first < 0);
-  if (direct) {
+  if (direct && on_one_device(tensors)) {
+    allreduce_one_device(tensors, dt, rop);
+  } else if (direct) {
     allreduce_direct(tensors, dt, rop);
   } else {
     allreduce_ring(tensors, dt, rop);

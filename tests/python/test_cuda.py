@@ -283,6 +283,23 @@ def test_allreduce_orders_against_current_streams():
 
 
 @needs_gpu
+def test_allreduce_on_one_device_runs_on_the_current_stream():
+    """Entries on one GPU take the one-launch path: it must run on the caller's
+    current stream, after the producers, before the consumers."""
+    s = torch.cuda.Stream(device=0)
+    with torch.cuda.stream(s):
+        ts = [torch.empty(2**22, device=0) for _ in range(3)]
+        torch.cuda._sleep(10_000_000)  # a slow producer
+        for i, t in enumerate(ts):
+            t.fill_(i + 1)
+        ops.allreduce_(ts, SUM, "auto")
+        outs = [t * 1 for t in ts]
+    torch.cuda.synchronize()
+    for o in outs:
+        assert torch.equal(o.cpu(), torch.full((2**22,), 6.0))
+
+
+@needs_gpu
 def test_allreduce_single_tensor_is_identity():
     t = torch.arange(10, dtype=torch.float32, device=0)
     for algorithm in ALGORITHMS:
