@@ -168,6 +168,14 @@ def worker(args) -> None:
 # ------------------------------------------------------------------ report
 
 
+def write_csv(path: str, records: list) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(records[0]))
+        w.writeheader()
+        w.writerows(records)
+    print(f"wrote {path}")
+
+
 def report(rows, n: int, args) -> None:
     kinds = [k for k in ("gloo", "fastpar", "fastpar_registered", "fastpar_one_shot", "fastpar_two_shot", "nccl")
              if k in rows[0]]
@@ -193,11 +201,7 @@ def report(rows, n: int, args) -> None:
         print(line)
         out.append(rec)
     if args.csv:
-        with open(args.csv, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(out[0]))
-            w.writeheader()
-            w.writerows(out)
-        print(f"wrote {args.csv}")
+        write_csv(args.csv, out)
     if args.plot:
         try:
             import matplotlib
@@ -249,11 +253,7 @@ def report_groups(groups: list, n: int, args) -> None:
                           f"flt {s['minor_faults']}" for r, s in enumerate(g["ranks"]))
         print(f"  group {g_i:>2}: {g['rows'][-1]['fastpar'] * 1e6:>10.1f} us   {ranks}")
     if args.csv:
-        with open(args.csv, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(out[0]))
-            w.writeheader()
-            w.writerows(out)
-        print(f"wrote {args.csv}")
+        write_csv(args.csv, out)
 
 
 # ------------------------------------------------------------------ launcher

@@ -22,6 +22,18 @@ P2P_DTYPES = DTYPES + [torch.bool, torch.int16, torch.complex64]
 SIZES = [0, 1, 7, 1000, 5003]  # with 1 KiB chunks: one chunk, many, a partial last one
 
 
+def expect(fn, exc, *fragments):
+    """fn() raises exc whose message holds every fragment; printed for the test."""
+    try:
+        fn()
+    except exc as e:
+        for f in fragments:
+            assert f in str(e), f"expected {f!r} in: {e}"
+        print("ERROR:", e, flush=True)
+        return
+    raise AssertionError(f"no error; expected {fragments}")
+
+
 def payload(src: int, dst: int, n: int, dtype: torch.dtype, tag: int = 0) -> torch.Tensor:
     v = data(src * 7 + dst * 3 + tag, n, torch.int64 if dtype in (torch.bool, torch.complex64) else dtype)
     return v.to(dtype) if dtype != torch.bool else (v % 2 == 0)
@@ -130,34 +142,21 @@ def sc_p2p_bad_input():
     """Refused before any work, with the argument and both values; last, a size
     mismatch fails the receiver with both sides' sizes."""
     init()
-    errors = []
-
-    def expect(fn, *fragments):
-        try:
-            fn()
-        except (ValueError, RuntimeError) as e:
-            for f in fragments:
-                assert f in str(e), f"expected {f!r} in: {e}"
-            errors.append(str(e))
-            return
-        raise AssertionError(f"no error; expected {fragments}")
-
+    bad = (ValueError, RuntimeError)
     pg = fd.get_fastpar_backend()
-    expect(lambda: pg.send([torch.ones(3)], RANK, 0).wait(), "fastpar.send: dst is", "must be another rank")
-    expect(lambda: pg.send([torch.ones(3)], WORLD, 0).wait(), f"fastpar.send: dst is {WORLD}")
-    expect(lambda: pg.recv([torch.ones(3)], -2, 0).wait(), "fastpar.recv: src is -2")
-    expect(lambda: dist.send(torch.ones(4, 4).t(), (RANK + 1) % WORLD),
+    expect(lambda: pg.send([torch.ones(3)], RANK, 0).wait(), bad, "fastpar.send: dst is", "must be another rank")
+    expect(lambda: pg.send([torch.ones(3)], WORLD, 0).wait(), bad, f"fastpar.send: dst is {WORLD}")
+    expect(lambda: pg.recv([torch.ones(3)], -2, 0).wait(), bad, "fastpar.recv: src is -2")
+    expect(lambda: dist.send(torch.ones(4, 4).t(), (RANK + 1) % WORLD), bad,
            "fastpar.send: tensors[0] must be contiguous")
     dist.barrier()  # nothing was sent: the group is still usable
     if RANK == 0:
         dist.send(torch.ones(10), 1)
     elif RANK == 1:
-        expect(lambda: dist.recv(torch.empty(20), 0),
+        expect(lambda: dist.recv(torch.empty(20), 0), bad,
                "fastpar.recv on rank 1: rank 0 sent 40 bytes (float32 x 10) with tag 0 but this receive expects 80 "
                "bytes (float32 x 20)")
-        expect(lambda: dist.recv(torch.empty(10), 0), "rank 0 sent 40 bytes")  # the engine stays failed
-    for e in errors:
-        print("ERROR:", e, flush=True)
+        expect(lambda: dist.recv(torch.empty(10), 0), bad, "rank 0 sent 40 bytes")  # the engine stays failed
     print("p2p_bad_input: ok", flush=True)
     sys.exit(0)  # rank 1 aborted the communicator: no destroy, no further collective
 
@@ -207,16 +206,6 @@ def sc_direct():
             out = torch.empty(WORLD * n, dtype=dtype)
             fd.all_gather_into_tensor(out, xs[RANK])
             check(out, torch.cat(xs), f"direct all_gather_into_tensor {dtype} n={n}")
-
-    def expect(fn, exc, *fragments):
-        try:
-            fn()
-        except exc as e:
-            for f in fragments:
-                assert f in str(e), f"expected {f!r} in: {e}"
-            print("ERROR:", e, flush=True)
-            return
-        raise AssertionError(f"no error; expected {fragments}")
 
     # the same words as dist.all_reduce's
     expect(lambda: fd.all_reduce(torch.ones(4, 4).t()), ValueError, "fastpar.all_reduce: tensors[0] must be contiguous")

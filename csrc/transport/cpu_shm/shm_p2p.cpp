@@ -59,20 +59,27 @@ ShmP2P::~ShmP2P() {
 
 std::string ShmP2P::who() const { return "rank " + std::to_string(comm_->global_rank(rank_)); }
 
-std::shared_ptr<P2POp> ShmP2P::send(const void* data, int64_t bytes, int dst, int64_t tag, std::string what,
-                                    std::chrono::milliseconds timeout) {
-  if (dst < 0 || dst >= size_ || dst == rank_)
-    throw std::invalid_argument("fastpar.send: dst is " + std::to_string(dst) + " but must be another rank of the " +
+std::shared_ptr<P2POp> ShmP2P::make_op(bool is_send, void* data, int64_t bytes, int peer, int64_t tag,
+                                       std::string what, std::chrono::milliseconds timeout) const {
+  const char* name = is_send ? "fastpar.send: dst is " : "fastpar.recv: src is ";
+  if (peer < (is_send ? 0 : -1) || peer >= size_ || peer == rank_)
+    throw std::invalid_argument(name + std::to_string(peer) + " but must be another rank of the " +
                                 std::to_string(size_) + "-rank group (this is rank " + std::to_string(rank_) + ")");
   auto op = std::make_shared<P2POp>();
-  op->is_send = true;
-  op->peer = dst;
+  op->is_send = is_send;
+  op->peer = peer;
   op->tag = tag;
-  op->data = static_cast<char*>(const_cast<void*>(data));
+  op->data = static_cast<char*>(data);
   op->bytes = bytes;
   op->what = std::move(what);
   op->timeout = timeout;
   op->deadline_ns = HostMemory::now_ns() + uint64_t(timeout.count()) * 1000000ull;
+  return op;
+}
+
+std::shared_ptr<P2POp> ShmP2P::send(const void* data, int64_t bytes, int dst, int64_t tag, std::string what,
+                                    std::chrono::milliseconds timeout) {
+  auto op = make_op(true, const_cast<void*>(data), bytes, dst, tag, std::move(what), timeout);
   std::unique_lock<std::mutex> g(mu_);
   if (!broken_.empty()) throw std::runtime_error(broken_);
   out_[dst].queue.push_back(op);
@@ -84,17 +91,7 @@ std::shared_ptr<P2POp> ShmP2P::send(const void* data, int64_t bytes, int dst, in
 
 std::shared_ptr<P2POp> ShmP2P::recv(void* data, int64_t bytes, int src, int64_t tag, std::string what,
                                     std::chrono::milliseconds timeout) {
-  if (src < -1 || src >= size_ || src == rank_)
-    throw std::invalid_argument("fastpar.recv: src is " + std::to_string(src) + " but must be another rank of the " +
-                                std::to_string(size_) + "-rank group (this is rank " + std::to_string(rank_) + ")");
-  auto op = std::make_shared<P2POp>();
-  op->peer = src;
-  op->tag = tag;
-  op->data = static_cast<char*>(data);
-  op->bytes = bytes;
-  op->what = std::move(what);
-  op->timeout = timeout;
-  op->deadline_ns = HostMemory::now_ns() + uint64_t(timeout.count()) * 1000000ull;
+  auto op = make_op(false, data, bytes, src, tag, std::move(what), timeout);
   std::unique_lock<std::mutex> g(mu_);
   if (!broken_.empty()) throw std::runtime_error(broken_);
   ++pending_ops_;

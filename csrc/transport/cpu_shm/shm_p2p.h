@@ -105,6 +105,9 @@ class ShmP2P {
     std::deque<std::shared_ptr<P2POp>> queue;  // sends to this peer, in post order
   };
 
+  // A checked, not yet posted operation (peer -1: any source, receives only).
+  std::shared_ptr<P2POp> make_op(bool is_send, void* data, int64_t bytes, int peer, int64_t tag, std::string what,
+                                 std::chrono::milliseconds timeout) const;
   // All called with mu_ held. progress_locked returns whether anything moved.
   bool progress_locked();
   bool progress_send(int dst);
