@@ -46,7 +46,7 @@ def parse_gencode_flags(flags: List[str]) -> Set[str]:
     """`-gencode=arch=compute_90a,code=sm_90a` flags (torch's output) -> {"sm_90a"}."""
     out = set()
     for f in flags:
-        m = re.search(r"code=\[?([\w,]+)\]?", f)
+        m = re.search(r",code=\[?([\w,]+)\]?", f)
         if m:
             out.update(c for c in m.group(1).split(",") if c.startswith(("sm_", "compute_")))
     return out

@@ -204,11 +204,15 @@ def used_compilers(ccompiler) -> List[str]:
 
 
 def describe(compilers: Sequence[str]) -> str:
+    def real(c):
+        return os.path.realpath(shutil.which(c) or c)
+
     def where(c):
-        p = shutil.which(c)
-        return c if not p or os.path.realpath(p) == c else f"{c} ({os.path.realpath(p)})"
+        return c if real(c) == c else f"{c} ({real(c)})"
     if len(compilers) == 1:
         return where(compilers[0])
+    if real(compilers[0]) == real(compilers[1]):
+        return f"{compilers[0]} / {compilers[1]} ({real(compilers[0])})"
     return f"{where(compilers[0])} (compiling) and {where(compilers[1])} (linking)"
 
 
