@@ -129,10 +129,14 @@ def list_rows(args) -> list:
             for dname in args.dtypes:
                 dtype = dtypes[dname]
                 for size in args.sizes:
+                    if time.time() > args.stop_at:
+                        rows.append(gs.list_row(placement, k, dname, "direct", size, None, "", None, None,
+                                                "not measured: --time-limit reached"))
+                        break
                     numel = size // torch.tensor([], dtype=dtype).element_size()
                     try:
                         ts = [torch.randn(numel, device=d).to(dtype) for d in devs]
-                    except torch.OutOfMemoryError as e:
+                    except torch.cuda.OutOfMemoryError as e:
                         rows.append(gs.list_row(placement, k, dname, "direct", size, None, "", None, None, _err(e)))
                         continue
                     one = placement == gs.ONE_GPU
@@ -321,6 +325,9 @@ def parse_args(argv=None):
     p.add_argument("--rows-in", default="", help="comma-separated JSON files of rows from earlier parts to report with")
     p.add_argument("--rows-out", default="", help="also write this run's rows as JSON (for a later --rows-in)")
     p.add_argument("--dry-run", action="store_true", help="synthetic rows, no CUDA: checks the reporting code")
+    p.add_argument("--report-only", action="store_true", help="measure nothing: report the --rows-in rows")
+    p.add_argument("--time-limit", type=float, default=0,
+                   help="seconds: the list sweep stops starting new sizes after this (0: no limit)")
     # the processes ipc_rows starts
     p.add_argument("--ipc-worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--placement", default="shared", help=argparse.SUPPRESS)
@@ -339,6 +346,7 @@ def parse_args(argv=None):
         args.ks = [k for k in args.ks if k in (2, 8)] or args.ks[:1]
     args.sizes = sizes(args.min_size, args.max_size, 16 if args.quick else 4)
     args.ipc_sizes = [int(s) for s in args.ipc_sizes.split(",")]
+    args.stop_at = time.time() + args.time_limit if args.time_limit > 0 else float("inf")
     if not 2 <= args.ranks <= 8:
         p.error(f"--ranks is {args.ranks} but must be between 2 and 8")
     return args
@@ -356,6 +364,8 @@ def main(argv=None) -> list:
     if args.dry_run:
         rows += synthetic_rows(args)
         head = "dry run: synthetic rows, nothing measured\n"
+    elif args.report_only:
+        head = header()
     else:
         import torch
 

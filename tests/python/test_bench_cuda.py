@@ -63,3 +63,17 @@ def test_bad_part_is_refused_by_name(capsys):
     with pytest.raises(SystemExit):
         bench_cuda.parse_args(["--part", "lists,nccl"])
     assert "--part 'nccl' is not one of lists, host, ipc" in capsys.readouterr().err
+
+
+def test_report_only_merges_rows_of_earlier_parts(tmp_path):
+    """gpu_check.sh measures the parts in separate runs (MPS on only for the
+    multi-process one) and reports them together with --report-only."""
+    first, second = tmp_path / "a.json", tmp_path / "b.json"
+    rows_a = bench_cuda.main(["--dry-run", "--quick", "--out", str(tmp_path / "a"), "--rows-out", str(first)])
+    rows_b = bench_cuda.main(["--dry-run", "--quick", "--ks", "4", "--out", str(tmp_path / "b"),
+                              "--rows-out", str(second)])
+    merged = bench_cuda.main(["--report-only", "--rows-in", f"{first},{second}", "--out", str(tmp_path / "all")])
+    assert len(merged) == len(rows_a) + len(rows_b)
+    with open(tmp_path / "all" / "bench_cuda.csv") as f:
+        assert sum(1 for r in csv.DictReader(f) if r["part"] == "lists" and r["k"] == "4") == \
+            sum(1 for r in rows_b if r["part"] == "lists")
