@@ -76,12 +76,17 @@ print(f"python {platform.python_version()}, torch {torch.__version__}, CUDA {tor
 EOF
 nvcc --version 2>/dev/null | tail -1
 
-# --- build: the GPUs' own architectures, the system compiler (a GCC linking
-# libstdc++ statically is refused by setup.py's guard anyway)
+# --- build: the GPUs' own architectures and the system compiler, whatever
+# $CXX says (the H100 machine's default /opt/gcc/bin/g++ links libstdc++
+# statically: setup.py's guard would refuse it). GPU_CHECK_CXX/GPU_CHECK_CC override.
 ARCHS=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | sort -u | paste -sd';' -)
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-$ARCHS}
-if [ -z "${CXX:-}" ] && [ -x /usr/bin/g++ ]; then export CXX=/usr/bin/g++; fi
-if [ -z "${CC:-}" ] && [ -x /usr/bin/gcc ]; then export CC=/usr/bin/gcc; fi
+if [ -n "${GPU_CHECK_CXX:-}" ]; then export CXX=$GPU_CHECK_CXX
+elif [ -x /usr/bin/g++ ]; then export CXX=/usr/bin/g++
+fi
+if [ -n "${GPU_CHECK_CC:-}" ]; then export CC=$GPU_CHECK_CC
+elif [ -x /usr/bin/gcc ]; then export CC=/usr/bin/gcc
+fi
 echo "== build: TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST CXX=${CXX:-} CC=${CC:-} MAX_JOBS=$(nproc)"
 t0=$SECONDS
 if ! FASTPAR_CUDA=1 MAX_JOBS=$(nproc) timeout "$(phase_limit 300 240)" "$PY" setup.py build_ext --inplace \

@@ -77,3 +77,30 @@ def test_report_only_merges_rows_of_earlier_parts(tmp_path):
     with open(tmp_path / "all" / "bench_cuda.csv") as f:
         assert sum(1 for r in csv.DictReader(f) if r["part"] == "lists" and r["k"] == "4") == \
             sum(1 for r in rows_b if r["part"] == "lists")
+
+
+GPU_CHECK = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                         "scripts", "gpu_check.sh")
+
+
+def test_gpu_check_script_parses():
+    import subprocess
+
+    r = subprocess.run(["bash", "-n", GPU_CHECK], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+def test_gpu_check_stops_at_once_without_a_gpu(tmp_path):
+    """nvidia-smi finding no GPU (a stand-in that fails, first on the PATH):
+    the script says so and exits 1 before building anything."""
+    import subprocess
+
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed' >&2\nexit 9\n")
+    smi.chmod(0o755)
+    env = dict(os.environ, PATH=f"{tmp_path}:{os.environ['PATH']}", GPU_CHECK_BUDGET_S="60")
+    env.pop("OUT", None)
+    r = subprocess.run(["bash", GPU_CHECK], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 1
+    assert "gpu_check: no NVIDIA GPU here (nvidia-smi finds none)" in r.stdout
+    assert "== build" not in r.stdout
