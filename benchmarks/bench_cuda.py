@@ -221,6 +221,14 @@ def ipc_worker(args) -> None:
     if args.placement == "distinct":
         groups.append(("nccl", dist.new_group(backend="nccl")))
 
+    def keep(row: dict) -> None:
+        """Rank 0 rewrites the file after every row: a hang later (a peer
+        stuck after a failure) and the kill that ends it lose nothing."""
+        rows.append(row)
+        if rank == 0:
+            with open(args.ipc_out, "w") as f:
+                json.dump(rows, f)
+
     def slowest(sec: float) -> float:
         t = torch.tensor([sec], dtype=torch.float64)
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=gloo)
@@ -236,15 +244,12 @@ def ipc_worker(args) -> None:
                     host = slowest(host_time(lambda: dist.all_reduce(t, group=group), args.host_calls))
                 dist.barrier(group=gloo)
                 sec = slowest(event_time(lambda: dist.all_reduce(t, group=group), reps=3))
-                rows.append(gs.ipc_row(name, placement, n, size, sec, host))
+                keep(gs.ipc_row(name, placement, n, size, sec, host))
             except Exception as e:  # e.g. a refused shared GPU: report it, keep the others
-                rows.append(gs.ipc_row(name, placement, n, size, None, None, _err(e)))
+                keep(gs.ipc_row(name, placement, n, size, None, None, _err(e)))
                 if rank == 0:
                     traceback.print_exc()
                 break
-    if rank == 0:
-        with open(args.ipc_out, "w") as f:
-            json.dump(rows, f)
     dist.destroy_process_group()
 
 
@@ -261,7 +266,7 @@ def ipc_rows(args) -> list:
             argv = ["--ipc-worker", "--placement", placement, "--ipc-out", out, "--ranks", str(args.ranks),
                     "--host-calls", str(args.host_calls), "--ipc-sizes", ",".join(map(str, args.ipc_sizes))]
             try:
-                run_ranks(os.path.abspath(__file__), argv, args.ranks, timeout=args.ipc_timeout)
+                run_ranks(os.path.abspath(__file__), argv, args.ranks, timeout=args.ipc_timeout / len(placements))
             except SystemExit as e:  # run_ranks exits when a rank fails
                 rows.append(gs.ipc_row("fastpar", f"{placement} (ranks failed)", args.ranks, 0, None, None,
                                        str(e)))
@@ -320,7 +325,8 @@ def parse_args(argv=None):
     p.add_argument("--ranks", type=int, default=2, help="processes for the ipc part")
     p.add_argument("--ipc-sizes", default=f"{4 * KiB},{256 * KiB},{MiB},{8 * MiB},{32 * MiB},{128 * MiB}")
     p.add_argument("--host-calls", type=int, default=3000)
-    p.add_argument("--ipc-timeout", type=float, default=90, help="seconds for each multi-process run")
+    p.add_argument("--ipc-timeout", type=float, default=90,
+                   help="seconds for the ipc part, shared among its multi-process runs")
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "gpu"))
     p.add_argument("--rows-in", default="", help="comma-separated JSON files of rows from earlier parts to report with")
     p.add_argument("--rows-out", default="", help="also write this run's rows as JSON (for a later --rows-in)")

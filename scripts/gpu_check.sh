@@ -137,7 +137,8 @@ ROWS_LISTS=$RESULTS/rows_lists.json ROWS_IPC=$RESULTS/rows_ipc.json
 rm -f "$ROWS_LISTS" "$ROWS_IPC"
 LIMIT=$(phase_limit 150 150)
 echo "== benchmarks: list ops and host time (at most $LIMIT s)"
-timeout "$LIMIT" "$PY" benchmarks/bench_cuda.py --part lists,host --time-limit $((LIMIT - 30)) \
+# the sweep stops starting new sizes 30 s before the limit, so its rows are kept
+timeout "$LIMIT" "$PY" benchmarks/bench_cuda.py --part lists,host --time-limit $((LIMIT > 40 ? LIMIT - 30 : LIMIT / 2)) \
   --rows-out "$ROWS_LISTS" --out "$RESULTS" > "$RESULTS/bench.log" 2>&1 \
   || echo "benchmark lists/host: exit $? (log $RESULTS/bench.log)"
 
@@ -162,7 +163,7 @@ if [ "${#MULTI[@]}" -gt 0 ]; then
 fi
 LIMIT=$(phase_limit 90 20)
 echo "== benchmarks: dist.all_reduce across processes (at most $LIMIT s)"
-timeout "$LIMIT" "$PY" benchmarks/bench_cuda.py --part ipc --ipc-timeout $((LIMIT - 10)) \
+timeout "$LIMIT" "$PY" benchmarks/bench_cuda.py --part ipc --ipc-timeout $((LIMIT > 20 ? LIMIT - 10 : LIMIT / 2)) \
   --rows-out "$ROWS_IPC" --out "$RESULTS" >> "$RESULTS/bench.log" 2>&1 \
   || echo "benchmark ipc: exit $? (log $RESULTS/bench.log)"
 stop_mps
