@@ -3,7 +3,16 @@
 CUDA sources are compiled whenever nvcc and a CUDA build of torch are present,
 whether or not a GPU is (a GPU is never needed to compile). Override with
 FASTPAR_CUDA=0 (CPU only) or FASTPAR_CUDA=1 (CUDA required: fail if impossible).
-Architectures follow TORCH_CUDA_ARCH_LIST, default "8.0;9.0".
+Architectures follow TORCH_CUDA_ARCH_LIST, default "8.0;9.0"; suffixed entries
+pass through to torch ("9.0a" -> sm_90a, "8.0+PTX" adds compute_80 PTX).
+
+The toolchain must share torch's C++ runtime (scripts/toolchain_guard.py):
+before compiling, a probe library built with the same compiler, flags and
+linker must depend on libstdc++.so.6 as torch does and format `ostream << 42`
+beside torch; after linking, fastpar._C itself must depend on libstdc++.so.6
+and define none of libstdc++'s symbols. Otherwise the build stops with the
+cause and the fix (e.g. `CXX=/usr/bin/g++`), instead of producing an
+extension that crashes at its first error message.
 
 Install with `pip install --no-build-isolation .` so the extension is built
 against the torch you will import (its C++ ABI must match).
@@ -14,6 +23,11 @@ import shutil
 import sys
 
 from setuptools import setup
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import cuda_archs  # noqa: E402
+import toolchain_guard  # noqa: E402
 
 
 def _find_cuda_home():
@@ -37,12 +51,18 @@ def _find_cuda_home():
 _cuda_home = _find_cuda_home()
 if _cuda_home:
     os.environ["CUDA_HOME"] = _cuda_home
-os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "8.0;9.0")
+# torch reads the list itself (suffixes such as 9.0a and +PTX included) but
+# rejects empty entries ("9.0;", "9.0; 10.0"): hand it the normalized list.
+os.environ["TORCH_CUDA_ARCH_LIST"] = cuda_archs.normalize_arch_list(
+    os.environ.get("TORCH_CUDA_ARCH_LIST", "") or "8.0;9.0")
 
 import torch  # noqa: E402  (after CUDA_HOME is set: cpp_extension reads it at import)
 from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension  # noqa: E402
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
+TORCH_RUNTIME = toolchain_guard.torch_runtime()
+# torch's C++ ABI, stated on every compile line (last, so it wins over CXXFLAGS
+# or a compiler default); torch >= 2.7 no longer passes it itself.
+ABI_DEFINE = toolchain_guard.abi_define(TORCH_RUNTIME)
 
 
 def _want_cuda():
@@ -86,13 +106,13 @@ def _sources(cuda):
 
 def _extension():
     cuda = _want_cuda()
-    cxx = ["-O3", "-fno-strict-aliasing"]  # the C++ standard is torch's choice (C++20 for 2.14)
+    cxx = ["-O3", "-fno-strict-aliasing", ABI_DEFINE]  # the C++ standard is torch's choice (C++20 for 2.14)
     print(f"fastpar: building {'CPU + CUDA' if cuda else 'CPU-only'} extension "
           f"(torch {torch.__version__}, CUDA_HOME={_cuda_home}, "
           f"TORCH_CUDA_ARCH_LIST={os.environ['TORCH_CUDA_ARCH_LIST']})")
     if not cuda:
         return CppExtension("fastpar._C", _sources(False), extra_compile_args={"cxx": cxx})
-    nvcc = ["-O3", "--expt-relaxed-constexpr", "-lineinfo"]
+    nvcc = ["-O3", "--expt-relaxed-constexpr", "-lineinfo", ABI_DEFINE]
     return CUDAExtension(
         "fastpar._C",
         _sources(True),
@@ -102,7 +122,37 @@ def _extension():
     )
 
 
+class GuardedBuildExtension(BuildExtension.with_options(use_ninja=True)):
+    """torch's BuildExtension, refusing a toolchain that does not share torch's
+    C++ runtime: a probe before compiling, the linked extension after."""
+
+    def build_extensions(self):
+        if not sys.platform.startswith("linux"):  # the guard reads ELF files; fastpar targets Linux
+            print(f"fastpar: toolchain check skipped on {sys.platform}")
+            return super().build_extensions()
+        compilers = toolchain_guard.used_compilers(self.compiler)
+        try:
+            toolchain_guard.check_toolchain(toolchain_guard.ccompiler_builder(self.compiler, [ABI_DEFINE]),
+                                            compilers, TORCH_RUNTIME)
+        except toolchain_guard.ToolchainError as e:
+            sys.exit(str(e))
+        print(f"fastpar: toolchain check passed ({toolchain_guard.describe(compilers)}: links {TORCH_RUNTIME['library']} "
+              f"dynamically, _GLIBCXX_USE_CXX11_ABI={TORCH_RUNTIME['abi']} as torch)")
+        super().build_extensions()
+
+    def build_extension(self, ext):
+        super().build_extension(ext)
+        if not sys.platform.startswith("linux"):
+            return
+        path = self.get_ext_fullpath(ext.name)
+        try:
+            toolchain_guard.check_library(path, TORCH_RUNTIME)
+        except toolchain_guard.ToolchainError as e:
+            os.remove(path)  # never leave a crashing extension where `import fastpar` finds it
+            sys.exit(str(e))
+
+
 setup(
     ext_modules=[_extension()],
-    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+    cmdclass={"build_ext": GuardedBuildExtension},
 )

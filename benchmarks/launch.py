@@ -9,6 +9,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -19,9 +20,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_ranks(script: str, argv: list[str], ranks: int) -> None:
+def run_ranks(script: str, argv: list[str], ranks: int, timeout: float | None = None) -> None:
     """Runs `script argv --rank r --port P` for r in range(ranks); exits with
-    an error naming the exit codes if any rank fails."""
+    an error naming the exit codes if any rank fails, or, when `timeout`
+    seconds pass first, kills the ranks still running and exits naming them."""
     port = free_port()
     env = dict(os.environ)
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
@@ -29,7 +31,20 @@ def run_ranks(script: str, argv: list[str], ranks: int) -> None:
     env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     procs = [subprocess.Popen([sys.executable, os.path.abspath(script), *argv, "--rank", str(r), "--port", str(port)],
                               env=env) for r in range(ranks)]
-    rc = [q.wait() for q in procs]
+    deadline = None if timeout is None else time.monotonic() + timeout
+    rc = []
+    for q in procs:
+        try:
+            rc.append(q.wait(timeout=None if deadline is None else max(0.0, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            rc.append(None)
+    if None in rc:
+        for q in procs:
+            if q.poll() is None:
+                q.kill()
+                q.wait()
+        sys.exit(f"benchmark ranks {[r for r, c in enumerate(rc) if c is None]} still ran after {timeout:.0f} s; "
+                 "killed")
     if any(rc):
         sys.exit(f"benchmark ranks exited with {rc}")
 

@@ -23,4 +23,9 @@ if ! MAX_JOBS=${MAX_JOBS:-2} .venv/bin/pip install -v --no-build-isolation -e . 
   exit 1
 fi
 grep -ho "fastpar: building.*" .venv/fastpar-build.log | head -1 || true
+grep -ho "fastpar: toolchain check passed.*" .venv/fastpar-build.log | head -1 || true
+# The build guard (setup.py) checked the toolchain and the linked library; this
+# runs the extension: its error-message path is where a C++ runtime that does
+# not match torch's first shows (a truncated message or a segfault).
+.venv/bin/python scripts/smoke_test.py
 .venv/bin/python -c "import fastpar; print('fastpar ready:', fastpar.build_info())"

@@ -1,13 +1,22 @@
 """What was built: CUDA kernels are compiled whenever the toolkit and a CUDA
-build of torch are present (no GPU needed), for every requested architecture."""
+build of torch are present (no GPU needed), for every requested architecture,
+suffixed ones included (TORCH_CUDA_ARCH_LIST="9.0a;10.0", "8.0+PTX")."""
 import os
 import shutil
 import struct
+import subprocess
+import sys
 
 import pytest
 import torch
 
 import fastpar
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                                "scripts"))
+import cuda_archs  # noqa: E402
+
+ARCH_LIST = os.environ.get("TORCH_CUDA_ARCH_LIST", "") or "8.0;9.0"  # setup.py's default
 
 
 def _toolkit_present():
@@ -22,34 +31,71 @@ def test_build_info_is_consistent():
 
 @pytest.mark.skipif(not _toolkit_present(), reason="needs nvcc and a CUDA build of torch")
 @pytest.mark.skipif(os.environ.get("FASTPAR_CUDA") == "0", reason="CUDA build disabled by FASTPAR_CUDA=0")
-def test_cuda_kernels_compiled_for_sm80_and_sm90():
+def test_cuda_kernels_compiled_for_every_requested_arch():
     assert fastpar.cuda_built(), "nvcc and a CUDA torch are present but the CUDA sources were not built"
-    archs = {a.strip().replace(".", "").replace("+PTX", "")
-             for a in os.environ.get("TORCH_CUDA_ARCH_LIST", "8.0;9.0").replace(" ", ";").split(";") if a.strip()}
-    found = fatbin_cubin_archs(fastpar._C.__file__)
-    for arch in sorted(archs):
-        assert int(arch) in found, f"no sm_{arch} cubin in {fastpar._C.__file__} (found {sorted(found)})"
+    expected = cuda_archs.expected_entries(ARCH_LIST)
+    found = cuda_archs.library_entries(fastpar._C.__file__)
+    missing = sorted(expected - found)
+    assert not missing, (f"TORCH_CUDA_ARCH_LIST={ARCH_LIST!r} asks for {sorted(expected)}; "
+                         f"{fastpar._C.__file__} lacks {missing} (holds {sorted(found)})")
 
 
-def fatbin_cubin_archs(path):
-    """SM versions of the cubins embedded in a shared object's fat binaries.
+@pytest.mark.parametrize("text, entries", [
+    ("9.0", {"sm_90"}),
+    ("9.0a", {"sm_90a"}),
+    ("8.0+PTX", {"sm_80", "compute_80"}),
+    ("9.0a;10.0", {"sm_90a", "sm_100"}),
+    ("8.0 9.0a+PTX", {"sm_80", "sm_90a", "compute_90a"}),
+    ("10.0f; 12.0a;", {"sm_100f", "sm_120a"}),
+])
+def test_arch_list_entries_with_suffixes(text, entries):
+    assert cuda_archs.expected_entries(text) == entries
 
-    No cuobjdump on our machines, so walk the format directly: a fatbin is a
-    16-byte header (magic 0xBA55ED50, version, header size, payload size)
-    followed by entries whose header holds kind (2 = cubin, 1 = PTX) at offset 0,
-    its own header size at 4, payload size at 8 and the SM version at 28."""
-    data = open(path, "rb").read()
-    archs, pos = set(), data.find(b"\x50\xed\x55\xba")
-    while pos != -1:
-        _, _, hsize, fsize = struct.unpack_from("<IHHQ", data, pos)
-        entry, end = pos + hsize, pos + hsize + fsize
-        while hsize == 16 and entry + 32 <= min(end, len(data)):
-            kind, ehsize, esize = struct.unpack_from("<HxxIQ", data, entry)
-            arch = struct.unpack_from("<I", data, entry + 28)[0]
-            if kind == 2:
-                archs.add(arch)
-            if ehsize == 0:
-                break
-            entry += ehsize + esize
-        pos = data.find(b"\x50\xed\x55\xba", pos + 4)
-    return archs
+
+def test_arch_list_is_normalized_for_torch():
+    assert cuda_archs.normalize_arch_list(" 9.0a; 10.0;") == "9.0a;10.0"
+    assert cuda_archs.normalize_arch_list("8.0 8.6+PTX") == "8.0;8.6+PTX"
+    with pytest.raises(ValueError, match=r"entry '9\.0b' is not of the form"):
+        cuda_archs.parse_entry("9.0b")
+
+
+def test_our_parser_agrees_with_the_flags_torch_passes_to_nvcc(monkeypatch):
+    """setup.py hands TORCH_CUDA_ARCH_LIST to torch unchanged but for empty
+    entries: what torch makes of each list is what we expect in the fatbin."""
+    from torch.utils.cpp_extension import _get_cuda_arch_flags
+
+    for text in ("9.0a;10.0", "8.0+PTX", "9.0;9.0a+PTX", "8.0 8.6"):
+        monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", cuda_archs.normalize_arch_list(text))
+        assert cuda_archs.parse_gencode_flags(_get_cuda_arch_flags()) == cuda_archs.expected_entries(text), text
+
+
+def test_named_arches_are_expanded_by_torch():
+    assert cuda_archs.expected_entries("Hopper") == {"sm_90", "compute_90"}
+
+
+def _fatbin(entries):
+    """A synthetic fat binary: (kind, sm, flags) per entry, 64-byte entry headers."""
+    body = b""
+    for kind, sm, flags in entries:
+        payload = b"\0" * 16
+        hdr = struct.pack("<HHIQ", kind, 0x101, 64, len(payload)) + b"\0" * 12 + struct.pack("<I", sm)
+        hdr += b"\0" * 8 + struct.pack("<Q", flags)
+        body += hdr.ljust(64, b"\0") + payload
+    return b"junk" + struct.pack("<IHHQ", 0xBA55ED50, 1, 16, len(body)) + body + b"tail"
+
+
+def test_fatbin_reader_on_synthetic_entries():
+    data = _fatbin([(2, 90, 0x100011), (2, 80, 0x11), (1, 80, 0x8011), (2, 100, 0x1200011)])
+    assert cuda_archs.fatbin_entries(data) == {"sm_90a", "sm_80", "compute_80", "sm_100f"}
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_fatbin_reader_on_what_nvcc_builds(tmp_path):
+    """Pins the suffix flag bits against the real compiler's output."""
+    src = tmp_path / "k.cu"
+    src.write_text("__global__ void k(float* x) { x[threadIdx.x] += 1.f; }\n")
+    out = tmp_path / "k.o"
+    gencode = ["-gencode=arch=compute_90a,code=sm_90a", "-gencode=arch=compute_80,code=sm_80",
+               "-gencode=arch=compute_80,code=compute_80"]
+    subprocess.run(["nvcc", "-c", *gencode, str(src), "-o", str(out)], check=True, capture_output=True)
+    assert cuda_archs.library_entries(str(out)) == {"sm_90a", "sm_80", "compute_80"}

@@ -1,0 +1,395 @@
+"""GPU benchmarks (run by scripts/gpu_check.sh): every figure beside a
+baseline measured in the same run, and the issues' targets beside the
+figures (gpu_summary.py holds the rows, targets, tables, CSV and plots).
+
+  lists  fastpar.allreduce([t0, ..., tk-1]), direct and ring, k = 2, 4, 8,
+         float32 and bfloat16, 4 KiB .. 256 MiB per tensor, all on cuda:0
+         (and on k distinct GPUs when there are k); baseline
+         torch.stack(ts).sum(0) + a copy into each (one GPU) or
+         torch.cuda.nccl.all_reduce (distinct GPUs); ceiling: one
+         device-to-device copy of the same 2*k*size bytes. CUDA events.
+  host   host time per call at 4 KiB: k = 2 and 8, N calls, one synchronize
+  ipc    dist.all_reduce on a "fastpar" group, 2 ranks as processes sharing
+         cuda:0 (start an MPS daemon first, or they time-slice), and on
+         distinct GPUs beside an NCCL group when there are 2+
+
+  python benchmarks/bench_cuda.py                      # all parts, ~3 minutes on one H100
+  python benchmarks/bench_cuda.py --part lists --quick
+  python benchmarks/bench_cuda.py --dry-run --out /tmp/x  # synthetic rows: table, CSV, plots; no CUDA
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gpu_summary as gs  # noqa: E402
+from launch import run_ranks  # noqa: E402
+
+KiB, MiB = gs.KiB, gs.MiB
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PARTS = ("lists", "host", "ipc")
+
+
+def sizes(lo: int, hi: int, step: int) -> list:
+    out, s = [], lo
+    while s <= hi:
+        out.append(s)
+        s *= step
+    return out
+
+
+def event_time(fn, target_s: float = 0.02, reps: int = 5) -> float:
+    """Seconds per call on the current stream: median of `reps` runs of
+    enough calls to last about target_s, timed with CUDA events."""
+    import torch
+
+    fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    iters = max(1, min(500, int(target_s / max(start.elapsed_time(end) / 1e3, 1e-6))))
+    samples = []
+    for _ in range(reps):
+        start.record()
+        for _ in range(iters):
+            fn()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) / 1e3 / iters)
+    return statistics.median(samples)
+
+
+def wall_time(fn, devices, target_s: float = 0.02, reps: int = 5) -> float:
+    """Seconds per call across several devices: host clock around calls,
+    synchronizing every device (events on one stream would miss the others)."""
+    import torch
+
+    def sync():
+        for d in devices:
+            torch.cuda.synchronize(d)
+    fn()
+    sync()
+    t0 = time.perf_counter()
+    fn()
+    sync()
+    iters = max(1, min(500, int(target_s / max(time.perf_counter() - t0, 1e-6))))
+    samples = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        sync()
+        samples.append((time.perf_counter() - t0) / iters)
+    return statistics.median(samples)
+
+
+def host_time(fn, calls: int) -> float:
+    """Host seconds per call: `calls` calls, then one synchronize (the GPU's
+    work overlaps the loop; a call that launches faster than the GPU runs it
+    is bounded by the GPU)."""
+    import torch
+
+    for _ in range(max(10, calls // 10)):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / calls
+
+
+def _err(e: BaseException) -> str:
+    return f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+
+
+def list_rows(args) -> list:
+    import torch
+
+    import fastpar
+
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+    ngpu = torch.cuda.device_count()
+    rows = []
+    for k in args.ks:
+        placements = [(gs.ONE_GPU, ["cuda:0"] * k)]
+        if ngpu >= k:
+            placements.append((f"{k} GPUs", [f"cuda:{i}" for i in range(k)]))
+        for placement, devs in placements:
+            for dname in args.dtypes:
+                dtype = dtypes[dname]
+                for size in args.sizes:
+                    if time.time() > args.stop_at:
+                        rows.append(gs.list_row(placement, k, dname, "direct", size, None, "", None, None,
+                                                "not measured: --time-limit reached"))
+                        break
+                    numel = size // torch.tensor([], dtype=dtype).element_size()
+                    try:
+                        ts = [torch.randn(numel, device=d).to(dtype) for d in devs]
+                    except torch.cuda.OutOfMemoryError as e:
+                        rows.append(gs.list_row(placement, k, dname, "direct", size, None, "", None, None, _err(e)))
+                        continue
+                    one = placement == gs.ONE_GPU
+                    if one:
+                        flat_src = torch.empty(k * numel, dtype=dtype, device="cuda:0")
+                        flat_dst = torch.empty_like(flat_src)
+                        t_copy = event_time(lambda: flat_dst.copy_(flat_src))
+
+                        def baseline():
+                            r = torch.stack(ts).sum(0)
+                            for t in ts:
+                                t.copy_(r)
+                        t_base, base_name = event_time(baseline), "torch stack+sum+copies"
+                        del flat_src, flat_dst
+                    else:
+                        import torch.cuda.nccl as nccl
+
+                        t_copy, base_name = None, "torch.cuda.nccl"
+                        t_base = wall_time(lambda: nccl.all_reduce(ts), range(k))
+                    for alg in args.algorithms:
+                        try:
+                            fn = (lambda: fastpar.allreduce(ts, algorithm=alg))
+                            t = event_time(fn) if one else wall_time(fn, range(k))
+                            rows.append(gs.list_row(placement, k, dname, alg, size, t, base_name, t_base, t_copy))
+                        except Exception as e:  # a refused placement must not end the sweep
+                            rows.append(gs.list_row(placement, k, dname, alg, size, None, base_name, t_base,
+                                                    t_copy, _err(e)))
+                    del ts
+                    torch.cuda.empty_cache()
+                print(f"lists: {placement} k={k} {dname} done", file=sys.stderr, flush=True)
+    return rows
+
+
+def host_rows(args) -> list:
+    import torch
+
+    import fastpar
+
+    rows = []
+    x = torch.zeros(1024, device="cuda:0")
+    y = torch.zeros(1024, device="cuda:0")
+
+    def measure(call, k, fn):
+        try:
+            rows.append(gs.host_row(call, k, host_time(fn, args.host_calls)))
+        except Exception as e:
+            rows.append(gs.host_row(call, k, None, _err(e)))
+
+    measure("torch add_ (one launch)", 1, lambda: x.add_(y))
+    measure("one tensor (checks only)", 1, lambda: fastpar.allreduce([x]))
+    for k in (2, 8):
+        ts = [torch.zeros(1024, device="cuda:0") for _ in range(k)]
+        for alg in ("direct", "ring"):
+            measure(alg, k, lambda: fastpar.allreduce(ts, algorithm=alg))
+
+        def baseline():
+            r = torch.stack(ts).sum(0)
+            for t in ts:
+                t.copy_(r)
+        measure("torch stack+sum+copies", k, baseline)
+    return rows
+
+
+def ipc_worker(args) -> None:
+    """One rank: dist.all_reduce on a fastpar group (and an NCCL group on
+    distinct GPUs); rank 0 writes its rows (the slowest rank's times) as JSON."""
+    import torch
+    import torch.distributed as dist
+
+    import fastpar  # noqa: F401  (registers "fastpar")
+
+    rank, n = args.rank, args.ranks
+    ngpu = torch.cuda.device_count()
+    placement = "shared cuda:0" if args.placement == "shared" else "distinct GPUs"
+    torch.cuda.set_device(0 if args.placement == "shared" else rank % ngpu)
+    rows = []
+    store = dist.TCPStore("127.0.0.1", args.port, n, rank == 0, timeout=datetime.timedelta(seconds=60),
+                          wait_for_workers=False)
+    dist.init_process_group("fastpar", store=store, rank=rank, world_size=n, timeout=datetime.timedelta(seconds=60))
+    gloo = dist.new_group(backend="gloo")
+    groups = [("fastpar", None)]
+    if args.placement == "distinct":
+        groups.append(("nccl", dist.new_group(backend="nccl")))
+
+    def keep(row: dict) -> None:
+        """Rank 0 rewrites the file after every row: a hang later (a peer
+        stuck after a failure) and the kill that ends it lose nothing."""
+        rows.append(row)
+        if rank == 0:
+            with open(args.ipc_out, "w") as f:
+                json.dump(rows, f)
+
+    def slowest(sec: float) -> float:
+        t = torch.tensor([sec], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=gloo)
+        return t.item()
+
+    for name, group in groups:
+        for size in args.ipc_sizes:
+            try:
+                t = torch.ones(size // 4, device="cuda")
+                host = None
+                if size <= 256 * KiB:
+                    dist.barrier(group=gloo)
+                    host = slowest(host_time(lambda: dist.all_reduce(t, group=group), args.host_calls))
+                dist.barrier(group=gloo)
+                sec = slowest(event_time(lambda: dist.all_reduce(t, group=group), reps=3))
+                keep(gs.ipc_row(name, placement, n, size, sec, host))
+            except Exception as e:  # e.g. a refused shared GPU: report it, keep the others
+                keep(gs.ipc_row(name, placement, n, size, None, None, _err(e)))
+                if rank == 0:
+                    traceback.print_exc()
+                break
+    dist.destroy_process_group()
+
+
+def ipc_rows(args) -> list:
+    import torch
+
+    rows = []
+    placements = ["shared"] + (["distinct"] if torch.cuda.device_count() >= args.ranks else [])
+    # every size over fastpar's own path (the default sends 8+ MiB to NCCL)
+    os.environ.setdefault("FASTPAR_CUDA_IPC_MAX_BYTES", str(max(args.ipc_sizes)))
+    for placement in placements:
+        with tempfile.TemporaryDirectory(prefix="fastpar-bench-") as d:
+            out = os.path.join(d, "rows.json")
+            argv = ["--ipc-worker", "--placement", placement, "--ipc-out", out, "--ranks", str(args.ranks),
+                    "--host-calls", str(args.host_calls), "--ipc-sizes", ",".join(map(str, args.ipc_sizes))]
+            try:
+                run_ranks(os.path.abspath(__file__), argv, args.ranks, timeout=args.ipc_timeout / len(placements))
+            except SystemExit as e:  # run_ranks exits when a rank fails
+                rows.append(gs.ipc_row("fastpar", f"{placement} (ranks failed)", args.ranks, 0, None, None,
+                                       str(e)))
+            if os.path.exists(out):
+                with open(out) as f:
+                    rows += json.load(f)
+    return rows
+
+
+def synthetic_rows(args) -> list:
+    """Plausible rows without a GPU (--dry-run): every part, every column."""
+    rows = []
+    for k in args.ks:
+        for dname in args.dtypes:
+            for size in args.sizes:
+                nbytes = 2 * k * size
+                t_copy = 3e-6 + nbytes / 2.9e12
+                t_base = 8e-6 + nbytes / 1.0e12
+                for alg in args.algorithms:
+                    t = (4e-6 + nbytes / 2.7e12) if alg == "direct" else (30e-6 * k + nbytes / 1.5e12)
+                    rows.append(gs.list_row(gs.ONE_GPU, k, dname, alg, size, t, "torch stack+sum+copies", t_base,
+                                            t_copy))
+    rows += [gs.host_row("torch add_ (one launch)", 1, 5.8e-6), gs.host_row("direct", 2, 7.5e-6),
+             gs.host_row("direct", 8, 14e-6), gs.host_row("ring", 2, None, "RuntimeError: synthetic failure")]
+    for size in args.ipc_sizes:
+        rows.append(gs.ipc_row("fastpar", "shared cuda:0", 2, size, 10e-6 + size / 500e9,
+                               9e-6 if size <= 256 * KiB else None))
+    return rows
+
+
+def header() -> str:
+    """Date, GPU, driver, torch, CUDA and NCCL versions: the README's context lines."""
+    import torch
+
+    lines = [f"date (UTC): {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M}",
+             f"torch {torch.__version__}, CUDA {torch.version.cuda}"]
+    if torch.cuda.is_available():
+        names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        lines.append(f"GPUs: {len(names)} x {', '.join(sorted(set(names)))}")
+        try:
+            lines.append("NCCL " + ".".join(map(str, torch.cuda.nccl.version())))
+        except Exception as e:
+            lines.append(f"NCCL: unknown ({_err(e)})")
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--part", default="all", help=f"comma-separated parts: {', '.join(PARTS)} (default all)")
+    p.add_argument("--quick", action="store_true", help="sizes x16 apart, k = 2 and 8 only")
+    p.add_argument("--ks", default="2,4,8")
+    p.add_argument("--dtypes", default="float32,bfloat16")
+    p.add_argument("--algorithms", default="direct,ring")
+    p.add_argument("--min-size", type=int, default=4 * KiB)
+    p.add_argument("--max-size", type=int, default=256 * MiB)
+    p.add_argument("--ranks", type=int, default=2, help="processes for the ipc part")
+    p.add_argument("--ipc-sizes", default=f"{4 * KiB},{256 * KiB},{MiB},{8 * MiB},{32 * MiB},{128 * MiB}")
+    p.add_argument("--host-calls", type=int, default=3000)
+    p.add_argument("--ipc-timeout", type=float, default=90,
+                   help="seconds for the ipc part, shared among its multi-process runs")
+    p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "gpu"))
+    p.add_argument("--rows-in", default="", help="comma-separated JSON files of rows from earlier parts to report with")
+    p.add_argument("--rows-out", default="", help="also write this run's rows as JSON (for a later --rows-in)")
+    p.add_argument("--dry-run", action="store_true", help="synthetic rows, no CUDA: checks the reporting code")
+    p.add_argument("--report-only", action="store_true", help="measure nothing: report the --rows-in rows")
+    p.add_argument("--time-limit", type=float, default=0,
+                   help="seconds: the list sweep stops starting new sizes after this (0: no limit)")
+    # the processes ipc_rows starts
+    p.add_argument("--ipc-worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--placement", default="shared", help=argparse.SUPPRESS)
+    p.add_argument("--ipc-out", default="", help=argparse.SUPPRESS)
+    p.add_argument("--rank", type=int, default=-1, help=argparse.SUPPRESS)
+    p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    args.parts = PARTS if args.part == "all" else tuple(x for x in args.part.split(",") if x)
+    bad = [x for x in args.parts if x not in PARTS]
+    if bad:
+        p.error(f"--part {bad[0]!r} is not one of {', '.join(PARTS)}")
+    args.ks = [int(k) for k in args.ks.split(",")]
+    args.dtypes = args.dtypes.split(",")
+    args.algorithms = args.algorithms.split(",")
+    if args.quick:
+        args.ks = [k for k in args.ks if k in (2, 8)] or args.ks[:1]
+    args.sizes = sizes(args.min_size, args.max_size, 16 if args.quick else 4)
+    args.ipc_sizes = [int(s) for s in args.ipc_sizes.split(",")]
+    args.stop_at = time.time() + args.time_limit if args.time_limit > 0 else float("inf")
+    if not 2 <= args.ranks <= 8:
+        p.error(f"--ranks is {args.ranks} but must be between 2 and 8")
+    return args
+
+
+def main(argv=None) -> list:
+    args = parse_args(argv)
+    if args.ipc_worker:
+        ipc_worker(args)
+        return []
+    rows = []
+    for path in filter(None, args.rows_in.split(",")):
+        with open(path) as f:
+            rows += json.load(f)
+    if args.dry_run:
+        rows += synthetic_rows(args)
+        head = "dry run: synthetic rows, nothing measured\n"
+    elif args.report_only:
+        head = header()
+    else:
+        import torch
+
+        if not torch.cuda.is_available():
+            sys.exit("bench_cuda.py needs a GPU (use --dry-run to check the reporting code)")
+        head = header()
+        print(head, end="")
+        measure = {"lists": list_rows, "host": host_rows, "ipc": ipc_rows}
+        for part in args.parts:
+            t0 = time.time()
+            rows += measure[part](args)
+            print(f"{part}: {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
+    if args.rows_out:
+        with open(args.rows_out, "w") as f:
+            json.dump(rows, f)
+    gs.report(rows, args.out, head)
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,188 @@
+#!/usr/bin/env bash
+# The GPU check: on whatever NVIDIA GPUs this machine has, build fastpar in
+# place for them, run the build smoke test, every GPU test (single-process,
+# then multi-process with an MPS daemon so ranks sharing a GPU run at once)
+# and the GPU benchmarks; print one summary. Within GPU_CHECK_BUDGET_S
+# (default 570 s: a device call is limited to 600 s) on one H100.
+#
+#   bash scripts/gpu_check.sh                 # results under benchmarks/results/gpu/
+#   PYTHON=python3 bash scripts/gpu_check.sh  # the interpreter with torch (default: .venv's, else python3)
+#
+# Logs, CSV, PNG and summary.txt go to benchmarks/results/gpu/ and, when $OUT
+# is set (the device runner returns files under it), are copied there too.
+# The exit code is nonzero when the build, the smoke test or a test failed;
+# missed benchmark targets are reported, not failures.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+START=$SECONDS
+BUDGET=${GPU_CHECK_BUDGET_S:-570}
+RESULTS=benchmarks/results/gpu
+mkdir -p "$RESULTS"
+LOG=$RESULTS/gpu_check.log
+: > "$LOG"
+exec > >(tee -a "$LOG") 2>&1
+
+if [ -n "${PYTHON:-}" ]; then PY=$PYTHON
+elif [ -x .venv/bin/python ]; then PY=.venv/bin/python
+else PY=python3
+fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+FAILED=()
+STARTED_MPS=0
+
+left() { echo $((BUDGET - (SECONDS - START))); }
+# phase_limit CAP: seconds a phase may take: CAP, or what is left of the budget
+# minus RESERVE (kept for the phases after it), at least 10.
+phase_limit() {
+  local cap=$1 reserve=${2:-0} rest
+  rest=$(( $(left) - reserve ))
+  [ "$rest" -lt "$cap" ] && cap=$rest
+  [ "$cap" -lt 10 ] && cap=10
+  echo "$cap"
+}
+copy_out() {
+  [ -n "${OUT:-}" ] || return 0
+  local f
+  mkdir -p "$OUT"
+  for f in gpu_check.log build.log tests.log bench.log bench_cuda.csv summary.txt lists.png collectives.png; do
+    [ -f "$RESULTS/$f" ] && cp "$RESULTS/$f" "$OUT/"
+  done
+  return 0
+}
+stop_mps() {
+  if [ "$STARTED_MPS" = 1 ]; then
+    echo quit | nvidia-cuda-mps-control && echo "MPS daemon stopped"
+    STARTED_MPS=0
+    unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+  fi
+}
+finish() {
+  stop_mps
+  copy_out
+}
+trap finish EXIT
+trap 'echo "gpu_check: interrupted"; exit 130' INT TERM
+
+echo "== fastpar GPU check, $(date -u '+%Y-%m-%d %H:%M:%S UTC'), $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+if ! command -v nvidia-smi > /dev/null || ! nvidia-smi -L > /dev/null 2>&1; then
+  echo "gpu_check: no NVIDIA GPU here (nvidia-smi finds none)"; exit 1
+fi
+nvidia-smi --query-gpu=index,name,driver_version,compute_cap,memory.total --format=csv
+"$PY" - <<'EOF'
+import platform, torch
+print(f"python {platform.python_version()}, torch {torch.__version__}, CUDA {torch.version.cuda}, "
+      f"NCCL {'.'.join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else '-'}, "
+      f"{torch.cuda.device_count()} GPU(s) visible to torch")
+EOF
+nvcc --version 2>/dev/null | tail -1
+
+# --- build: the GPUs' own architectures and the system compiler, whatever
+# $CXX says (the H100 machine's default /opt/gcc/bin/g++ links libstdc++
+# statically: setup.py's guard would refuse it). GPU_CHECK_CXX/GPU_CHECK_CC override.
+ARCHS=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | sort -u | paste -sd';' -)
+export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-$ARCHS}
+if [ -n "${GPU_CHECK_CXX:-}" ]; then export CXX=$GPU_CHECK_CXX
+elif [ -x /usr/bin/g++ ]; then export CXX=/usr/bin/g++
+fi
+if [ -n "${GPU_CHECK_CC:-}" ]; then export CC=$GPU_CHECK_CC
+elif [ -x /usr/bin/gcc ]; then export CC=/usr/bin/gcc
+fi
+echo "== build: TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST CXX=${CXX:-} CC=${CC:-} MAX_JOBS=$(nproc)"
+t0=$SECONDS
+if ! FASTPAR_CUDA=1 MAX_JOBS=$(nproc) timeout "$(phase_limit 300 240)" "$PY" setup.py build_ext --inplace \
+    > "$RESULTS/build.log" 2>&1; then
+  tail -40 "$RESULTS/build.log"
+  echo "gpu_check: build FAILED ($((SECONDS - t0)) s); log: $RESULTS/build.log"
+  exit 1
+fi
+grep -h "^fastpar: " "$RESULTS/build.log"
+echo "built in $((SECONDS - t0)) s: $(ls -sh fastpar/_C*.so)"
+
+echo "== smoke test (the extension's error-message path)"
+timeout 120 "$PY" scripts/smoke_test.py || { echo "gpu_check: smoke test FAILED"; exit 1; }
+
+# --- tests. GPU test files: those that look at GPUs; multi-process ones start
+# ranks (multiprocessing, the CUDA backend's worker script, the dist harness).
+mapfile -t GPU_TESTS < <(grep -l -E 'torch\.cuda\.device_count|built_with_cuda|cuda_built\(' tests/python/test_*.py)
+MULTI=()
+if [ "${#GPU_TESTS[@]}" -gt 0 ]; then
+  mapfile -t MULTI < <(grep -l -E 'multiprocessing|cuda_backend_worker|dist_harness|run_cuda' "${GPU_TESTS[@]}")
+fi
+SINGLE=()
+for f in "${GPU_TESTS[@]}"; do
+  case " ${MULTI[*]} " in *" $f "*) ;; *) SINGLE+=("$f") ;; esac
+done
+: > "$RESULTS/tests.log"
+run_tests() {  # run_tests LABEL CAP RESERVE FILES...
+  local label=$1 cap=$2 reserve=$3 t0=$SECONDS rc first
+  shift 3
+  first=$(($(wc -l < "$RESULTS/tests.log") + 1))
+  echo "== $label tests: $*"
+  echo "== $label tests: $*" >> "$RESULTS/tests.log"
+  timeout "$(phase_limit "$cap" "$reserve")" "$PY" -m pytest -q -p no:cacheprovider -rfE "$@" \
+    >> "$RESULTS/tests.log" 2>&1
+  rc=$?
+  tail -n "+$first" "$RESULTS/tests.log" | grep -E "^(FAILED|ERROR) |[0-9]+ (passed|failed|skipped|error)" | tail -15
+  if [ "$rc" -ne 0 ]; then
+    FAILED+=("$label tests (exit $rc$([ "$rc" = 124 ] && echo ', timed out'))")
+  fi
+  echo "$label tests: exit $rc in $((SECONDS - t0)) s"
+}
+if [ "${#SINGLE[@]}" -gt 0 ]; then
+  run_tests single-process 150 280 "${SINGLE[@]}"
+fi
+
+# --- single-process benchmarks (no MPS: one process owns the GPU)
+ROWS_LISTS=$RESULTS/rows_lists.json ROWS_IPC=$RESULTS/rows_ipc.json
+rm -f "$ROWS_LISTS" "$ROWS_IPC"
+LIMIT=$(phase_limit 150 150)
+echo "== benchmarks: list ops and host time (at most $LIMIT s)"
+# the sweep stops starting new sizes 30 s before the limit, so its rows are kept
+timeout "$LIMIT" "$PY" benchmarks/bench_cuda.py --part lists,host --time-limit $((LIMIT > 40 ? LIMIT - 30 : LIMIT / 2)) \
+  --rows-out "$ROWS_LISTS" --out "$RESULTS" > "$RESULTS/bench.log" 2>&1 \
+  || echo "benchmark lists/host: exit $? (log $RESULTS/bench.log)"
+
+# Ranks that share a GPU run their kernels at once only under MPS; without it
+# the GPU time-slices between processes and each call takes milliseconds.
+if pgrep -f 'nvidia-cuda-mps-(control|server)' > /dev/null; then
+  echo "== MPS: a daemon already runs; using it"
+elif command -v nvidia-cuda-mps-control > /dev/null; then
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/fastpar-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/fastpar-mps-log
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  if nvidia-cuda-mps-control -d; then
+    STARTED_MPS=1
+    echo "== MPS: daemon started (pipes in $CUDA_MPS_PIPE_DIRECTORY)"
+  else
+    echo "== MPS: could not start a daemon; ranks sharing a GPU will time-slice"
+  fi
+else
+  echo "== MPS: nvidia-cuda-mps-control not found; ranks sharing a GPU will time-slice"
+fi
+if [ "${#MULTI[@]}" -gt 0 ]; then
+  run_tests multi-process 150 80 "${MULTI[@]}"
+fi
+LIMIT=$(phase_limit 90 20)
+echo "== benchmarks: dist.all_reduce across processes (at most $LIMIT s)"
+timeout "$LIMIT" "$PY" benchmarks/bench_cuda.py --part ipc --ipc-timeout $((LIMIT > 20 ? LIMIT - 10 : LIMIT / 2)) \
+  --rows-out "$ROWS_IPC" --out "$RESULTS" >> "$RESULTS/bench.log" 2>&1 \
+  || echo "benchmark ipc: exit $? (log $RESULTS/bench.log)"
+stop_mps
+
+echo "== results"
+ROWS=""
+for f in "$ROWS_LISTS" "$ROWS_IPC"; do
+  [ -s "$f" ] && ROWS=${ROWS:+$ROWS,}$f
+done
+if [ -n "$ROWS" ]; then
+  timeout 60 "$PY" benchmarks/bench_cuda.py --report-only --rows-in "$ROWS" --out "$RESULTS"
+else
+  echo "no benchmark rows; see $RESULTS/bench.log"; tail -20 "$RESULTS/bench.log"
+fi
+rm -f "$ROWS_LISTS" "$ROWS_IPC"
+
+echo "== gpu_check: $((SECONDS - START)) s"
+if [ "${#FAILED[@]}" -gt 0 ]; then
+  printf 'FAILED: %s\n' "${FAILED[@]}"
+  exit 1
+fi
+echo "gpu_check: build, smoke test and tests passed"

@@ -1,0 +1,106 @@
+"""The GPU benchmark's CPU side (benchmarks/bench_cuda.py, gpu_summary.py):
+argument parsing, rows, the targets table, CSV and plots, on synthetic rows
+(--dry-run), so scripts/gpu_check.sh's report works before a GPU ever runs it."""
+import csv
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                                "benchmarks"))
+import bench_cuda  # noqa: E402
+import gpu_summary as gs  # noqa: E402
+
+MiB = gs.MiB
+
+
+def test_dry_run_writes_csv_summary_and_plots(tmp_path, capsys):
+    rows = bench_cuda.main(["--dry-run", "--out", str(tmp_path), "--quick"])
+    args = bench_cuda.parse_args(["--quick"])
+    n_lists = len(args.ks) * len(args.dtypes) * len(args.algorithms) * len(args.sizes)
+    assert sum(r["part"] == "lists" for r in rows) == n_lists
+    with open(tmp_path / "bench_cuda.csv") as f:
+        assert len(list(csv.DictReader(f))) == len(rows)
+    summary = (tmp_path / "summary.txt").read_text().splitlines()
+    by_name = {line.split("  ")[0].strip(): line for line in summary}
+    assert " met " in by_name["4 KiB list allreduce, k=2, host us/call"]  # synthetic 7.5 us <= 8
+    assert "MISSED" in by_name["4 KiB list allreduce, k=8, host us/call"]  # synthetic 14 us > 12
+    assert "not measured" in by_name["distinct GPUs, busbw / NCCL from 64 MiB (worst)"]
+    assert "error: host: RuntimeError: synthetic failure" in summary
+    out = capsys.readouterr().out
+    assert "Targets (the issues') and measured" in out
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return
+    assert (tmp_path / "lists.png").stat().st_size > 1000
+    assert (tmp_path / "collectives.png").stat().st_size > 1000
+
+
+def test_targets_take_the_worst_row_and_pair_ring_with_direct():
+    rows = []
+    for size, d_t, r_t in ((MiB, 1e-4, 1.5e-4), (16 * MiB, 1e-3, 3e-3)):
+        rows.append(gs.list_row(gs.ONE_GPU, 2, "float32", "direct", size, d_t, "torch", 2 * d_t, 0.95 * d_t))
+        rows.append(gs.list_row(gs.ONE_GPU, 2, "float32", "ring", size, r_t, "torch", 2 * d_t, 0.95 * d_t))
+    lines = {t["target"]: t for t in gs.targets(rows)}
+    ring = lines["ring / direct GB/s from 1 MiB, one GPU (worst)"]
+    assert ring["measured"] == pytest.approx(1 / 3) and ring["status"] == "MISSED"
+    assert lines["direct / copy from 16 MiB (worst)"]["measured"] == pytest.approx(0.95)
+    assert lines["direct / copy from 16 MiB (worst)"]["status"] == "met"
+    assert lines["4 KiB list allreduce, k=2, host us/call"]["measured"] == "not measured"
+
+
+def test_rows_count_bytes_as_the_readme_does():
+    r = gs.list_row(gs.ONE_GPU, 4, "bfloat16", "direct", MiB, 1e-5, "torch", 2e-5, 5e-6)
+    assert r["fastpar_GBps"] == pytest.approx(2 * 4 * MiB / 1e-5 / 1e9)
+    assert r["vs_baseline"] == pytest.approx(2.0) and r["of_copy"] == pytest.approx(0.5)
+    ipc = gs.ipc_row("fastpar", "shared cuda:0", 4, 32 * MiB, 1e-4)
+    assert ipc["busbw_GBps"] == pytest.approx(ipc["algbw_GBps"] * 1.5)
+
+
+def test_bad_part_is_refused_by_name(capsys):
+    with pytest.raises(SystemExit):
+        bench_cuda.parse_args(["--part", "lists,nccl"])
+    assert "--part 'nccl' is not one of lists, host, ipc" in capsys.readouterr().err
+
+
+def test_report_only_merges_rows_of_earlier_parts(tmp_path):
+    """gpu_check.sh measures the parts in separate runs (MPS on only for the
+    multi-process one) and reports them together with --report-only."""
+    first, second = tmp_path / "a.json", tmp_path / "b.json"
+    rows_a = bench_cuda.main(["--dry-run", "--quick", "--out", str(tmp_path / "a"), "--rows-out", str(first)])
+    rows_b = bench_cuda.main(["--dry-run", "--quick", "--ks", "4", "--out", str(tmp_path / "b"),
+                              "--rows-out", str(second)])
+    merged = bench_cuda.main(["--report-only", "--rows-in", f"{first},{second}", "--out", str(tmp_path / "all")])
+    assert len(merged) == len(rows_a) + len(rows_b)
+    with open(tmp_path / "all" / "bench_cuda.csv") as f:
+        assert sum(1 for r in csv.DictReader(f) if r["part"] == "lists" and r["k"] == "4") == \
+            sum(1 for r in rows_b if r["part"] == "lists")
+
+
+GPU_CHECK = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                         "scripts", "gpu_check.sh")
+
+
+def test_gpu_check_script_parses():
+    import subprocess
+
+    r = subprocess.run(["bash", "-n", GPU_CHECK], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+def test_gpu_check_stops_at_once_without_a_gpu(tmp_path):
+    """nvidia-smi finding no GPU (a stand-in that fails, first on the PATH):
+    the script says so and exits 1 before building anything."""
+    import subprocess
+
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed' >&2\nexit 9\n")
+    smi.chmod(0o755)
+    env = dict(os.environ, PATH=f"{tmp_path}:{os.environ['PATH']}", GPU_CHECK_BUDGET_S="60")
+    env.pop("OUT", None)
+    r = subprocess.run(["bash", GPU_CHECK], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 1
+    assert "gpu_check: no NVIDIA GPU here (nvidia-smi finds none)" in r.stdout
+    assert "== build" not in r.stdout
