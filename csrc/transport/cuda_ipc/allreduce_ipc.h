@@ -45,6 +45,10 @@ struct IpcComm {
   const uint64_t* host_abort = nullptr;
   uint64_t seq = 0;     // last phase posted (the protocol's phase number)
   uint64_t rounds = 0;  // slot rounds started; slot = rounds % flags::kSlots
+  // Point-to-point chunk numbers (p2p_ring.h), counted at enqueue time:
+  // chunks enqueued to rank d / from rank s so far.
+  uint64_t p2p_sent[kMaxIpcRanks] = {};
+  uint64_t p2p_received[kMaxIpcRanks] = {};
 };
 
 // One-shot up to this size: its latency is one phase, two-shot's is two, and
