@@ -55,7 +55,7 @@ cudaError_t allreduce_one_shot(IpcComm& c, DType dt, ReduceOp op, const void* in
     a.out = out;
     a.count = count;
     a.contributions = n;
-    a.nblocks = fused_blocks(count * ts);
+    a.nblocks = fused_blocks(count * ts, c.fused_bytes_per_block);
     return launch_fused_one_shot(dt, op, a, stream);
   }
   for (int64_t cb = 0; cb < count; cb += chunk) {

@@ -49,6 +49,9 @@ struct IpcComm {
   // (fused_one_shot.h). Must be equal on every rank (a mix fails with a
   // descriptor mismatch); the unfused path stays for comparison and tests.
   bool fused_one_shot = true;
+  // Bytes per block of the fused kernel (fused_one_shot.h; equal on every
+  // rank; the host emulation lowers it so that small calls get many blocks).
+  int64_t fused_bytes_per_block = 16 * 1024;
   // Point-to-point chunk numbers (p2p_ring.h), counted at enqueue time:
   // chunks enqueued to rank d / from rank s so far.
   uint64_t p2p_sent[kMaxIpcRanks] = {};

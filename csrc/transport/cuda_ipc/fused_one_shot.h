@@ -52,17 +52,18 @@ constexpr int kFusedMaxBlocks = 16;
 constexpr size_t kBlockFlagsOffset = 320;
 static_assert(sizeof(flags::ControlBlock) + sizeof(uint32_t) <= kBlockFlagsOffset, "block flags overlap");
 static_assert(kBlockFlagsOffset + kFusedMaxBlocks * sizeof(uint64_t) <= kHeaderBytes, "block flags overflow");
-// A block gets at least this many bytes: below it, a block's flag round trip
-// costs more than its share of the copy.
-constexpr int64_t kFusedBytesPerBlock = 16 * 1024;
+// A block gets at least IpcComm::fused_bytes_per_block bytes (16 KiB):
+// below it, a block's flag round trip costs more than its share of the copy.
 
 FASTPAR_HD uint64_t* block_flags_of(void* base) {
   return reinterpret_cast<uint64_t*>(static_cast<char*>(base) + kBlockFlagsOffset);
 }
 
-// Blocks for `bytes`: a function of the call's size only (equal on every rank).
-FASTPAR_HD int fused_blocks(int64_t bytes) {
-  const int64_t b = (bytes + kFusedBytesPerBlock - 1) / kFusedBytesPerBlock;
+// Blocks for `bytes` at `per_block` bytes per block (IpcComm's, equal on
+// every rank): a function of the call's size only.
+FASTPAR_HD int fused_blocks(int64_t bytes, int64_t per_block) {
+  if (per_block < 1) per_block = 1;
+  const int64_t b = (bytes + per_block - 1) / per_block;
   return int(b < 1 ? 1 : (b > kFusedMaxBlocks ? kFusedMaxBlocks : b));
 }
 

@@ -90,6 +90,7 @@ inline bool g_fused_one_shot = true;
 inline fastpar::cuda_ipc::IpcComm comm_for(const Arenas& a, int rank, size_t slot_bytes) {
   fastpar::cuda_ipc::IpcComm c;
   c.fused_one_shot = g_fused_one_shot;
+  c.fused_bytes_per_block = 64;  // small calls still get several blocks (up to kFusedMaxBlocks)
   c.rank = rank;
   c.size = int(a.bases.size());
   c.device = rank;
