@@ -2,15 +2,19 @@
 
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <algorithm>
 #include <cstdlib>
+#include <climits>
+#include <functional>
 #include <optional>
 
 #include "../transport/cuda_ipc/allreduce_ipc.h"
 #include "../transport/cuda_ipc/collectives_ipc.h"
+#include "../transport/cuda_ipc/p2p_ipc.h"
 #include "../transport/cuda_ipc/route.h"
 #include "call_timeout.h"
 #include "checks.h"
@@ -81,6 +85,11 @@ void check_root(const char* op, int64_t root, int size) {
 
 // `t` if contiguous, else a contiguous temporary whose copy-back into `t` is
 // queued by finish_outputs (on the current stream, after the kernels).
+// The tag of the messages all_to_all_pairs sends: no int tag of a user's
+// send can equal it, so a user's message and an all-to-all's between the same
+// two ranks can never be taken for one another.
+constexpr int64_t kAllToAllTag = INT64_MIN + 1;
+
 struct StagedOutputs {
   std::vector<at::Tensor> user, staged;
   void* add(const at::Tensor& t) {
@@ -735,11 +744,33 @@ c10::intrusive_ptr<c10d::Work> CudaBackend::alltoall_base(at::Tensor& output, at
   cuda_ipc::RouteQuery q = query_for("all_to_all_single", input);
   q.contiguous = input.is_contiguous() && output.is_contiguous();
   q.on_rank_device = q.on_rank_device && output.device() == input.device();
+  const bool splits_given = !input_split_sizes.empty() || !output_split_sizes.empty();
+  if (link_ && group_shares_gpu_ && splits_given && cuda_ipc::route_ipc(q) == cuda_ipc::Route::kIpc) {
+    // Split sizes given, ranks on one GPU: the per-pair rings (see
+    // all_to_all_pairs). Whether the splits are equal is each rank's local
+    // knowledge, so the schedule is picked by the call's form, which every
+    // rank shares, not by the values.
+    const int64_t in_rows = input.dim() == 0 ? 1 : input.size(0), out_rows = output.dim() == 0 ? 1 : output.size(0);
+    const std::vector<int64_t> in_b = split_bytes("input_split_sizes", input_split_sizes, input, in_rows);
+    const std::vector<int64_t> out_b = split_bytes("output_split_sizes", output_split_sizes, output, out_rows);
+    std::vector<const void*> ins(static_cast<size_t>(n));
+    std::vector<void*> outs(static_cast<size_t>(n));
+    int64_t io = 0, oo = 0;
+    for (int r = 0; r < n; ++r) {
+      ins[size_t(r)] = static_cast<const char*>(input.const_data_ptr()) + io;
+      outs[size_t(r)] = static_cast<char*>(output.data_ptr()) + oo;
+      io += in_b[size_t(r)];
+      oo += out_b[size_t(r)];
+    }
+    return all_to_all_pairs("all_to_all_single", c10d::OpType::ALLTOALL_BASE, ins, in_b, outs, out_b,
+                            {input, output}, {output}, call_timeout(opts.timeout, timeout_), nullptr);  // no staging
+  }
   const bool ipc = cuda_ipc::route_ipc(q) == cuda_ipc::Route::kIpc && equal_blocks;
   if (!ipc) {
     TORCH_CHECK_VALUE(q.fallback_usable, "fastpar.all_to_all_single: ranks of this group share a GPU, where NCCL "
                       "cannot run (it refuses two ranks on one device), and CUDA IPC cannot serve this call: ",
-                      equal_blocks ? cuda_ipc::ipc_refusal(q) : "uneven split sizes (CUDA IPC serves equal blocks)");
+                      *cuda_ipc::ipc_refusal(q) || equal_blocks ? cuda_ipc::ipc_refusal(q)
+                                                                 : "uneven split sizes (CUDA IPC serves equal blocks)");
     ++fallback_calls_;
     g.unlock();
     return fallback_->alltoall_base(output, input, output_split_sizes, input_split_sizes, opts);
@@ -782,6 +813,31 @@ c10::intrusive_ptr<c10d::Work> CudaBackend::alltoall(std::vector<at::Tensor>& ou
   }
   std::unique_lock<std::mutex> g(mu_);
   const cuda_ipc::RouteQuery q = query_for("all_to_all", inputs[0]);
+  if (link_ && group_shares_gpu_ && cuda_ipc::route_ipc(q) == cuda_ipc::Route::kIpc) {
+    // Ranks on one GPU: the per-pair rings, whatever the sizes (whether the
+    // tensors are all equal is each rank's local knowledge: see alltoall_base).
+    for (int r = 0; r < n; ++r)
+      TORCH_CHECK_VALUE(inputs[size_t(r)].device() == inputs[0].device() &&
+                        outputs[size_t(r)].device() == inputs[0].device(),
+                        "fastpar.all_to_all: every tensor must be on ", inputs[0].device(), " (input_tensor_list[0]'s); "
+                        "entry ", r, " is on ", inputs[size_t(r)].device(), " / ", outputs[size_t(r)].device());
+    std::vector<at::Tensor> keep;
+    auto staged = std::make_shared<StagedOutputs>();  // outlives this call in the lambda below
+    std::vector<const void*> ins(static_cast<size_t>(n));
+    std::vector<void*> outs(static_cast<size_t>(n));
+    std::vector<int64_t> in_b(static_cast<size_t>(n)), out_b(static_cast<size_t>(n));
+    for (int r = 0; r < n; ++r) {
+      keep.push_back(inputs[size_t(r)].contiguous());
+      ins[size_t(r)] = keep.back().const_data_ptr();
+      in_b[size_t(r)] = int64_t(keep.back().nbytes());
+      outs[size_t(r)] = staged->add(outputs[size_t(r)]);
+      out_b[size_t(r)] = int64_t(outputs[size_t(r)].nbytes());
+    }
+    for (const at::Tensor& t : outputs) keep.push_back(t);
+    for (const at::Tensor& t : staged->staged) keep.push_back(t);  // written on the receive streams
+    return all_to_all_pairs("all_to_all", c10d::OpType::ALLTOALL, ins, in_b, outs, out_b, keep, outputs,
+                            call_timeout(opts.timeout, timeout_), [staged] { staged->finish(); });
+  }
   const bool ipc = cuda_ipc::route_ipc(q) == cuda_ipc::Route::kIpc && equal_blocks;
   if (!ipc) {
     TORCH_CHECK_VALUE(q.fallback_usable, "fastpar.all_to_all: ranks of this group share a GPU, where NCCL cannot "
@@ -810,19 +866,149 @@ c10::intrusive_ptr<c10d::Work> CudaBackend::alltoall(std::vector<at::Tensor>& ou
   return ipc_work(c10d::OpType::ALLTOALL, "all_to_all", outputs, stream, timeout);
 }
 
+std::vector<int64_t> CudaBackend::split_bytes(const char* arg, const std::vector<int64_t>& splits,
+                                              const at::Tensor& t, int64_t rows) const {
+  const int n = getSize();
+  const int64_t row_bytes = rows == 0 ? 0 : int64_t(t.nbytes()) / rows;
+  std::vector<int64_t> out(static_cast<size_t>(n));
+  if (splits.empty()) {
+    TORCH_CHECK_VALUE(rows % n == 0, "fastpar.all_to_all_single: ", arg, " is empty, so the ", rows,
+                      " rows must split evenly across ", n, " ranks");
+    for (int64_t& b : out) b = rows / n * row_bytes;
+    return out;
+  }
+  TORCH_CHECK_VALUE(int(splits.size()) == n, "fastpar.all_to_all_single: ", arg, " has ", splits.size(),
+                    " entries but the group has ", n, " ranks");
+  int64_t sum = 0;
+  for (int q = 0; q < n; ++q) {
+    TORCH_CHECK_VALUE(splits[size_t(q)] >= 0, "fastpar.all_to_all_single: ", arg, "[", q, "] is ", splits[size_t(q)],
+                      " but must be >= 0");
+    sum += splits[size_t(q)];
+    out[size_t(q)] = splits[size_t(q)] * row_bytes;
+  }
+  TORCH_CHECK_VALUE(sum == rows, "fastpar.all_to_all_single: ", arg, " sums to ", sum, " rows but the tensor has ",
+                    rows);
+  return out;
+}
+
+c10::intrusive_ptr<c10d::Work> CudaBackend::all_to_all_pairs(const char* op, c10d::OpType type,
+                                                             const std::vector<const void*>& ins,
+                                                             const std::vector<int64_t>& in_bytes,
+                                                             const std::vector<void*>& outs,
+                                                             const std::vector<int64_t>& out_bytes,
+                                                             const std::vector<at::Tensor>& keep,
+                                                             std::vector<at::Tensor> outputs,
+                                                             std::chrono::milliseconds timeout,
+                                                             const std::function<void()>& after) {
+  const int n = getSize(), r = getRank();
+  TORCH_CHECK_VALUE(in_bytes[size_t(r)] == out_bytes[size_t(r)], "fastpar.", op, ": this rank sends itself ",
+                    in_bytes[size_t(r)], " bytes but expects ", out_bytes[size_t(r)], " from itself");
+  const at::Tensor& like = keep[0];
+  c10::cuda::CUDAGuard guard(like.device());
+  const c10::cuda::CUDAStream current = begin_ipc(op, like, timeout);
+  cuda_ipc::IpcComm& c = link_->ep->comm();
+  c10::cuda::CUDAEvent ready;
+  ready.record(current);
+  std::vector<c10::cuda::CUDAStream> used;
+  for (int q = 0; q < n; ++q) {
+    if (q == r) continue;
+    for (bool is_send : {true, false}) {
+      const c10::cuda::CUDAStream side = p2p_stream(q, is_send);
+      ready.block(side);
+      for (const at::Tensor& t : keep) t.record_stream(side.unwrap());
+      if (is_send) {
+        C10_CUDA_CHECK(cuda_ipc::send_ipc(c, ins[size_t(q)], in_bytes[size_t(q)], q, kAllToAllTag, side));
+      } else {
+        C10_CUDA_CHECK(cuda_ipc::recv_ipc(c, outs[size_t(q)], out_bytes[size_t(q)], q, kAllToAllTag, side));
+      }
+      used.push_back(side);
+    }
+  }
+  if (in_bytes[size_t(r)] > 0)
+    C10_CUDA_CHECK(cudaMemcpyAsync(outs[size_t(r)], ins[size_t(r)], size_t(in_bytes[size_t(r)]),
+                                   cudaMemcpyDeviceToDevice, current));
+  // The call completes on the caller's stream, like every other collective.
+  for (const c10::cuda::CUDAStream& side : used) {
+    c10::cuda::CUDAEvent done;
+    done.record(side);
+    done.block(current);
+  }
+  if (after) after();
+  return ipc_work(type, op, std::move(outputs), current, timeout);
+}
+
 c10::intrusive_ptr<c10d::Work> CudaBackend::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
-  FASTPAR_NOT_ON_SHARED_GPU("send");
-  return fallback_->send(tensors, dst_rank, tag);
+  return point_to_point("send", tensors, dst_rank, tag, /*is_send=*/true);
 }
 
 c10::intrusive_ptr<c10d::Work> CudaBackend::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
-  FASTPAR_NOT_ON_SHARED_GPU("recv");
-  return fallback_->recv(tensors, src_rank, tag);
+  return point_to_point("recv", tensors, src_rank, tag, /*is_send=*/false);
 }
 
 c10::intrusive_ptr<c10d::Work> CudaBackend::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
-  FASTPAR_NOT_ON_SHARED_GPU("recv");
+  // The IPC rings match in order per pair (p2p_ring.h): learning which peer's
+  // message came first would need a device-to-host read before the copy is
+  // enqueued. NCCL has no any-source receive either.
+  TORCH_CHECK_VALUE(!shares_gpu(), "fastpar.recv: a receive from any source (src=None) of a CUDA tensor is not "
+                    "supported: CUDA IPC matches messages per sender and NCCL has no any-source receive; name "
+                    "the source rank");
   return fallback_->recvAnysource(tensors, tag);
+}
+
+c10::cuda::CUDAStream CudaBackend::p2p_stream(int peer, bool is_send) {
+  std::vector<std::optional<c10::cuda::CUDAStream>>& v = is_send ? send_streams_ : recv_streams_;
+  if (v.empty()) v.resize(size_t(getSize()));
+  if (!v[size_t(peer)]) v[size_t(peer)] = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device_);
+  return *v[size_t(peer)];
+}
+
+c10::intrusive_ptr<c10d::Work> CudaBackend::point_to_point(const char* op, std::vector<at::Tensor>& tensors,
+                                                           int peer, int tag, bool is_send) {
+  TORCH_CHECK_VALUE(tensors.size() == 1, "fastpar.", op, ": expected exactly one tensor, got ", tensors.size());
+  at::Tensor& t = tensors[0];
+  check_cuda(op, "tensors[0]", t);
+  TORCH_CHECK_VALUE(peer >= 0 && peer < getSize() && peer != getRank(), "fastpar.", op, ": ",
+                    is_send ? "dst" : "src", " is ", peer, " but must be another rank of the group (0..",
+                    getSize() - 1, ", not this rank ", getRank(), ")");
+  std::unique_lock<std::mutex> g(mu_);
+  // Setup is collective (every rank meets in the Store), a send is not: only
+  // a group whose first CUDA collective has run can use IPC for it. Before
+  // that, NCCL (which cannot run where ranks share a GPU; docs/cuda.md says
+  // to run one CUDA collective first there).
+  bool ipc = set_up_;
+  cuda_ipc::RouteQuery q;
+  if (ipc) {
+    q = query_for(op, t);
+    ipc = cuda_ipc::route_ipc(q) == cuda_ipc::Route::kIpc;
+    if (!ipc) to_fallback(op, q);
+  } else {
+    ++fallback_calls_;
+  }
+  if (!ipc) {
+    g.unlock();
+    return is_send ? fallback_->send(tensors, peer, tag) : fallback_->recv(tensors, peer, tag);
+  }
+  const std::chrono::milliseconds timeout = timeout_;
+  c10::cuda::CUDAGuard guard(t.device());
+  const c10::cuda::CUDAStream current = begin_ipc(op, t, timeout);
+  // One stream per peer and direction: messages to one peer run in the order
+  // they were posted (the ring's chunk numbers are counted here, at enqueue),
+  // and a large send waiting for its receiver to drain the ring never holds
+  // up this rank's receives or its traffic with other peers.
+  const c10::cuda::CUDAStream side = p2p_stream(peer, is_send);
+  c10::cuda::CUDAEvent ready;
+  ready.record(current);
+  ready.block(side);
+  // The caching allocator must not reuse the tensor's memory before the side
+  // stream is done with it.
+  t.record_stream(side.unwrap());
+  cuda_ipc::IpcComm& c = link_->ep->comm();
+  if (is_send) {
+    C10_CUDA_CHECK(cuda_ipc::send_ipc(c, t.data_ptr(), int64_t(t.nbytes()), peer, tag, side));
+  } else {
+    C10_CUDA_CHECK(cuda_ipc::recv_ipc(c, t.data_ptr(), int64_t(t.nbytes()), peer, tag, side));
+  }
+  return ipc_work(is_send ? c10d::OpType::SEND : c10d::OpType::RECV, op, tensors, side, timeout);
 }
 
 c10::intrusive_ptr<c10d::Work> CudaBackend::barrier(const c10d::BarrierOptions& opts) {

@@ -2,10 +2,12 @@
 //
 // all_reduce, broadcast, reduce, all_gather (+ all_gather_into_tensor and
 // its coalesced form) and reduce_scatter (+ reduce_scatter_tensor and its
-// coalesced form) run over CUDA IPC (transport/cuda_ipc: kernels on the
-// caller's current stream) when transport/cuda_ipc/route.h says so; gather,
-// scatter, all_to_all, send/recv and calls the route refuses go to
-// `fallback`, a ProcessGroupNCCL the Python creator builds on the group's
+// coalesced form), gather, scatter, equal all_to_all and send/recv run over
+// CUDA IPC (transport/cuda_ipc: kernels on the caller's current stream;
+// send/recv on a stream per peer and direction ordered after it) when
+// transport/cuda_ipc/route.h says so; uneven all_to_all, any-source receives,
+// send/recv before the group's first CUDA collective and calls the route
+// refuses go to `fallback`, a ProcessGroupNCCL the Python creator builds on the group's
 // store (fastpar/distributed/backend.py). barrier never gets here: the
 // ShmBackend runs it on the CPU.
 //
@@ -38,7 +40,10 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <functional>
 #include <mutex>
+#include <optional>
+#include <vector>
 #include <string>
 
 #include "../transport/cuda_ipc/ipc_endpoint.h"
@@ -139,6 +144,30 @@ class CudaBackend : public c10d::Backend {
   c10::cuda::CUDAStream begin_ipc(const char* op, const at::Tensor& t, std::chrono::milliseconds timeout);
   c10::intrusive_ptr<c10d::Work> ipc_work(c10d::OpType type, const char* op, std::vector<at::Tensor> outputs,
                                           const c10::cuda::CUDAStream& stream, std::chrono::milliseconds timeout);
+  // send / recv over the IPC rings (p2p_ipc.h) where set up and routed, else the fallback.
+  c10::intrusive_ptr<c10d::Work> point_to_point(const char* op, std::vector<at::Tensor>& tensors, int peer, int tag,
+                                                bool is_send);
+  // all_to_all with per-rank sizes over the p2p rings (mu_ held): rank r's
+  // ins[q] (in_bytes[q]) lands in rank q's outs[r]; every pair's send and
+  // receive on the pair's streams, the own block copied on the caller's
+  // stream, which then waits for all of them (the Work completes there).
+  // The receiver checks each message's size against out_bytes, so splits
+  // that disagree between two ranks fail instead of being misread. `keep`
+  // is recorded on the side streams; `after` runs on the caller's stream
+  // once everything has landed (copies out of staged outputs).
+  c10::intrusive_ptr<c10d::Work> all_to_all_pairs(const char* op, c10d::OpType type,
+                                                  const std::vector<const void*>& ins,
+                                                  const std::vector<int64_t>& in_bytes, const std::vector<void*>& outs,
+                                                  const std::vector<int64_t>& out_bytes,
+                                                  const std::vector<at::Tensor>& keep, std::vector<at::Tensor> outputs,
+                                                  std::chrono::milliseconds timeout,
+                                                  const std::function<void()>& after);
+  // Bytes per rank of an all_to_all_single split list (empty: equal),
+  // checked against the tensor's `rows` (ValueError naming `arg`).
+  std::vector<int64_t> split_bytes(const char* arg, const std::vector<int64_t>& splits, const at::Tensor& t,
+                                   int64_t rows) const;
+  // This rank's stream for messages to (is_send) or from `peer` (mu_ held).
+  c10::cuda::CUDAStream p2p_stream(int peer, bool is_send);
 
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::Backend> fallback_;
@@ -156,6 +185,7 @@ class CudaBackend : public c10d::Backend {
   bool group_shares_gpu_ = false;  // from setup, equal on every rank
   cuda_ipc::Mps mps_ = cuda_ipc::Mps::kUnknown;
   std::atomic<int64_t> ipc_calls_{0}, fallback_calls_{0};
+  std::vector<std::optional<c10::cuda::CUDAStream>> send_streams_, recv_streams_;  // per peer, made at first use
 };
 
 // Adds fastpar._C.CudaBackend (CUDA builds only).

@@ -18,6 +18,8 @@ static void status_words() {
   CHECK(has(wait_status_text(uint32_t(flags::WaitStatus::kPeerAborted)), "aborted"));
   CHECK(has(wait_status_text(uint32_t(flags::WaitStatus::kPeerDead)), "died"));
   CHECK(has(wait_status_text(uint32_t(flags::WaitStatus::kMismatch)), "different call"));
+  // send/recv match in order per pair (p2p_ring.h): the same status says so.
+  CHECK(has(wait_status_text(uint32_t(flags::WaitStatus::kMismatch)), "different tag or size"));
   CHECK(has(wait_status_text(99), "unknown"));
 }
 

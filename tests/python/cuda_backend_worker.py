@@ -278,8 +278,8 @@ def sc_collectives():
 def sc_root_and_alltoall():
     """gather and scatter (every root), all_to_all_single (even splits) and
     all_to_all (equal tensors) over CUDA IPC, every dtype, against the
-    reference; uneven all_to_all_single and send/recv have no IPC schedule:
-    NCCL on distinct GPUs, a ValueError naming the op on a shared GPU."""
+    reference; uneven all_to_all_single / all_to_all: NCCL on distinct GPUs,
+    the per-pair p2p rings over CUDA IPC where ranks share a GPU."""
     init()
     cb = cuda_backend()
     ipc = peer_access_everywhere()
@@ -311,27 +311,22 @@ def sc_root_and_alltoall():
                 check_equal(outs[q], ins[q][RANK * n:(RANK + 1) * n], f"all_to_all {dtype} n={n} [{q}]", True)
     if ipc:
         assert cb.fallback_calls == 0, cb.fallback_calls
-    # Uneven splits: rank r sends r+1 rows to everyone.
+    # Uneven splits: rank r sends r+1 rows to everyone (NCCL on distinct
+    # GPUs, the per-pair rings where ranks share one), and all_to_all with
+    # tensors of different sizes.
+    calls0 = cb.ipc_calls
     inp = torch.full(((RANK + 1) * WORLD,), float(RANK), device=DEV)
     out_splits = [q + 1 for q in range(WORLD)]
     o = torch.empty(sum(out_splits), device=DEV)
-    uneven = lambda: dist.all_to_all_single(o, inp, out_splits, [RANK + 1] * WORLD)
-    p2p = lambda: (dist.send(torch.ones(4, device=DEV), dst=1) if RANK == 0 else
-                   dist.recv(torch.empty(4, device=DEV), src=0) if RANK == 1 else None)
-    for name, call in (("all_to_all_single", uneven), ("send" if RANK == 0 else "recv", p2p)):
-        if SHARED:
-            if name == "recv" and RANK > 1:
-                continue
-            try:
-                call()
-                raise AssertionError(f"{name} on a shared GPU did not raise")
-            except ValueError as e:
-                assert f"fastpar.{name}: ranks of this group share a GPU" in str(e), str(e)
-        else:
-            call()
-    if not SHARED:
-        want = torch.cat([torch.full((RANK + 1,), float(q)) for q in range(WORLD)])
-        check_equal(o, want, "uneven all_to_all_single (NCCL)", True)
+    dist.all_to_all_single(o, inp, out_splits, [RANK + 1] * WORLD)
+    want = torch.cat([torch.full((RANK + 1,), float(q)) for q in range(WORLD)])
+    check_equal(o, want, "uneven all_to_all_single", True)
+    outs = [torch.empty(q * 1000 + 3, device=DEV) for q in range(WORLD)]
+    dist.all_to_all(outs, [torch.full((RANK * 1000 + 3,), float(RANK * 10 + q), device=DEV) for q in range(WORLD)])
+    for q in range(WORLD):
+        check_equal(outs[q], torch.full((q * 1000 + 3,), float(q * 10 + RANK)), f"uneven all_to_all [{q}]", True)
+    if SHARED:
+        assert cb.ipc_calls == calls0 + 2, (cb.ipc_calls, calls0)
     torch.cuda.synchronize()
     dist.barrier()
     dist.destroy_process_group()
@@ -549,6 +544,95 @@ def sc_abort():
             assert "aborted" in str(e), str(e)
     else:
         time.sleep(3)
+    os._exit(0)
+
+
+def sc_p2p():
+    """send/recv over CUDA IPC (after one collective has set IPC up): every
+    ordered pair at once through batch_isend_irecv, every dtype, sizes from 0
+    to more chunks than a ring holds, messages matched in order per pair with
+    their tags; isend/irecv with wait(); the receiver's stream waits for the
+    data; a receive from any source is refused by name on a shared GPU."""
+    init()
+    cb = cuda_backend()
+    dist.all_reduce(torch.ones(1, device=DEV))  # sets the group's IPC communicator up
+    ipc = peer_access_everywhere()
+    calls0, fb0 = cb.ipc_calls, cb.fallback_calls
+    seed = 900
+    for dtype in DTYPES:
+        for n in (0, 1, 17, 1000, 100_003, (1 << 20) + 5):
+            seed += 1
+            ops, got = [], {}
+            for q in range(WORLD):
+                if q == RANK:
+                    continue
+                ops.append(dist.P2POp(dist.isend, exact_data(RANK * 7 + q, n, dtype, seed).to(DEV), q, tag=q))
+                got[q] = torch.full((n,), 3, dtype=dtype, device=DEV)
+                ops.append(dist.P2POp(dist.irecv, got[q], q, tag=RANK))
+            for w in dist.batch_isend_irecv(ops):
+                w.wait()
+            for q, t in got.items():
+                check_equal(t, exact_data(q * 7 + RANK, n, dtype, seed), f"batch_isend_irecv {dtype} n={n} from {q}",
+                            True)
+    # Several messages to one peer, in order, different tags and sizes.
+    if RANK in (0, 1):
+        peer = 1 - RANK
+        sizes = [5, 0, 300_000, 7]
+        if RANK == 0:
+            works = [dist.isend(torch.arange(k, dtype=torch.float32, device=DEV) + i, dst=peer, tag=i)
+                     for i, k in enumerate(sizes)]
+        else:
+            bufs = [torch.empty(k, device=DEV) for k in sizes]
+            works = [dist.irecv(b, src=peer, tag=i) for i, b in enumerate(bufs)]
+        for w in works:
+            w.wait()
+        if RANK == 1:
+            # wait() ordered this stream after the receives: no synchronize needed.
+            for i, (k, b) in enumerate(zip(sizes, bufs)):
+                check_equal(b, torch.arange(k, dtype=torch.float32) + i, f"isend/irecv message {i}", True)
+        # Blocking send/recv.
+        if RANK == 0:
+            dist.send(torch.full((33,), 2.5, device=DEV), dst=1, tag=7)
+        else:
+            t = torch.empty(33, device=DEV)
+            dist.recv(t, src=0, tag=7)
+            check_equal(t, torch.full((33,), 2.5), "send/recv", True)
+    if ipc:
+        assert cb.fallback_calls == fb0, (cb.fallback_calls, fb0)
+        assert cb.ipc_calls > calls0
+    if SHARED:
+        try:
+            dist.recv(torch.empty(1, device=DEV))
+            raise AssertionError("recv from any source on a shared GPU did not raise")
+        except ValueError as e:
+            assert "fastpar.recv: a receive from any source" in str(e), str(e)
+    torch.cuda.synchronize()
+    dist.barrier()
+    dist.destroy_process_group()
+    print(f"p2p rank {RANK} ok", flush=True)
+
+
+def sc_p2p_mismatch():
+    """Rank 0 sends with tag 1 (or 100 elements), rank 1 receives with tag 2
+    (or 50 elements, ARGS[0] = "size"): rank 1's receive fails with
+    DistBackendError naming recv (FASTPAR_BLOCKING_WAIT=1 raises it at wait())
+    and never writes its buffer; rank 0's send completes (it fits the ring)."""
+    init()
+    dist.all_reduce(torch.ones(1, device=DEV))
+    by_size = ARGS and ARGS[0] == "size"
+    if RANK == 0:
+        dist.send(torch.ones(100, device=DEV), dst=1, tag=1)
+        torch.cuda.synchronize()
+    elif RANK == 1:
+        t = torch.full((50 if by_size else 100,), 3.0, device=DEV)
+        try:
+            dist.recv(t, src=0, tag=1 if by_size else 2)
+            raise AssertionError("mismatched recv did not raise")
+        except dist.DistBackendError as e:
+            assert "recv over CUDA IPC failed on rank 1" in str(e), str(e)
+            assert "tag or size" in str(e), str(e)
+        assert bool((t.cpu() == 3.0).all()), "mismatched receive wrote its buffer"
+    time.sleep(1)
     os._exit(0)
 
 

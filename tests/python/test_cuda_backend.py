@@ -2,9 +2,9 @@
 multi-process: every collective with a CUDA IPC schedule (all_reduce,
 broadcast, reduce, all_gather, all_gather_into_tensor, reduce_scatter,
 reduce_scatter_tensor, coalesced forms, gather, scatter, all_to_all_single
-with even splits, all_to_all with equal tensors) x dtype x op against a
-reference, what has none (uneven all_to_all, send/recv: NCCL, refused by name
-on a shared GPU), stream semantics, stock DDP and fastpar.DistributedDataParallel,
+with even splits, all_to_all with equal tensors, send/recv/isend/irecv/
+batch_isend_irecv) x dtype x op against a reference, what has none (uneven
+all_to_all: NCCL, refused by name on a shared GPU), stream semantics, stock DDP and fastpar.DistributedDataParallel,
 faults (a SIGKILLed peer, desynced calls, abort()).
 
 Two GPU layouts (cuda_backend_worker.py, FASTPAR_TEST_GPU_LAYOUT):
@@ -81,6 +81,19 @@ def test_gather_scatter_all_to_all_and_what_has_no_ipc_schedule(layout, world):
     results = run_cuda("root_and_alltoall", world, layout)
     assert_ok(results)
     assert all(f"root_and_alltoall rank {r.rank} ok" in r.out for r in results)
+
+
+@pytest.mark.parametrize("layout,world", LAYOUTS)
+def test_send_recv_and_batch_isend_irecv_over_ipc(layout, world):
+    results = run_cuda("p2p", world, layout)
+    assert_ok(results)
+    assert all(f"p2p rank {r.rank} ok" in r.out for r in results)
+
+
+@pytest.mark.parametrize("variant", ["tag", "size"])
+def test_a_receive_that_does_not_match_the_next_message_fails(variant):
+    results = run_cuda("p2p_mismatch", 2, "shared", env={"FASTPAR_BLOCKING_WAIT": "1"}, args=(variant,))
+    assert_ok(results)
 
 
 @pytest.mark.parametrize("layout", ["shared", pytest.param("distinct", marks=needs_two_gpus)])

@@ -7,7 +7,10 @@ on any machine with a C++20 compiler, GPU or not:
     flag protocol (slot rotation, chunking, mismatch handling);
   * the CUDA IPC broadcast / all_gather / reduce / reduce_scatter schedules,
     interleaved with allreduce, desynced calls, and the host abort word that
-    the peer watcher raises when a peer process dies.
+    the peer watcher raises when a peer process dies;
+  * the CUDA IPC send/recv rings (p2p_ipc.cpp, p2p_ring.h) with one thread per
+    rank, peer and direction: all pairs at once, ring credit, tag and size
+    mismatches, a dead peer.
 Streams, events, peer access, IPC mappings and the PTX memory-ordering policy
 still need real GPUs: test_cuda.py, test_cuda_ipc.py."""
 import os
@@ -20,7 +23,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 HERE = os.path.join(ROOT, "tests", "cpp", "cuda_host_emulation")
 
 
-@pytest.mark.parametrize("program", ["kernels_and_ring_test", "ipc_schedules_test", "ipc_collectives_test"])
+@pytest.mark.parametrize("program", ["kernels_and_ring_test", "ipc_schedules_test", "ipc_collectives_test", "ipc_p2p_test"])
 def test_cuda_code_on_host(program, tmp_path):
     cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
     if not cxx:

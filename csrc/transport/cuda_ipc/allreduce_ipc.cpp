@@ -10,6 +10,7 @@
 #include "../../algorithms/ring_schedule.h"  // split_range
 #include "../../kernels/cuda_reduce_launch.h"
 #include "../cuda_p2p/cuda_try.h"
+#include "fused_one_shot.h"
 #include "ipc_steps.h"
 
 namespace fastpar {
@@ -40,6 +41,23 @@ cudaError_t allreduce_one_shot(IpcComm& c, DType dt, ReduceOp op, const void* in
   const int64_t chunk = std::max<int64_t>(1, int64_t(c.slot_bytes) / ts);
   cuda_p2p::DeviceRestore restore;
   FASTPAR_CUDA_TRY(cudaSetDevice(c.device));
+  if (c.fused_one_shot && count > 0 && count <= chunk) {
+    // One launch instead of three (fused_one_shot.h).
+    const int k = next_round(c);
+    FusedArgs a{};
+    a.phase = ipc_steps::phase_args(c, IpcOp::kAllreduceFused, int32_t(dt), int32_t(op), count, -1);
+    a.self_blocks = block_flags_of(c.bases[r]);
+    for (int q = 0; q < n; ++q) {
+      a.peer_blocks[q] = block_flags_of(c.bases[q]);
+      a.slots[q] = slot_of(c.bases[q], c.slot_bytes, k);
+    }
+    a.in = in;
+    a.out = out;
+    a.count = count;
+    a.contributions = n;
+    a.nblocks = fused_blocks(count * ts, c.fused_bytes_per_block);
+    return launch_fused_one_shot(dt, op, a, stream);
+  }
   for (int64_t cb = 0; cb < count; cb += chunk) {
     const int64_t len = std::min(chunk, count - cb);
     const int k = next_round(c);

@@ -45,6 +45,17 @@ struct IpcComm {
   const uint64_t* host_abort = nullptr;
   uint64_t seq = 0;     // last phase posted (the protocol's phase number)
   uint64_t rounds = 0;  // slot rounds started; slot = rounds % flags::kSlots
+  // One-shot calls that fit one slot run as one fused kernel
+  // (fused_one_shot.h). Must be equal on every rank (a mix fails with a
+  // descriptor mismatch); the unfused path stays for comparison and tests.
+  bool fused_one_shot = true;
+  // Bytes per block of the fused kernel (fused_one_shot.h; equal on every
+  // rank; the host emulation lowers it so that small calls get many blocks).
+  int64_t fused_bytes_per_block = 16 * 1024;
+  // Point-to-point chunk numbers (p2p_ring.h), counted at enqueue time:
+  // chunks enqueued to rank d / from rank s so far.
+  uint64_t p2p_sent[kMaxIpcRanks] = {};
+  uint64_t p2p_received[kMaxIpcRanks] = {};
 };
 
 // One-shot up to this size: its latency is one phase, two-shot's is two, and
@@ -76,6 +87,7 @@ enum class IpcOp : int32_t {
   kGather = 8,
   kScatter = 9,
   kAllToAll = 10,
+  kAllreduceFused = 11,  // the one-kernel one-shot (fused_one_shot.h): never mixes with kAllreduceOneShot
 };
 
 // One-shot: each chunk (a slot's worth) is copied in, one phase, and every rank

@@ -4,6 +4,12 @@
 //   [ flags::ControlBlock | status word | pad ]  kHeaderBytes
 //   [ data slot 0 ]                              slot_bytes (rounded to 512)
 //   [ data slot 1 ]                              (flags::kSlots rotating slots)
+//   [ P2PControl | pad ]                         kP2PControlBytes
+//   [ p2p rings: per destination kP2PChunks ]    kMaxIpcRanks * kP2PChunks * kP2PChunkBytes
+//
+// The p2p region (send/recv, p2p_ring.h) is apart from the collective slots so
+// that point-to-point traffic on its own streams never touches a slot a
+// collective is using.
 //
 // Only the owner writes its arena (the protocol's single-writer rule); peers
 // read the control block and the slots through their mapping. The status word
@@ -28,9 +34,52 @@ static_assert(sizeof(flags::ControlBlock) + sizeof(uint32_t) <= kHeaderBytes, "h
 
 FASTPAR_HD size_t slot_stride(size_t slot_bytes) { return (slot_bytes + kSlotAlign - 1) / kSlotAlign * kSlotAlign; }
 
-FASTPAR_HD size_t arena_bytes(size_t slot_bytes) {
+// The header and the collective slots.
+FASTPAR_HD size_t collective_bytes(size_t slot_bytes) {
   return kHeaderBytes + size_t(flags::kSlots) * slot_stride(slot_bytes);
 }
+
+constexpr int kP2PChunks = 4;
+// 128 KiB: 8 peers x 4 chunks = 4 MiB of p2p region per rank's arena; a
+// message takes ceil(bytes / chunk) chunks of three launches per side.
+constexpr size_t kP2PChunkBytes = size_t(128) << 10;
+
+struct P2PHeader {
+  uint64_t seq;    // the chunk number this header describes
+  int64_t tag;
+  int64_t total;   // bytes of the whole message
+  int64_t offset;  // of this chunk in the message
+};
+
+// Counters one per cache line: the receiver spins on posted[d], the sender
+// on consumed[s], each written by one process.
+struct alignas(64) P2PCounter {
+  uint64_t value;
+  uint64_t pad[7];
+};
+
+struct P2PControl {
+  P2PCounter posted[kMaxIpcRanks];    // [d]: chunks published to rank d
+  P2PCounter consumed[kMaxIpcRanks];  // [s]: chunks read from rank s
+  P2PHeader hdr[kMaxIpcRanks][kP2PChunks];
+};
+
+constexpr size_t kP2PControlBytes = (sizeof(P2PControl) + kSlotAlign - 1) / kSlotAlign * kSlotAlign;
+constexpr size_t kP2PRegionBytes = kP2PControlBytes + size_t(kMaxIpcRanks) * kP2PChunks * kP2PChunkBytes;
+
+// The p2p region starts after the collective slots (arena_bytes counts it).
+FASTPAR_HD P2PControl* p2p_control_of(void* base, size_t slot_bytes) {
+  return reinterpret_cast<P2PControl*>(static_cast<char*>(base) + collective_bytes(slot_bytes));
+}
+
+// Ring slot of chunk `seq` (1-based) from the arena's owner to rank `dst`.
+FASTPAR_HD char* p2p_chunk_of(void* base, size_t slot_bytes, int dst, uint64_t seq) {
+  const size_t k = size_t((seq - 1) % kP2PChunks);
+  return reinterpret_cast<char*>(p2p_control_of(base, slot_bytes)) + kP2PControlBytes +
+         (size_t(dst) * kP2PChunks + k) * kP2PChunkBytes;
+}
+
+FASTPAR_HD size_t arena_bytes(size_t slot_bytes) { return collective_bytes(slot_bytes) + kP2PRegionBytes; }
 
 FASTPAR_HD flags::ControlBlock* control_of(void* base) { return static_cast<flags::ControlBlock*>(base); }
 

@@ -20,7 +20,8 @@ inline const char* wait_status_text(uint32_t status) {
     case flags::WaitStatus::kPeerAborted: return "a peer aborted";
     case flags::WaitStatus::kPeerDead: return "a peer died";
     case flags::WaitStatus::kMismatch:
-      return "peers are in a different call (op, numel, dtype, root or algorithm differ)";
+      return "peers are in a different call (op, numel, dtype, root or algorithm differ; for send/recv: "
+             "the sender's next message to this rank has a different tag or size)";
   }
   return "unknown failure";
 }

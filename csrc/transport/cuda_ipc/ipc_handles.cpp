@@ -12,7 +12,9 @@ cudaError_t arena_alloc(size_t slot_bytes, void** base) {
   FASTPAR_CUDA_TRY(cudaMalloc(&p, arena_bytes(slot_bytes)));
   // Synchronous on purpose: the header must read as zero before the handle is
   // handed to any peer, whose first wait reads our flag.
-  const cudaError_t err = cudaMemset(p, 0, kHeaderBytes);
+  // The p2p counters too: a peer's first credit/wait reads them.
+  cudaError_t err = cudaMemset(p, 0, kHeaderBytes);
+  if (err == cudaSuccess) err = cudaMemset(p2p_control_of(p, slot_bytes), 0, kP2PControlBytes);
   if (err != cudaSuccess) {
     cudaFree(p);
     return err;

@@ -24,8 +24,8 @@ inline int next_round(IpcComm& c) { return int(c.rounds++ % flags::kSlots); }
 
 // One phase of the protocol with this call's descriptor: `count`, `dtype`,
 // `root` and `redop` are what peers compare (-1: not compared / none).
-inline cudaError_t phase(IpcComm& c, IpcOp op, int32_t dtype, int32_t redop, int64_t count, int32_t root,
-                         cudaStream_t stream) {
+// The phase's arguments (advances c.seq); phase() launches them.
+inline PhaseArgs phase_args(IpcComm& c, IpcOp op, int32_t dtype, int32_t redop, int64_t count, int32_t root) {
   PhaseArgs a{};
   a.self = control_of(c.bases[c.rank]);
   for (int q = 0; q < c.size; ++q) a.peers[q] = control_of(c.bases[q]);
@@ -42,7 +42,12 @@ inline cudaError_t phase(IpcComm& c, IpcOp op, int32_t dtype, int32_t redop, int
   a.rank = c.rank;
   a.size = c.size;
   a.timeout_ns = c.timeout_ns;
-  return launch_phase(a, stream);
+  return a;
+}
+
+inline cudaError_t phase(IpcComm& c, IpcOp op, int32_t dtype, int32_t redop, int64_t count, int32_t root,
+                         cudaStream_t stream) {
+  return launch_phase(phase_args(c, op, dtype, redop, count, root), stream);
 }
 
 // The reduce kernel, guarded by this rank's status word: after a failed phase

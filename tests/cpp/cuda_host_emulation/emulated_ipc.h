@@ -5,6 +5,7 @@
 // communicator view per rank.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <thread>
@@ -12,6 +13,7 @@
 
 #include "emulated_launchers.h"
 #include "csrc/transport/cuda_ipc/allreduce_ipc.h"
+#include "csrc/transport/cuda_ipc/fused_one_shot.h"
 #include "csrc/transport/cuda_ipc/phase_launch.h"
 #include "csrc/transport/cuda_ipc/phase_step.h"
 
@@ -35,6 +37,36 @@ cudaError_t launch_phase(const PhaseArgs& a, cudaStream_t) {
   return cudaSuccess;
 }
 
+// The fused one-shot kernel (fused_one_shot.cu) with its blocks run one after
+// the other and 5 "threads" per block: the same copy-in, per-block barrier
+// and reduction code. Every rank walks its blocks in the same order, so
+// block b's barrier always finds its peers' block b. A failed barrier ends
+// the emulated grid (on the GPU the other blocks go on to fail on their own
+// waits: peers see this rank's abort word).
+inline std::atomic<int> g_fused_launches{0};
+
+cudaError_t launch_fused_one_shot(DType dt, ReduceOp op, const FusedArgs& a, cudaStream_t) {
+  if (a.nblocks < 1 || a.nblocks > kFusedMaxBlocks) return cudaErrorInvalidValue;
+  ++g_fused_launches;
+  const int nt = 5;
+  FASTPAR_DISPATCH_DTYPE(dt, [&] {
+    FASTPAR_DISPATCH_OP(op, [&] {
+      if constexpr (op_supports<scalar_t, kOp>()) {
+        if (*a.phase.status != 0) {
+          flags::abort_rank<HostMemory>(a.phase.self, *a.phase.status);
+          return;
+        }
+        for (int b = 0; b < a.nblocks; ++b) {
+          for (int t = 0; t < nt; ++t) fused_copy_in<scalar_t>(a, b, t, nt);
+          if (fused_block_barrier<HostMemory>(a, b) != flags::WaitStatus::kOk) return;
+          for (int t = 0; t < nt; ++t) fused_reduce<scalar_t, kOp>(a, b, t, nt);
+        }
+      }
+    });
+  });
+  return cudaSuccess;
+}
+
 }  // namespace cuda_ipc
 }  // namespace fastpar
 
@@ -51,8 +83,14 @@ struct Arenas {
   }
 };
 
+// Whether comm_for's communicators run the fused one-shot (the default, as
+// the front ends) or the three-launch schedule.
+inline bool g_fused_one_shot = true;
+
 inline fastpar::cuda_ipc::IpcComm comm_for(const Arenas& a, int rank, size_t slot_bytes) {
   fastpar::cuda_ipc::IpcComm c;
+  c.fused_one_shot = g_fused_one_shot;
+  c.fused_bytes_per_block = 64;  // small calls still get several blocks (up to kFusedMaxBlocks)
   c.rank = rank;
   c.size = int(a.bases.size());
   c.device = rank;

@@ -8,7 +8,10 @@
 //     messages, in one long sequence of calls (slot and descriptor rotation);
 //   * ranks that disagree on the call fail with kMismatch on every rank and
 //     do not hang, a failed rank's later kernels leave outputs untouched,
-//     and the failure reaches the host-mapped status mirror.
+//     and the failure reaches the host-mapped status mirror;
+//   * one-shot calls that fit a slot run as the fused kernel (fused_one_shot.h:
+//     per-block flags, descriptor on block 0), and the three-launch schedule
+//     (fused_one_shot = false) still passes the same checks.
 // Exit status 0 = every check passed.
 #include <algorithm>
 #include <atomic>
@@ -180,6 +183,16 @@ int main() {
     for (size_t slot_bytes : {size_t(256), size_t(4096), size_t(1) << 20}) check_sequence(n, slot_bytes);
     check_mismatch(n);
   }
+  // One-shot calls that fit a slot ran as the fused kernel (per-block flags,
+  // blocks in order); the three-launch schedule stays covered too.
+  expect(cuda_ipc::g_fused_launches > 0, "the fused one-shot ran");
+  emulated::g_fused_one_shot = false;
+  const int fused_before = cuda_ipc::g_fused_launches;
+  for (int n = 2; n <= 4; ++n) {
+    check_sequence(n, 4096);
+    check_mismatch(n);
+  }
+  expect(cuda_ipc::g_fused_launches == fused_before, "fused_one_shot = false runs the three-launch schedule");
   std::printf("%ld checks, %ld failures\n", long(checks.load()), long(failures.load()));
   return failures == 0 ? 0 : 1;
 }

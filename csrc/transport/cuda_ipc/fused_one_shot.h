@@ -1,0 +1,165 @@
+// The one-shot allreduce in ONE kernel when the data fits a slot: copy-in,
+// the cross-rank barrier and the reduction, where the unfused schedule
+// (allreduce_ipc.cpp) takes three launches (cudaMemcpyAsync, the one-thread
+// phase kernel, the reduce kernel). The idea is vLLM's custom allreduce
+// (per-block flags with system-scope release/acquire, so no grid-wide
+// barrier is needed); the code and the protocol details are ours.
+//
+// Per-block barrier. The elements are cut into `nblocks` contiguous ranges
+// (fused_range), the same on every rank because nblocks and the cut depend
+// only on the element count and dtype, which the descriptor makes equal.
+// Block b of every rank copies range b of its input into its slot, then
+// (thread 0, after __syncthreads) release-stores its block flag b = seq and
+// waits for every peer's block flag b >= seq; then the block reduces range b
+// from every rank's slot (its own input for itself). A block only ever reads
+// the range the peers' block b published, so blocks of one grid never wait
+// for each other: no co-residency is needed within a rank.
+//
+// Descriptor and abort semantics stay the phase protocol's: block 0 also
+// posts the control block's flag with the call's descriptor (flags::post,
+// after its block flag) and checks every peer's descriptor (wait_and_check),
+// so a desynced peer (another op, count, dtype or a phase-kernel call) fails
+// with kMismatch, and the next phase-kernel call (flag seq + 1) stays in
+// order. Every wait polls the host abort word and every peer's abort word
+// (PhasePoll) and has the deadline; a failure writes the status word, its
+// host mirror and this rank's abort word. Blocks other than 0 do not compare
+// descriptors: on a desync they may reduce before block 0 has failed (the
+// output is then undefined, as with any failed call), but they only read
+// within this rank's own count of a peer's slot, and the call still fails on
+// every rank.
+//
+// Written once over a memory-ordering policy for the kernel
+// (fused_one_shot.cu) and the host emulation, which runs blocks one after the
+// other per rank thread (every rank walks its blocks in the same order, so
+// block b's barrier always finds its peers' block b).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "../../algorithms/flag_protocol.h"
+#include "../../kernels/reduce_ops.h"
+#include "ipc_arena.h"
+#include "phase_step.h"
+
+namespace fastpar {
+namespace cuda_ipc {
+
+constexpr int kFusedMaxBlocks = 16;
+// Block flags live in the arena header, after the control block and the
+// status word (zeroed with the header at allocation).
+constexpr size_t kBlockFlagsOffset = 320;
+static_assert(sizeof(flags::ControlBlock) + sizeof(uint32_t) <= kBlockFlagsOffset, "block flags overlap");
+static_assert(kBlockFlagsOffset + kFusedMaxBlocks * sizeof(uint64_t) <= kHeaderBytes, "block flags overflow");
+// A block gets at least IpcComm::fused_bytes_per_block bytes (16 KiB):
+// below it, a block's flag round trip costs more than its share of the copy.
+
+FASTPAR_HD uint64_t* block_flags_of(void* base) {
+  return reinterpret_cast<uint64_t*>(static_cast<char*>(base) + kBlockFlagsOffset);
+}
+
+// Blocks for `bytes` at `per_block` bytes per block (IpcComm's, equal on
+// every rank): a function of the call's size only.
+FASTPAR_HD int fused_blocks(int64_t bytes, int64_t per_block) {
+  if (per_block < 1) per_block = 1;
+  const int64_t b = (bytes + per_block - 1) / per_block;
+  return int(b < 1 ? 1 : (b > kFusedMaxBlocks ? kFusedMaxBlocks : b));
+}
+
+// Block b's element range [*begin, *end) of count elements cut in nblocks,
+// each start a multiple of `align` elements (16 bytes: the slot's alignment).
+FASTPAR_HD void fused_range(int64_t count, int nblocks, int b, int64_t align, int64_t* begin, int64_t* end) {
+  const int64_t units = (count + align - 1) / align;
+  const int64_t per = (units + nblocks - 1) / nblocks;
+  const int64_t lo = int64_t(b) * per * align, hi = (int64_t(b) + 1) * per * align;
+  *begin = lo < count ? lo : count;
+  *end = hi < count ? hi : count;
+}
+
+struct FusedArgs {
+  PhaseArgs phase;                             // control blocks, status, host words, descriptor, rank, size, timeout
+  uint64_t* self_blocks;                       // this rank's block flags
+  const uint64_t* peer_blocks[kMaxIpcRanks];   // every rank's
+  const void* in;                              // this rank's input (count elements)
+  void* out;                                   // may be `in`
+  void* slots[kMaxIpcRanks];                   // every rank's slot of this call (slots[rank] is written)
+  int64_t count;
+  int contributions;                           // the AVG divisor
+  int nblocks;
+};
+
+template <class Mem, class Poll>
+FASTPAR_HD flags::WaitStatus fused_wait_flag(const uint64_t* word, uint64_t seq, uint64_t deadline, const Poll& poll) {
+  for (;;) {
+    for (int i = 0; i < flags::kPollSpins; ++i) {
+      if (Mem::load_acquire(word) >= seq) return flags::WaitStatus::kOk;
+      Mem::pause();
+    }
+    const flags::WaitStatus s = poll();  // the host abort word and every peer's abort word
+    if (s != flags::WaitStatus::kOk) return s;
+    if (Mem::now_ns() > deadline) return Mem::load_acquire(word) >= seq ? flags::WaitStatus::kOk : flags::WaitStatus::kTimeout;
+  }
+}
+
+// Thread 0 of block b, once the block's copy-in is done (__syncthreads):
+// arrive, then wait for block b of every peer. Returns the failure, if any,
+// already recorded (status word, mirror, abort word).
+template <class Mem>
+FASTPAR_HD flags::WaitStatus fused_block_barrier(const FusedArgs& a, int b) {
+  const PhaseArgs& p = a.phase;
+  Mem::store_release(&a.self_blocks[b], p.desc.seq);
+  if (b == 0) flags::post<Mem>(p.self, p.desc);
+  const uint64_t deadline = Mem::now_ns() + p.timeout_ns;
+  const PhasePoll<Mem> poll{&p};
+  flags::WaitStatus s = flags::WaitStatus::kOk;
+  for (int q = 0; q < p.size && s == flags::WaitStatus::kOk; ++q) {
+    if (q == p.rank) continue;
+    if (b == 0) {
+      flags::OpDesc theirs;
+      s = flags::wait_and_check<Mem>(p.peers[q], p.desc, deadline, poll, &theirs);
+    } else {
+      if (Mem::load_acquire(&p.peers[q]->abort) != 0) s = flags::WaitStatus::kPeerAborted;
+      else s = fused_wait_flag<Mem>(&a.peer_blocks[q][b], p.desc.seq, deadline, poll);
+    }
+  }
+  if (s != flags::WaitStatus::kOk) {
+    *p.status = uint32_t(s);
+    if (p.host_status) *static_cast<volatile uint32_t*>(p.host_status) = uint32_t(s);
+    flags::abort_rank<Mem>(p.self, uint64_t(s));
+  }
+  return s;
+}
+
+// Block b's copy-in, thread `t` of `nt`.
+template <typename T>
+FASTPAR_HD void fused_copy_in(const FusedArgs& a, int b, int t, int nt) {
+  int64_t lo, hi;
+  fused_range(a.count, a.nblocks, b, 16 / int64_t(sizeof(T)) > 0 ? 16 / int64_t(sizeof(T)) : 1, &lo, &hi);
+  const T* in = static_cast<const T*>(a.in);
+  T* mine = static_cast<T*>(a.slots[a.phase.rank]);
+  for (int64_t i = lo + t; i < hi; i += nt) mine[i] = in[i];
+}
+
+// Block b's reduction in rank order 0..n-1 (the reduce kernel's order and
+// math, reduce_ops.h: identical bits), thread `t` of `nt`.
+template <typename T, ReduceOp OP>
+FASTPAR_HD void fused_reduce(const FusedArgs& a, int b, int t, int nt) {
+  int64_t lo, hi;
+  fused_range(a.count, a.nblocks, b, 16 / int64_t(sizeof(T)) > 0 ? 16 / int64_t(sizeof(T)) : 1, &lo, &hi);
+  const int n = a.phase.size, r = a.phase.rank;
+  T* out = static_cast<T*>(a.out);
+  for (int64_t i = lo + t; i < hi; i += nt) {
+    T x[kMaxIpcRanks];
+    for (int q = 0; q < n; ++q) x[q] = q == r ? static_cast<const T*>(a.in)[i] : static_cast<const T*>(a.slots[q])[i];
+    acc_t<T> acc = load_acc(x[0]);
+    for (int q = 1; q < n; ++q) acc = combine<OP>(acc, load_acc(x[q]));
+    out[i] = store_acc<T>(finalize<OP>(acc, a.contributions));
+  }
+}
+
+// Enqueues the fused kernel (fused_one_shot.cu): a.nblocks blocks.
+cudaError_t launch_fused_one_shot(DType dt, ReduceOp op, const FusedArgs& a, cudaStream_t stream);
+
+}  // namespace cuda_ipc
+}  // namespace fastpar
