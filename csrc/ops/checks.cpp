@@ -1,6 +1,5 @@
 #include "checks.h"
 
-#include <set>
 #include <sstream>
 
 namespace fastpar {
@@ -83,32 +82,49 @@ void check_numel(const char* op, const std::string& name, const at::Tensor& t, i
                     " elements but ", expected, " were expected (", why, ")");
 }
 
-void check_tensor_list(const char* op, const char* arg, const at::TensorList& ts, bool distinct_cuda,
+// Two list entries whose bytes overlap: for a list the op writes, the result
+// would depend on which entry is written last (and an in-place allreduce would
+// read its own partial output), so such lists are refused. Entries on different
+// devices never overlap; one device (or "cpu") may appear any number of times.
+static void check_no_overlap(const char* op, const char* arg, const at::TensorList& ts) {
+  for (size_t i = 1; i < ts.size(); ++i) {
+    const int64_t bi = int64_t(ts[i].nbytes());
+    if (bi == 0) continue;
+    const auto* pi = static_cast<const char*>(ts[i].const_data_ptr());
+    for (size_t j = 0; j < i; ++j) {
+      const int64_t bj = int64_t(ts[j].nbytes());
+      if (bj == 0 || ts[j].device() != ts[i].device()) continue;
+      const auto* pj = static_cast<const char*>(ts[j].const_data_ptr());
+      TORCH_CHECK_VALUE(pi + bi <= pj || pj + bj <= pi, "fastpar.", op, ": ", indexed(arg, i),
+                        " overlaps ", indexed(arg, j), " in memory (both on device ", device_str(ts[i]),
+                        "); every entry of ", arg, " must be its own buffer (the op writes them)");
+    }
+  }
+}
+
+void check_tensor_list(const char* op, const char* arg, const at::TensorList& ts, bool written,
                        bool same_numel) {
   TORCH_CHECK_VALUE(!ts.empty(), "fastpar.", op, ": expected a non-empty list of tensors for argument '",
                     arg, "', got an empty list");
-  const std::string first = indexed(arg, 0);
-  to_dtype(op, first, ts[0].scalar_type());
-  std::vector<int> owner(1024, -1);  // CUDA device index -> list index
+  // The common case (every entry fine) builds no strings: these checks run on
+  // every call, and a call on one GPU costs only a few microseconds besides.
+  if (!maybe_dtype(ts[0].scalar_type())) to_dtype(op, indexed(arg, 0), ts[0].scalar_type());
+  const at::ScalarType dtype0 = ts[0].defined() ? ts[0].scalar_type() : at::ScalarType::Undefined;
+  const int64_t numel0 = ts[0].defined() ? ts[0].numel() : 0;
   for (size_t i = 0; i < ts.size(); ++i) {
+    const at::Tensor& t = ts[i];
+    if (t.defined() && t.scalar_type() == dtype0 && t.device().type() == ts[0].device().type() &&
+        t.is_contiguous() && (!same_numel || t.numel() == numel0))
+      continue;
+    const std::string first = indexed(arg, 0);
     const std::string name = indexed(arg, i);
-    TORCH_CHECK_VALUE(ts[i].defined(), "fastpar.", op, ": ", name, " is an undefined tensor");
-    check_like(op, name, ts[i], first, ts[0]);
-    if (same_numel) {
-      TORCH_CHECK_VALUE(ts[i].numel() == ts[0].numel(), "fastpar.", op, ": ", name, " has ",
-                        ts[i].numel(), " elements (shape ", ts[i].sizes(), ") but ", first, " has ",
-                        ts[0].numel(), " elements (shape ", ts[0].sizes(), ")");
-    }
-    if (distinct_cuda && ts[i].is_cuda()) {
-      const int dev = ts[i].get_device();
-      TORCH_CHECK_VALUE(dev >= 0 && dev < int(owner.size()), "fastpar.", op, ": ", name,
-                        " has device index ", dev);
-      TORCH_CHECK_VALUE(owner[dev] < 0, "fastpar.", op, ": ", name, " is on device ", device_str(ts[i]),
-                        ", the same device as ", indexed(arg, owner[dev]),
-                        "; this op needs one tensor per CUDA device");
-      owner[dev] = int(i);
-    }
+    TORCH_CHECK_VALUE(t.defined(), "fastpar.", op, ": ", name, " is an undefined tensor");
+    check_like(op, name, t, first, ts[0]);
+    TORCH_CHECK_VALUE(!same_numel || t.numel() == numel0, "fastpar.", op, ": ", name, " has ", t.numel(),
+                      " elements (shape ", t.sizes(), ") but ", first, " has ", numel0, " elements (shape ",
+                      ts[0].sizes(), ")");
   }
+  if (written) check_no_overlap(op, arg, ts);
 }
 
 void check_like_any_device(const char* op, const std::string& name, const at::Tensor& t,
@@ -122,7 +138,7 @@ void check_like_any_device(const char* op, const std::string& name, const at::Te
 }
 
 ReduceOp check_allreduce_args(at::TensorList tensors, int64_t op, const std::string& algorithm) {
-  check_tensor_list("allreduce", "tensors", tensors, /*distinct_cuda=*/true);
+  check_tensor_list("allreduce", "tensors", tensors, /*written=*/true);
   const ReduceOp rop = to_reduce_op("allreduce", op);
   check_op_dtype("allreduce", rop, "tensors[0]", tensors[0]);
   TORCH_CHECK_VALUE(algorithm == "auto" || algorithm == "direct" || algorithm == "ring",
@@ -131,7 +147,7 @@ ReduceOp check_allreduce_args(at::TensorList tensors, int64_t op, const std::str
 }
 
 ReduceOp check_reduce_args(at::TensorList inputs, const at::Tensor& output, int64_t op) {
-  check_tensor_list("reduce", "inputs", inputs, /*distinct_cuda=*/true);
+  check_tensor_list("reduce", "inputs", inputs, /*written=*/false);
   check_like("reduce", "output", output, "inputs[0]", inputs[0]);
   check_numel("reduce", "output", output, inputs[0].numel(), "the numel of inputs[0]");
   const ReduceOp rop = to_reduce_op("reduce", op);
@@ -140,8 +156,8 @@ ReduceOp check_reduce_args(at::TensorList inputs, const at::Tensor& output, int6
 }
 
 ReduceOp check_reduce_scatter_args(at::TensorList inputs, at::TensorList outputs, int64_t op) {
-  check_tensor_list("reduce_scatter", "inputs", inputs, /*distinct_cuda=*/true);
-  check_tensor_list("reduce_scatter", "outputs", outputs, /*distinct_cuda=*/true);
+  check_tensor_list("reduce_scatter", "inputs", inputs, /*written=*/false);
+  check_tensor_list("reduce_scatter", "outputs", outputs, /*written=*/true);
   const int64_t n = int64_t(inputs.size());
   TORCH_CHECK_VALUE(int64_t(outputs.size()) == n, "fastpar.reduce_scatter: outputs has ", outputs.size(),
                     " tensors but inputs has ", n);
@@ -154,8 +170,8 @@ ReduceOp check_reduce_scatter_args(at::TensorList inputs, at::TensorList outputs
 }
 
 void check_allgather_args(at::TensorList inputs, at::TensorList outputs) {
-  check_tensor_list("allgather", "inputs", inputs, /*distinct_cuda=*/true);
-  check_tensor_list("allgather", "outputs", outputs, /*distinct_cuda=*/true);
+  check_tensor_list("allgather", "inputs", inputs, /*written=*/false);
+  check_tensor_list("allgather", "outputs", outputs, /*written=*/true);
   TORCH_CHECK_VALUE(outputs.size() == inputs.size(), "fastpar.allgather: outputs has ", outputs.size(),
                     " tensors but inputs has ", inputs.size());
   check_like("allgather", "outputs[0]", outputs[0], "inputs[0]", inputs[0]);

@@ -24,10 +24,12 @@ std::optional<DType> maybe_dtype(at::ScalarType t);
 
 ReduceOp to_reduce_op(const char* op, int64_t value);
 
-// Non-empty, same dtype / numel, contiguous, one device type; `distinct_cuda`
-// additionally requires each CUDA tensor to be on its own device.
+// Non-empty, same dtype / numel, contiguous, one device type. Devices may
+// repeat (several entries on cuda:0, or on "cpu"): every entry is its own
+// buffer. `written` (the op writes the list) additionally refuses two entries
+// whose bytes overlap, naming both indices.
 void check_tensor_list(const char* op, const char* arg, const at::TensorList& ts,
-                       bool distinct_cuda, bool same_numel = true);
+                       bool written, bool same_numel = true);
 
 // `t` against the first tensor of a list: same dtype, contiguous, same device type.
 void check_like(const char* op, const std::string& name, const at::Tensor& t,

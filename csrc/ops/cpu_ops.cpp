@@ -106,7 +106,7 @@ void allgather_cpu(at::TensorList inputs, at::TensorList outputs) {
 }
 
 void broadcast_cpu(const at::Tensor& src, at::TensorList outputs) {
-  check_tensor_list("broadcast", "outputs", outputs, /*distinct_cuda=*/true);
+  check_tensor_list("broadcast", "outputs", outputs, /*written=*/true);
   check_like("broadcast", "tensor", src, "outputs[0]", outputs[0]);
   check_numel("broadcast", "outputs[0]", outputs[0], src.numel(), "the numel of tensor");
   std::vector<cpu_local::CopyJob> jobs;

@@ -1,10 +1,14 @@
 // CUDA implementations of the torch.ops.fastpar primitives: one process, each
-// list entry a tensor on its own GPU. The argument checks are the CPU ones
-// (checks.h), so both backends reject a mistake with the same message.
+// list entry a tensor on some GPU; a GPU may hold several entries (every entry
+// is its own buffer, as with repeated "cpu"). The argument checks are the CPU
+// ones (checks.h), so both backends reject a mistake with the same message.
 //
-// Streams: every op runs on one side stream per involved device, ordered
-// against the current streams by SideStreams (cuda_side_streams.h), so to the
-// caller it behaves like work enqueued on the current streams.
+// Streams: an op that touches several devices runs on one side stream per
+// device, ordered against the current streams by SideStreams
+// (cuda_side_streams.h), so to the caller it behaves like work enqueued on the
+// current streams. An op that touches one device runs on its current stream
+// (SideStreams then adds no events), and an allreduce of <= 8 entries on one
+// device is a single kernel launch (allreduce_one_launch).
 //
 // Reading another device's memory: a kernel on device d reads (and writes) a
 // tensor on device e in place when d has peer access to e; otherwise the bytes
@@ -122,6 +126,36 @@ void launch_reduce_on(SideStreams& ss, c10::DeviceIndex device, DType dt, Reduce
 
 // ---------------------------------------------------------------- allreduce
 
+// The device every tensor is on, or -1 when they span several.
+c10::DeviceIndex common_device(at::TensorList ts) {
+  const c10::DeviceIndex d = dev(ts[0]);
+  for (const auto& t : ts)
+    if (dev(t) != d) return -1;
+  return d;
+}
+
+// Every entry on one device (k <= kMaxReducePtrs): the whole allreduce is ONE
+// launch on that device's current stream, reading all k sources and writing
+// all k destinations. No side streams, events or record_stream: the current
+// stream already orders it after the producers and before the consumers, and a
+// CUDA graph capture records it as one kernel node. Per element it combines
+// tensors 0..k-1 in list order, exactly as allreduce_direct's shards do, so the
+// bits are the same. Each thread reads element i of every source before it
+// writes element i of any destination, so sources may be the destinations.
+void allreduce_one_launch(at::TensorList tensors, DType dt, ReduceOp rop, c10::DeviceIndex device) {
+  cuda_kernels::ReduceLaunch a;
+  const int n = int(tensors.size());
+  for (int i = 0; i < n; ++i) {
+    a.srcs[i] = tensors[size_t(i)].const_data_ptr();
+    a.dsts[i] = tensors[size_t(i)].data_ptr();
+  }
+  a.nsrc = a.ndst = n;
+  a.count = tensors[0].numel();
+  a.contributions = n;
+  c10::cuda::CUDAGuard guard(device);
+  C10_CUDA_CHECK(cuda_kernels::launch_reduce(dt, rop, a, c10::cuda::getCurrentCUDAStream(device).stream()));
+}
+
 // The first ordered pair (device, peer) without peer access, or {-1, -1}.
 std::pair<c10::DeviceIndex, c10::DeviceIndex> missing_peer_pair(at::TensorList tensors) {
   for (const auto& a : tensors)
@@ -188,19 +222,25 @@ void allreduce_cuda(at::TensorList tensors, int64_t op, c10::string_view algorit
   const std::string algo(algorithm);
   const ReduceOp rop = check_allreduce_args(tensors, op, algo);
   const size_t n = tensors.size();
+  // Entries may share a device; a device needs no peer access to itself.
+  const c10::DeviceIndex one = common_device(tensors);
   if (algo == "direct") {
     TORCH_CHECK_VALUE(n <= size_t(kMaxReducePtrs), "fastpar.allreduce: algorithm 'direct' reduces at most ",
                       kMaxReducePtrs, " tensors, but tensors has ", n, "; use algorithm 'ring'");
-    const auto missing = missing_peer_pair(tensors);
+    const auto missing = one >= 0 ? std::make_pair(c10::DeviceIndex(-1), c10::DeviceIndex(-1))
+                                  : missing_peer_pair(tensors);
     TORCH_CHECK_VALUE(missing.first < 0, "fastpar.allreduce: algorithm 'direct' needs peer access between ",
                       "every pair of devices, but ", dev_str(missing.first), " cannot access ",
                       dev_str(missing.second), "; use algorithm 'ring' (or 'auto', which then picks it)");
   }
   const DType dt = to_dtype("allreduce", "tensors[0]", tensors[0].scalar_type());
   if (n == 1 || tensors[0].numel() == 0) return;  // op over one tensor is the tensor
-  const bool direct = algo == "direct" ||
-                      (algo == "auto" && n <= size_t(kMaxReducePtrs) && missing_peer_pair(tensors).first < 0);
-  if (direct) {
+  const bool direct =
+      algo == "direct" ||
+      (algo == "auto" && n <= size_t(kMaxReducePtrs) && (one >= 0 || missing_peer_pair(tensors).first < 0));
+  if (direct && one >= 0) {
+    allreduce_one_launch(tensors, dt, rop, one);
+  } else if (direct) {
     allreduce_direct(tensors, dt, rop);
   } else {
     allreduce_ring(tensors, dt, rop);
@@ -278,7 +318,7 @@ void allgather_cuda(at::TensorList inputs, at::TensorList outputs) {
 }
 
 void broadcast_cuda(const at::Tensor& src, at::TensorList outputs) {
-  check_tensor_list("broadcast", "outputs", outputs, /*distinct_cuda=*/true);
+  check_tensor_list("broadcast", "outputs", outputs, /*written=*/true);
   if (src.is_cuda() || !outputs[0].is_cuda()) {
     check_like("broadcast", "tensor", src, "outputs[0]", outputs[0]);
   } else {
