@@ -76,13 +76,8 @@ def device_list(fn: str, devices: Any) -> list:
         i = next(i for i, d in enumerate(devs) if d.type != first.type)
         raise ValueError(f"fastpar.{fn}: devices[{i}] is '{devs[i]}' but devices[0] is '{first}'; "
                          f"all devices must be CPU or all CUDA")
-    seen: dict = {}
-    for i, d in enumerate(devs):
-        if d.type == "cuda":
-            if d in seen:
-                raise ValueError(f"fastpar.{fn}: devices[{i}] is '{d}', the same device as devices[{seen[d]}]; "
-                                 f"CUDA devices must be distinct (only 'cpu' may repeat)")
-            seen[d] = i
+    # A device may repeat, CUDA ones included: every list entry is its own
+    # buffer, so e.g. scatter(x, ["cuda:0", "cuda:0"]) gives two chunks on cuda:0.
     return devs
 
 

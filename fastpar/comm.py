@@ -1,12 +1,15 @@
-"""Single-process collectives over a list of tensors, one per device.
+"""Single-process collectives over a list of tensors, each on some device.
 
 The names and semantics follow torch.cuda.comm (broadcast, scatter, gather,
 reduce_add, *_coalesced) and torch.cuda.nccl (all_reduce, reduce, all_gather,
 reduce_scatter), with two extensions:
 
-* CPU tensors are first-class: each list entry is its own buffer, and
-  `devices` may repeat "cpu" (e.g. ``scatter(x, ["cpu", "cpu"])``). This is a
-  real, multi-threaded, vectorized path, not a test double.
+* Each list entry is its own buffer, so a device may appear more than once:
+  `devices` may repeat "cpu" or a GPU (``scatter(x, ["cuda:0", "cuda:0"])``),
+  and ``allreduce([a, b])`` with a and b both on cuda:0 is one kernel launch.
+  Entries an op writes must not overlap in memory (refused, naming both).
+* CPU tensors are first-class: a real, multi-threaded, vectorized path, not
+  a test double.
 * ``op`` takes torch.distributed.ReduceOp values: SUM, AVG, PRODUCT, MIN, MAX.
   16-bit floats accumulate in fp32; every output of an allreduce holds
   identical bits.
