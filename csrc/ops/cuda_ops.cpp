@@ -196,12 +196,19 @@ void allreduce_ring(at::TensorList tensors, DType dt, ReduceOp rop) {
   const int64_t span = std::min(seg * n, count);  // accumulator elements: one window
   const int64_t acc_bytes = cuda_p2p::ring_acc_bytes(dt);
   SideStreams ss(devices_of(tensors));
+  // One device and n <= 8: the executor reduces segment by segment on the
+  // current stream and needs no accumulators (ring_allreduce.h).
+  const bool no_acc = n <= kMaxReducePtrs && common_device(tensors) >= 0;
   std::vector<at::Tensor> temps;
   std::vector<cuda_p2p::RingRank> ranks;
   for (int r = 0; r < n; ++r) {
     const at::Tensor& t = tensors[size_t(r)];
     const at::Tensor& left = tensors[size_t(ring_mod(r - 1, n))];
     const auto opts = at::TensorOptions().dtype(at::kByte).device(t.device());
+    if (no_acc) {
+      ranks.push_back({int(dev(t)), ss.stream(dev(t)).stream(), t.data_ptr(), nullptr, nullptr});
+      continue;
+    }
     at::Tensor acc = at::empty({span * acc_bytes}, opts);
     at::Tensor staging;
     if (!peer_ok(dev(t), dev(left))) staging = at::empty({span * acc_bytes}, opts);

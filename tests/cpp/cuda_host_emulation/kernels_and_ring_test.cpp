@@ -10,7 +10,10 @@
 //   cuda_p2p::ring_allreduce vs cpu_local::allreduce_ring (1-5 ranks, multi-window, staging
 //                                                          on some ranks, peer reads on others;
 //                                                          and every rank on one device and
-//                                                          stream, which must use no events)
+//                                                          stream, which must use no events:
+//                                                          segment by segment with reduce_kernel
+//                                                          for n <= 8, the schedule in stream
+//                                                          order for n = 9)
 // Built against fake_cuda/ (no GPU, no CUDA toolkit); tests/python/test_cuda_host_emulation.py
 // compiles and runs it. Exit status 0 = every check passed.
 #include <algorithm>
@@ -175,7 +178,9 @@ template <typename T, ReduceOp OP>
 void check_ring_executor() {
   char what[160];
   const int64_t ts = sizeof(T);
-  for (int n = 1; n <= 5; ++n)
+  // n = 9: more ranks than reduce_kernel reads, so one device runs the
+  // schedule in stream order instead of segment by segment.
+  for (int n : {1, 2, 3, 4, 5, 9})
     for (int64_t count : {0, 1, 3, 17, 100, 1000, 4099})
       for (int64_t segment_bytes : {64, 100, 1 << 20})  // 100: windows start misaligned
         for (int staging_mask : {0, 5, 31, -1}) {       // which ranks lack peer access;
@@ -200,7 +205,8 @@ void check_ring_executor() {
             void* a = acc[size_t(r)].view<double>(span, 0);
             const bool one_device = staging_mask < 0;
             void* st = !one_device && ((staging_mask >> r) & 1) ? staging[size_t(r)].view<double>(span, 0) : nullptr;
-            ranks.push_back({one_device ? 0 : r, nullptr, gpu[size_t(r)].data(), a, st});
+            // cuda_ops.cpp passes no accumulator on one device with n <= 8.
+            ranks.push_back({one_device ? 0 : r, nullptr, gpu[size_t(r)].data(), one_device && n <= 8 ? nullptr : a, st});
           }
           const int64_t events_before = fake_cuda::event_calls;
           const cudaError_t err = cuda_p2p::ring_allreduce({dtype_of<T>(), OP, count, seg, align}, ranks);
