@@ -33,7 +33,7 @@ DEFAULT_BUFFER_SIZE = 10 * 1024 * 1024  # bytes per coalesced bucket, as torch.c
 
 def allreduce(tensors: Sequence[torch.Tensor], op: Any = ReduceOp.SUM,
               outputs: Optional[Sequence[torch.Tensor]] = None, *, algorithm: str = "auto") -> List[torch.Tensor]:
-    """Reduce ``tensors`` (one per device, same shape and dtype) with ``op`` and
+    """Reduce ``tensors`` (same shape and dtype; devices may repeat) with ``op`` and
     write the result into every one of them in place (or into ``outputs``).
 
     algorithm: "auto" (best for the devices), "direct" (one pass that reads all
