@@ -86,7 +86,7 @@ void check_numel(const char* op, const std::string& name, const at::Tensor& t, i
 // would depend on which entry is written last (and an in-place allreduce would
 // read its own partial output), so such lists are refused. Entries on different
 // devices never overlap; one device (or "cpu") may appear any number of times.
-static void check_no_overlap(const char* op, const char* arg, const at::TensorList& ts) {
+void check_no_overlap(const char* op, const char* arg, const at::TensorList& ts) {
   for (size_t i = 1; i < ts.size(); ++i) {
     const int64_t bi = int64_t(ts[i].nbytes());
     if (bi == 0) continue;
@@ -102,8 +102,7 @@ static void check_no_overlap(const char* op, const char* arg, const at::TensorLi
   }
 }
 
-void check_tensor_list(const char* op, const char* arg, const at::TensorList& ts, bool written,
-                       bool same_numel) {
+void check_tensor_list(const char* op, const char* arg, const at::TensorList& ts, bool same_numel) {
   TORCH_CHECK_VALUE(!ts.empty(), "fastpar.", op, ": expected a non-empty list of tensors for argument '",
                     arg, "', got an empty list");
   // The common case (every entry fine) builds no strings: these checks run on
@@ -124,7 +123,6 @@ void check_tensor_list(const char* op, const char* arg, const at::TensorList& ts
                       " elements (shape ", t.sizes(), ") but ", first, " has ", numel0, " elements (shape ",
                       ts[0].sizes(), ")");
   }
-  if (written) check_no_overlap(op, arg, ts);
 }
 
 void check_like_any_device(const char* op, const std::string& name, const at::Tensor& t,
@@ -138,16 +136,17 @@ void check_like_any_device(const char* op, const std::string& name, const at::Te
 }
 
 ReduceOp check_allreduce_args(at::TensorList tensors, int64_t op, const std::string& algorithm) {
-  check_tensor_list("allreduce", "tensors", tensors, /*written=*/true);
+  check_tensor_list("allreduce", "tensors", tensors);
   const ReduceOp rop = to_reduce_op("allreduce", op);
   check_op_dtype("allreduce", rop, "tensors[0]", tensors[0]);
   TORCH_CHECK_VALUE(algorithm == "auto" || algorithm == "direct" || algorithm == "ring",
                     "fastpar.allreduce: algorithm is '", algorithm, "' but must be 'auto', 'direct' or 'ring'");
+  check_no_overlap("allreduce", "tensors", tensors);
   return rop;
 }
 
 ReduceOp check_reduce_args(at::TensorList inputs, const at::Tensor& output, int64_t op) {
-  check_tensor_list("reduce", "inputs", inputs, /*written=*/false);
+  check_tensor_list("reduce", "inputs", inputs);
   check_like("reduce", "output", output, "inputs[0]", inputs[0]);
   check_numel("reduce", "output", output, inputs[0].numel(), "the numel of inputs[0]");
   const ReduceOp rop = to_reduce_op("reduce", op);
@@ -156,8 +155,8 @@ ReduceOp check_reduce_args(at::TensorList inputs, const at::Tensor& output, int6
 }
 
 ReduceOp check_reduce_scatter_args(at::TensorList inputs, at::TensorList outputs, int64_t op) {
-  check_tensor_list("reduce_scatter", "inputs", inputs, /*written=*/false);
-  check_tensor_list("reduce_scatter", "outputs", outputs, /*written=*/true);
+  check_tensor_list("reduce_scatter", "inputs", inputs);
+  check_tensor_list("reduce_scatter", "outputs", outputs);
   const int64_t n = int64_t(inputs.size());
   TORCH_CHECK_VALUE(int64_t(outputs.size()) == n, "fastpar.reduce_scatter: outputs has ", outputs.size(),
                     " tensors but inputs has ", n);
@@ -166,17 +165,19 @@ ReduceOp check_reduce_scatter_args(at::TensorList inputs, at::TensorList outputs
               "len(inputs) * outputs[0].numel()");
   const ReduceOp rop = to_reduce_op("reduce_scatter", op);
   check_op_dtype("reduce_scatter", rop, "inputs[0]", inputs[0]);
+  check_no_overlap("reduce_scatter", "outputs", outputs);
   return rop;
 }
 
 void check_allgather_args(at::TensorList inputs, at::TensorList outputs) {
-  check_tensor_list("allgather", "inputs", inputs, /*written=*/false);
-  check_tensor_list("allgather", "outputs", outputs, /*written=*/true);
+  check_tensor_list("allgather", "inputs", inputs);
+  check_tensor_list("allgather", "outputs", outputs);
   TORCH_CHECK_VALUE(outputs.size() == inputs.size(), "fastpar.allgather: outputs has ", outputs.size(),
                     " tensors but inputs has ", inputs.size());
   check_like("allgather", "outputs[0]", outputs[0], "inputs[0]", inputs[0]);
   check_numel("allgather", "outputs[0]", outputs[0], int64_t(inputs.size()) * inputs[0].numel(),
               "len(inputs) * inputs[0].numel()");
+  check_no_overlap("allgather", "outputs", outputs);
 }
 
 void check_copy_many_args(at::TensorList srcs, at::TensorList dsts) {

@@ -325,13 +325,14 @@ void allgather_cuda(at::TensorList inputs, at::TensorList outputs) {
 }
 
 void broadcast_cuda(const at::Tensor& src, at::TensorList outputs) {
-  check_tensor_list("broadcast", "outputs", outputs, /*written=*/true);
+  check_tensor_list("broadcast", "outputs", outputs);
   if (src.is_cuda() || !outputs[0].is_cuda()) {
     check_like("broadcast", "tensor", src, "outputs[0]", outputs[0]);
   } else {
     check_like_any_device("broadcast", "tensor", src, "outputs[0]", outputs[0]);
   }
   check_numel("broadcast", "outputs[0]", outputs[0], src.numel(), "the numel of tensor");
+  check_no_overlap("broadcast", "outputs", outputs);
   if (src.numel() == 0) return;
   at::Tensor source = src;
   if (!src.is_cuda()) {
