@@ -76,7 +76,9 @@ def device_list(fn: str, devices: Any) -> list:
         i = next(i for i, d in enumerate(devs) if d.type != first.type)
         raise ValueError(f"fastpar.{fn}: devices[{i}] is '{devs[i]}' but devices[0] is '{first}'; "
                          f"all devices must be CPU or all CUDA")
-    return devs  # a device may repeat: every entry gets its own buffer
+    # A device may repeat, CUDA ones included: every list entry is its own
+    # buffer, so e.g. scatter(x, ["cuda:0", "cuda:0"]) gives two chunks on cuda:0.
+    return devs
 
 
 def dim_index(fn: str, dim: int, ndim: int, what: str = "tensor") -> int:

@@ -1,14 +1,15 @@
-"""Single-process collectives over a list of tensors, one per device.
+"""Single-process collectives over a list of tensors, each on some device.
 
 The names and semantics follow torch.cuda.comm (broadcast, scatter, gather,
 reduce_add, *_coalesced) and torch.cuda.nccl (all_reduce, reduce, all_gather,
 reduce_scatter), with two extensions:
 
-* CPU tensors are first-class: each list entry is its own buffer, and
-  `devices` may repeat "cpu" (e.g. ``scatter(x, ["cpu", "cpu"])``). This is a
-  real, multi-threaded, vectorized path, not a test double.
-* A CUDA device may repeat too (``allreduce([a, b])`` with both on cuda:0):
-  each entry is still its own buffer, so one GPU runs every op.
+* Each list entry is its own buffer, so a device may appear more than once:
+  `devices` may repeat "cpu" or a GPU (``scatter(x, ["cuda:0", "cuda:0"])``),
+  and ``allreduce([a, b])`` with a and b both on cuda:0 is one kernel launch.
+  Entries an op writes must not overlap in memory (refused, naming both).
+* CPU tensors are first-class: a real, multi-threaded, vectorized path, not
+  a test double.
 * ``op`` takes torch.distributed.ReduceOp values: SUM, AVG, PRODUCT, MIN, MAX.
   16-bit floats accumulate in fp32; every output of an allreduce holds
   identical bits.
@@ -32,7 +33,7 @@ DEFAULT_BUFFER_SIZE = 10 * 1024 * 1024  # bytes per coalesced bucket, as torch.c
 
 def allreduce(tensors: Sequence[torch.Tensor], op: Any = ReduceOp.SUM,
               outputs: Optional[Sequence[torch.Tensor]] = None, *, algorithm: str = "auto") -> List[torch.Tensor]:
-    """Reduce ``tensors`` (one per device, same shape and dtype) with ``op`` and
+    """Reduce ``tensors`` (same shape and dtype; devices may repeat) with ``op`` and
     write the result into every one of them in place (or into ``outputs``).
 
     algorithm: "auto" (best for the devices), "direct" (one pass that reads all

@@ -3,6 +3,8 @@
 #include "cuda_reduce.cuh"
 #include "cuda_reduce_launch.h"
 
+#include <atomic>
+
 namespace fastpar {
 namespace cuda_kernels {
 namespace {
@@ -10,6 +12,22 @@ namespace {
 static_assert(kMaxReducePtrs == kMaxPtrs, "launcher and kernel disagree on the pointer limit");
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// The SM count of `device`, asked once per device: cudaDeviceGetAttribute per
+// launch was a measurable share of a small call's host time (one per launch
+// in the H100 profile). Racing first calls store the same value.
+cudaError_t sm_count(int device, int* sms) {
+  constexpr int kCached = 64;
+  static std::atomic<int> cache[kCached];
+  if (device >= 0 && device < kCached) {
+    *sms = cache[device].load(std::memory_order_relaxed);
+    if (*sms > 0) return cudaSuccess;
+  }
+  const cudaError_t err = cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, device);
+  if (err != cudaSuccess) return err;
+  if (device >= 0 && device < kCached) cache[device].store(*sms, std::memory_order_relaxed);
+  return cudaSuccess;
+}
 
 // Blocks for `units` units of work (packs, or elements on the scalar path):
 // one unit per thread up to 4 blocks of 512 threads per SM (a full SM's worth
@@ -20,7 +38,7 @@ cudaError_t grid_for(int64_t units, unsigned* blocks) {
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
   int sms = 0;
-  err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  err = sm_count(device, &sms);
   if (err != cudaSuccess) return err;
   const int64_t wanted = (units + kThreads - 1) / kThreads;
   const int64_t cap = int64_t(sms) * 4;

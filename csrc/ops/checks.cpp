@@ -1,6 +1,5 @@
 #include "checks.h"
 
-#include <set>
 #include <sstream>
 
 namespace fastpar {
@@ -82,20 +81,46 @@ void check_numel(const char* op, const std::string& name, const at::Tensor& t, i
                     " elements but ", expected, " were expected (", why, ")");
 }
 
+// Two list entries whose bytes overlap: for a list the op writes, the result
+// would depend on which entry is written last (and an in-place allreduce would
+// read its own partial output), so such lists are refused. Entries on different
+// devices never overlap; one device (or "cpu") may appear any number of times.
+void check_no_overlap(const char* op, const char* arg, const at::TensorList& ts) {
+  for (size_t i = 1; i < ts.size(); ++i) {
+    const int64_t bi = int64_t(ts[i].nbytes());
+    if (bi == 0) continue;
+    const auto* pi = static_cast<const char*>(ts[i].const_data_ptr());
+    for (size_t j = 0; j < i; ++j) {
+      const int64_t bj = int64_t(ts[j].nbytes());
+      if (bj == 0 || ts[j].device() != ts[i].device()) continue;
+      const auto* pj = static_cast<const char*>(ts[j].const_data_ptr());
+      TORCH_CHECK_VALUE(pi + bi <= pj || pj + bj <= pi, "fastpar.", op, ": ", indexed(arg, i),
+                        " overlaps ", indexed(arg, j), " in memory (both on device ", device_str(ts[i]),
+                        "); every entry of ", arg, " must be its own buffer (the op writes them)");
+    }
+  }
+}
+
 void check_tensor_list(const char* op, const char* arg, const at::TensorList& ts, bool same_numel) {
   TORCH_CHECK_VALUE(!ts.empty(), "fastpar.", op, ": expected a non-empty list of tensors for argument '",
                     arg, "', got an empty list");
-  const std::string first = indexed(arg, 0);
-  to_dtype(op, first, ts[0].scalar_type());
+  // The common case (every entry fine) builds no strings: these checks run on
+  // every call, and a call on one GPU costs only a few microseconds besides.
+  if (!maybe_dtype(ts[0].scalar_type())) to_dtype(op, indexed(arg, 0), ts[0].scalar_type());
+  const at::ScalarType dtype0 = ts[0].defined() ? ts[0].scalar_type() : at::ScalarType::Undefined;
+  const int64_t numel0 = ts[0].defined() ? ts[0].numel() : 0;
   for (size_t i = 0; i < ts.size(); ++i) {
+    const at::Tensor& t = ts[i];
+    if (t.defined() && t.scalar_type() == dtype0 && t.device().type() == ts[0].device().type() &&
+        t.is_contiguous() && (!same_numel || t.numel() == numel0))
+      continue;
+    const std::string first = indexed(arg, 0);
     const std::string name = indexed(arg, i);
-    TORCH_CHECK_VALUE(ts[i].defined(), "fastpar.", op, ": ", name, " is an undefined tensor");
-    check_like(op, name, ts[i], first, ts[0]);
-    if (same_numel) {
-      TORCH_CHECK_VALUE(ts[i].numel() == ts[0].numel(), "fastpar.", op, ": ", name, " has ",
-                        ts[i].numel(), " elements (shape ", ts[i].sizes(), ") but ", first, " has ",
-                        ts[0].numel(), " elements (shape ", ts[0].sizes(), ")");
-    }
+    TORCH_CHECK_VALUE(t.defined(), "fastpar.", op, ": ", name, " is an undefined tensor");
+    check_like(op, name, t, first, ts[0]);
+    TORCH_CHECK_VALUE(!same_numel || t.numel() == numel0, "fastpar.", op, ": ", name, " has ", t.numel(),
+                      " elements (shape ", t.sizes(), ") but ", first, " has ", numel0, " elements (shape ",
+                      ts[0].sizes(), ")");
   }
 }
 
@@ -115,6 +140,7 @@ ReduceOp check_allreduce_args(at::TensorList tensors, int64_t op, const std::str
   check_op_dtype("allreduce", rop, "tensors[0]", tensors[0]);
   TORCH_CHECK_VALUE(algorithm == "auto" || algorithm == "direct" || algorithm == "ring",
                     "fastpar.allreduce: algorithm is '", algorithm, "' but must be 'auto', 'direct' or 'ring'");
+  check_no_overlap("allreduce", "tensors", tensors);
   return rop;
 }
 
@@ -138,6 +164,7 @@ ReduceOp check_reduce_scatter_args(at::TensorList inputs, at::TensorList outputs
               "len(inputs) * outputs[0].numel()");
   const ReduceOp rop = to_reduce_op("reduce_scatter", op);
   check_op_dtype("reduce_scatter", rop, "inputs[0]", inputs[0]);
+  check_no_overlap("reduce_scatter", "outputs", outputs);
   return rop;
 }
 
@@ -149,6 +176,7 @@ void check_allgather_args(at::TensorList inputs, at::TensorList outputs) {
   check_like("allgather", "outputs[0]", outputs[0], "inputs[0]", inputs[0]);
   check_numel("allgather", "outputs[0]", outputs[0], int64_t(inputs.size()) * inputs[0].numel(),
               "len(inputs) * inputs[0].numel()");
+  check_no_overlap("allgather", "outputs", outputs);
 }
 
 void check_copy_many_args(at::TensorList srcs, at::TensorList dsts) {

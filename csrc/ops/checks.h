@@ -24,9 +24,16 @@ std::optional<DType> maybe_dtype(at::ScalarType t);
 
 ReduceOp to_reduce_op(const char* op, int64_t value);
 
-// Non-empty, same dtype / numel, contiguous, one device type. A CUDA device
-// may appear more than once, as "cpu" may: every entry is its own buffer.
+// Non-empty, same dtype / numel, contiguous, one device type. Devices may
+// repeat (several entries on cuda:0, or on "cpu"): every entry is its own
+// buffer.
 void check_tensor_list(const char* op, const char* arg, const at::TensorList& ts, bool same_numel = true);
+
+// For a list the op writes: refuses two entries whose bytes overlap, naming
+// both indices (the result would depend on which is written last). Called
+// after the op's other checks, so a wrong dtype or op is reported first.
+// Read-only inputs may repeat.
+void check_no_overlap(const char* op, const char* arg, const at::TensorList& ts);
 
 // `t` against the first tensor of a list: same dtype, contiguous, same device type.
 void check_like(const char* op, const std::string& name, const at::Tensor& t,

@@ -109,6 +109,7 @@ void broadcast_cpu(const at::Tensor& src, at::TensorList outputs) {
   check_tensor_list("broadcast", "outputs", outputs);
   check_like("broadcast", "tensor", src, "outputs[0]", outputs[0]);
   check_numel("broadcast", "outputs[0]", outputs[0], src.numel(), "the numel of tensor");
+  check_no_overlap("broadcast", "outputs", outputs);
   std::vector<cpu_local::CopyJob> jobs;
   for (const auto& out : outputs) jobs.push_back({out.data_ptr(), src.data_ptr(), src.nbytes()});
   cpu_local::parallel_copy(torch_parallel_for(), jobs);

@@ -1,10 +1,14 @@
 // CUDA implementations of the torch.ops.fastpar primitives: one process, each
-// list entry a tensor on its own GPU. The argument checks are the CPU ones
-// (checks.h), so both backends reject a mistake with the same message.
+// list entry a tensor on some GPU; a GPU may hold several entries (every entry
+// is its own buffer, as with repeated "cpu"). The argument checks are the CPU
+// ones (checks.h), so both backends reject a mistake with the same message.
 //
-// Streams: every op runs on one side stream per involved device, ordered
-// against the current streams by SideStreams (cuda_side_streams.h), so to the
-// caller it behaves like work enqueued on the current streams.
+// Streams: an op that touches several devices runs on one side stream per
+// device, ordered against the current streams by SideStreams
+// (cuda_side_streams.h), so to the caller it behaves like work enqueued on the
+// current streams. An op that touches one device runs on its current stream
+// (SideStreams then adds no events), and an allreduce of <= 8 entries on one
+// device is a single kernel launch (allreduce_one_launch).
 //
 // Reading another device's memory: a kernel on device d reads (and writes) a
 // tensor on device e in place when d has peer access to e; otherwise the bytes
@@ -15,7 +19,6 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -123,6 +126,36 @@ void launch_reduce_on(SideStreams& ss, c10::DeviceIndex device, DType dt, Reduce
 
 // ---------------------------------------------------------------- allreduce
 
+// The device every tensor is on, or -1 when they span several.
+c10::DeviceIndex common_device(at::TensorList ts) {
+  const c10::DeviceIndex d = dev(ts[0]);
+  for (const auto& t : ts)
+    if (dev(t) != d) return -1;
+  return d;
+}
+
+// Every entry on one device (k <= kMaxReducePtrs): the whole allreduce is ONE
+// launch on that device's current stream, reading all k sources and writing
+// all k destinations. No side streams, events or record_stream: the current
+// stream already orders it after the producers and before the consumers, and a
+// CUDA graph capture records it as one kernel node. Per element it combines
+// tensors 0..k-1 in list order, exactly as allreduce_direct's shards do, so the
+// bits are the same. Each thread reads element i of every source before it
+// writes element i of any destination, so sources may be the destinations.
+void allreduce_one_launch(at::TensorList tensors, DType dt, ReduceOp rop, c10::DeviceIndex device) {
+  cuda_kernels::ReduceLaunch a;
+  const int n = int(tensors.size());
+  for (int i = 0; i < n; ++i) {
+    a.srcs[i] = tensors[size_t(i)].const_data_ptr();
+    a.dsts[i] = tensors[size_t(i)].data_ptr();
+  }
+  a.nsrc = a.ndst = n;
+  a.count = tensors[0].numel();
+  a.contributions = n;
+  c10::cuda::CUDAGuard guard(device);
+  C10_CUDA_CHECK(cuda_kernels::launch_reduce(dt, rop, a, c10::cuda::getCurrentCUDAStream(device).stream()));
+}
+
 // The first ordered pair (device, peer) without peer access, or {-1, -1}.
 std::pair<c10::DeviceIndex, c10::DeviceIndex> missing_peer_pair(at::TensorList tensors) {
   for (const auto& a : tensors)
@@ -155,31 +188,6 @@ void allreduce_direct(at::TensorList tensors, DType dt, ReduceOp rop) {
   ss.join();
 }
 
-bool on_one_device(at::TensorList ts) {
-  for (const auto& t : ts)
-    if (dev(t) != dev(ts[0])) return false;
-  return true;
-}
-
-// Every entry on one GPU (at most kMaxReducePtrs): one kernel over the whole
-// range on that device's current stream. The caller's stream order already
-// covers every tensor, so no side stream, event or record_stream is needed:
-// the call costs one launch. Element for element it is the same in-order
-// reduction as allreduce_direct's shards, so the same bits.
-void allreduce_one_device(at::TensorList tensors, DType dt, ReduceOp rop) {
-  cuda_kernels::ReduceLaunch a;
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    a.srcs[i] = cptr(tensors[i]);
-    a.dsts[i] = mptr(tensors[i]);
-  }
-  a.nsrc = a.ndst = int(tensors.size());
-  a.count = tensors[0].numel();
-  a.contributions = int(tensors.size());
-  const c10::DeviceIndex d = dev(tensors[0]);
-  c10::cuda::CUDAGuard guard(d);
-  C10_CUDA_CHECK(cuda_kernels::launch_reduce(dt, rop, a, c10::cuda::getCurrentCUDAStream(d).stream()));
-}
-
 // The ring schedule (algorithms/ring_schedule.h), executed by cuda_p2p.
 void allreduce_ring(at::TensorList tensors, DType dt, ReduceOp rop) {
   const int n = int(tensors.size());
@@ -188,12 +196,19 @@ void allreduce_ring(at::TensorList tensors, DType dt, ReduceOp rop) {
   const int64_t span = std::min(seg * n, count);  // accumulator elements: one window
   const int64_t acc_bytes = cuda_p2p::ring_acc_bytes(dt);
   SideStreams ss(devices_of(tensors));
+  // One device and n <= 8: the executor reduces segment by segment on the
+  // current stream and needs no accumulators (ring_allreduce.h).
+  const bool no_acc = n <= kMaxReducePtrs && common_device(tensors) >= 0;
   std::vector<at::Tensor> temps;
   std::vector<cuda_p2p::RingRank> ranks;
   for (int r = 0; r < n; ++r) {
     const at::Tensor& t = tensors[size_t(r)];
     const at::Tensor& left = tensors[size_t(ring_mod(r - 1, n))];
     const auto opts = at::TensorOptions().dtype(at::kByte).device(t.device());
+    if (no_acc) {
+      ranks.push_back({int(dev(t)), ss.stream(dev(t)).stream(), t.data_ptr(), nullptr, nullptr});
+      continue;
+    }
     at::Tensor acc = at::empty({span * acc_bytes}, opts);
     at::Tensor staging;
     if (!peer_ok(dev(t), dev(left))) staging = at::empty({span * acc_bytes}, opts);
@@ -214,20 +229,24 @@ void allreduce_cuda(at::TensorList tensors, int64_t op, c10::string_view algorit
   const std::string algo(algorithm);
   const ReduceOp rop = check_allreduce_args(tensors, op, algo);
   const size_t n = tensors.size();
+  // Entries may share a device; a device needs no peer access to itself.
+  const c10::DeviceIndex one = common_device(tensors);
   if (algo == "direct") {
     TORCH_CHECK_VALUE(n <= size_t(kMaxReducePtrs), "fastpar.allreduce: algorithm 'direct' reduces at most ",
                       kMaxReducePtrs, " tensors, but tensors has ", n, "; use algorithm 'ring'");
-    const auto missing = missing_peer_pair(tensors);
+    const auto missing = one >= 0 ? std::make_pair(c10::DeviceIndex(-1), c10::DeviceIndex(-1))
+                                  : missing_peer_pair(tensors);
     TORCH_CHECK_VALUE(missing.first < 0, "fastpar.allreduce: algorithm 'direct' needs peer access between ",
                       "every pair of devices, but ", dev_str(missing.first), " cannot access ",
                       dev_str(missing.second), "; use algorithm 'ring' (or 'auto', which then picks it)");
   }
   const DType dt = to_dtype("allreduce", "tensors[0]", tensors[0].scalar_type());
   if (n == 1 || tensors[0].numel() == 0) return;  // op over one tensor is the tensor
-  const bool direct = algo == "direct" ||
-                      (algo == "auto" && n <= size_t(kMaxReducePtrs) && missing_peer_pair(tensors).first < 0);
-  if (direct && on_one_device(tensors)) {
-    allreduce_one_device(tensors, dt, rop);
+  const bool direct =
+      algo == "direct" ||
+      (algo == "auto" && n <= size_t(kMaxReducePtrs) && (one >= 0 || missing_peer_pair(tensors).first < 0));
+  if (direct && one >= 0) {
+    allreduce_one_launch(tensors, dt, rop, one);
   } else if (direct) {
     allreduce_direct(tensors, dt, rop);
   } else {
@@ -313,6 +332,7 @@ void broadcast_cuda(const at::Tensor& src, at::TensorList outputs) {
     check_like_any_device("broadcast", "tensor", src, "outputs[0]", outputs[0]);
   }
   check_numel("broadcast", "outputs[0]", outputs[0], src.numel(), "the numel of tensor");
+  check_no_overlap("broadcast", "outputs", outputs);
   if (src.numel() == 0) return;
   at::Tensor source = src;
   if (!src.is_cuda()) {

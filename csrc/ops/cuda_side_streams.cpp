@@ -30,6 +30,14 @@ std::vector<c10::cuda::CUDAStream> current_streams(const std::vector<c10::Device
 SideStreams::SideStreams(const std::vector<c10::DeviceIndex>& devices) {
   for (auto d : devices)
     if (std::find(devices_.begin(), devices_.end(), d) == devices_.end()) devices_.push_back(d);
+  // One device: nothing runs concurrently with anything else, so the op's work
+  // goes on the current stream itself; no events, no record_stream, and a
+  // CUDA graph capture records it like any torch op.
+  if (devices_.size() == 1) {
+    on_current_ = true;
+    sides_.push_back(c10::cuda::getCurrentCUDAStream(devices_[0]));
+    return;
+  }
   for (auto d : devices_) sides_.push_back(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, d));
   wait_all(sides_, current_streams(devices_));
 }
@@ -56,12 +64,13 @@ size_t SideStreams::index_of(c10::DeviceIndex device) const {
 c10::cuda::CUDAStream SideStreams::stream(c10::DeviceIndex device) const { return sides_[index_of(device)]; }
 
 void SideStreams::record(const at::Tensor& t) const {
-  if (!t.defined() || !t.is_cuda()) return;
+  if (on_current_ || !t.defined() || !t.is_cuda()) return;
   t.record_stream(sides_[index_of(t.device().index())].unwrap());
 }
 
 void SideStreams::join() {
   joined_ = true;
+  if (on_current_) return;
   wait_all(current_streams(devices_), sides_);
   wait_all(sides_, sides_);
 }

@@ -15,6 +15,9 @@
 //   * record() calls record_stream on the tensor's own device's side stream, so
 //     the caching allocator does not hand its memory out again before that
 //     side stream (and, by the joint wait above, every peer) is done with it.
+// When an op touches one device only (any number of list entries on cuda:d),
+// there is nothing to overlap: the "side" stream is d's current stream, and
+// the events and record_stream calls above are all skipped.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -50,6 +53,7 @@ class SideStreams {
   std::vector<c10::DeviceIndex> devices_;
   std::vector<c10::cuda::CUDAStream> sides_;
   bool joined_ = false;
+  bool on_current_ = false;  // one device: the side stream is its current stream
 };
 
 }  // namespace ops

@@ -18,6 +18,10 @@
 // Nothing waits on more than its neighbour, so ranks drift up to n-1 steps
 // apart and windows pipeline through the ring.
 //
+// All ranks on one stream (one GPU): no events; with n <= 8 ranks the result
+// is computed segment by segment with reduce_kernel (same bits, see
+// ring_by_segments in the .cpp), else the schedule runs in stream order.
+//
 // The caller orders the streams after whatever produced the data before the
 // call and orders its consumers after every stream at the end (the ops layer's
 // SideStreams does both).
@@ -37,7 +41,10 @@ struct RingRank {
   int device;
   cudaStream_t stream;  // a stream of `device`; all of this rank's work goes here
   void* data;           // `count` elements, reduced in place
-  void* acc;            // min(window, count) accumulator elements on `device`
+  // min(window, count) accumulator elements on `device`; unused (may be
+  // nullptr) when every rank shares one stream and n <= kMaxReducePtrs: that
+  // case runs one reduce launch per segment (ring_by_segments).
+  void* acc;
   // min(window, count) accumulator elements on `device` when this device has no
   // peer access to rank r-1's device (the partial is first copied here with
   // cudaMemcpyPeerAsync), nullptr when its kernels read rank r-1 directly.

@@ -4,8 +4,16 @@
 //   reduce_kernel          vs cpu_reduce_range            (every dtype, op, 1-8 sources,
 //                                                          1-3 destinations, aliasing,
 //                                                          aligned and misaligned, odd grids)
+//   one-launch allreduce   vs cpu_reduce_range            (cuda_ops.cpp's path for k <= 8
+//                                                          entries on one GPU: k sources that
+//                                                          are also the k destinations)
 //   cuda_p2p::ring_allreduce vs cpu_local::allreduce_ring (1-5 ranks, multi-window, staging
-//                                                          on some ranks, peer reads on others)
+//                                                          on some ranks, peer reads on others;
+//                                                          and every rank on one device and
+//                                                          stream, which must use no events:
+//                                                          segment by segment with reduce_kernel
+//                                                          for n <= 8, the schedule in stream
+//                                                          order for n = 9)
 // Built against fake_cuda/ (no GPU, no CUDA toolkit); tests/python/test_cuda_host_emulation.py
 // compiles and runs it. Exit status 0 = every check passed.
 #include <algorithm>
@@ -125,14 +133,58 @@ void check_reduce_kernel() {
   expect_equal(d, before.data(), 64 * sizeof(T), "guarded reduce_kernel wrote its output");
 }
 
+// cuda_ops.cpp's allreduce_one_launch: every entry is both a source and a
+// destination of a single launch (entries on one GPU; different buffers, some
+// misaligned), against the in-order CPU reduction of the original values.
+template <typename T, ReduceOp OP>
+void check_one_launch_allreduce() {
+  char what[160];
+  for (int64_t count : {1, 3, 16, 17, 1001})
+    for (int k = 2; k <= 8; ++k)
+      for (int offset : {0, 1}) {
+        std::vector<Storage> store(static_cast<size_t>(k));
+        std::vector<T*> t;
+        std::vector<std::vector<T>> original;
+        for (int i = 0; i < k; ++i) {
+          // Entry k-1 misaligned when offset is 0 (and the others when 1): a
+          // single misaligned entry sends the launch down the scalar path.
+          t.push_back(store[size_t(i)].view<T>(count, i == k - 1 ? 1 - offset : offset));
+          for (int64_t e = 0; e < count; ++e) t.back()[e] = sample<T>(OP);
+          original.emplace_back(t.back(), t.back() + count);
+        }
+        std::vector<const T*> ref_src;
+        for (auto& o : original) ref_src.push_back(o.data());
+        std::vector<T> expected(static_cast<size_t>(count));
+        T* ref_dst = expected.data();
+        cpu_reduce_range<T, OP>(ref_src.data(), k, &ref_dst, 1, 0, count, k);
+        cuda_kernels::ReduceLaunch l;
+        for (int i = 0; i < k; ++i) {
+          l.srcs[i] = t[size_t(i)];
+          l.dsts[i] = t[size_t(i)];
+        }
+        l.nsrc = l.ndst = k;
+        l.count = count;
+        l.contributions = k;
+        cuda_kernels::launch_reduce(dtype_of<T>(), OP, l, nullptr);
+        for (int i = 0; i < k; ++i) {
+          std::snprintf(what, sizeof(what), "one-launch allreduce %s %s count=%ld k=%d offset=%d entry=%d",
+                        dtype_name(dtype_of<T>()), op_name(OP), long(count), k, offset, i);
+          expect_equal(t[size_t(i)], expected.data(), size_t(count) * sizeof(T), what);
+        }
+      }
+}
+
 template <typename T, ReduceOp OP>
 void check_ring_executor() {
   char what[160];
   const int64_t ts = sizeof(T);
-  for (int n = 1; n <= 5; ++n)
+  // n = 9: more ranks than reduce_kernel reads, so one device runs the
+  // schedule in stream order instead of segment by segment.
+  for (int n : {1, 2, 3, 4, 5, 9})
     for (int64_t count : {0, 1, 3, 17, 100, 1000, 4099})
       for (int64_t segment_bytes : {64, 100, 1 << 20})  // 100: windows start misaligned
-        for (int staging_mask : {0, 5, 31}) {           // which ranks lack peer access
+        for (int staging_mask : {0, 5, 31, -1}) {       // which ranks lack peer access;
+                                                        // -1: all ranks on device 0, one stream
           const int64_t seg = std::max<int64_t>(1, segment_bytes / ts);
           const int64_t align = std::max<int64_t>(1, 64 / ts);  // as cuda_ops.cpp and cpu_ops.cpp
           std::vector<std::vector<T>> cpu(static_cast<size_t>(n), std::vector<T>(static_cast<size_t>(count)));
@@ -151,12 +203,18 @@ void check_ring_executor() {
           std::vector<cuda_p2p::RingRank> ranks;
           for (int r = 0; r < n; ++r) {
             void* a = acc[size_t(r)].view<double>(span, 0);
-            void* st = ((staging_mask >> r) & 1) ? staging[size_t(r)].view<double>(span, 0) : nullptr;
-            ranks.push_back({r, nullptr, gpu[size_t(r)].data(), a, st});
+            const bool one_device = staging_mask < 0;
+            void* st = !one_device && ((staging_mask >> r) & 1) ? staging[size_t(r)].view<double>(span, 0) : nullptr;
+            // cuda_ops.cpp passes no accumulator on one device with n <= 8.
+            ranks.push_back({one_device ? 0 : r, nullptr, gpu[size_t(r)].data(), one_device && n <= 8 ? nullptr : a, st});
           }
+          const int64_t events_before = fake_cuda::event_calls;
           const cudaError_t err = cuda_p2p::ring_allreduce({dtype_of<T>(), OP, count, seg, align}, ranks);
           ++checks;
           if (err != cudaSuccess && ++failures <= 20) std::fprintf(stderr, "ring_allreduce returned %d\n", int(err));
+          ++checks;
+          if (staging_mask < 0 && fake_cuda::event_calls != events_before && ++failures <= 20)
+            std::fprintf(stderr, "one-stream ring made %ld event calls\n", long(fake_cuda::event_calls - events_before));
           for (int r = 0; r < n; ++r) {
             std::snprintf(what, sizeof(what), "ring %s %s n=%d count=%ld segment_bytes=%ld staging=%d rank=%d",
                           dtype_name(dtype_of<T>()), op_name(OP), n, long(count), long(segment_bytes), staging_mask, r);
@@ -184,6 +242,7 @@ int main() {
               }
             cuda_kernels::g_blocks = 2;
             cuda_kernels::g_threads = 7;
+            check_one_launch_allreduce<scalar_t, kOp>();
             check_ring_executor<scalar_t, kOp>();
           }
         });

@@ -29,6 +29,8 @@ struct dim3 {
 namespace fake_cuda {
 inline thread_local int current_device = 0;
 inline std::atomic<int64_t> copies{0};  // copies run so far (tests check staging copies happen)
+// Event calls so far: the one-stream ring must make none.
+inline std::atomic<int64_t> event_calls{0};
 }  // namespace fake_cuda
 
 inline cudaError_t cudaGetDevice(int* d) {
@@ -41,14 +43,21 @@ inline cudaError_t cudaSetDevice(int d) {
 }
 inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) {
   *e = reinterpret_cast<cudaEvent_t>(new int(0));
+  ++fake_cuda::event_calls;
   return cudaSuccess;
 }
 inline cudaError_t cudaEventDestroy(cudaEvent_t e) {
   delete reinterpret_cast<int*>(e);
   return cudaSuccess;
 }
-inline cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) { return cudaSuccess; }
-inline cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned) { return cudaSuccess; }
+inline cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) {
+  ++fake_cuda::event_calls;
+  return cudaSuccess;
+}
+inline cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned) {
+  ++fake_cuda::event_calls;
+  return cudaSuccess;
+}
 inline cudaError_t cudaMemcpyAsync(void* d, const void* s, size_t b, cudaMemcpyKind, cudaStream_t) {
   std::memmove(d, s, b);
   ++fake_cuda::copies;
