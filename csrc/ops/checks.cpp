@@ -9,6 +9,28 @@ std::string indexed(const char* arg, size_t i) { return std::string(arg) + "[" +
 
 static std::string device_str(const at::Tensor& t) { return "'" + t.device().str() + "'"; }
 
+std::vector<int64_t> all_to_all_split(const char* arg, const std::vector<int64_t>& splits, int64_t rows, int64_t unit,
+                                      int ranks) {
+  std::vector<int64_t> counts(static_cast<size_t>(ranks));
+  if (splits.empty()) {
+    TORCH_CHECK_VALUE(rows % ranks == 0, "fastpar.all_to_all_single: ", arg, " has ", rows,
+                      " rows, which do not split evenly over ", ranks, " ranks (pass split sizes)");
+    for (auto& c : counts) c = rows / ranks * unit;
+    return counts;
+  }
+  TORCH_CHECK_VALUE(int(splits.size()) == ranks, "fastpar.all_to_all_single: ", arg, "_split_sizes has ",
+                    splits.size(), " entries but the group has ", ranks, " ranks");
+  int64_t sum = 0;
+  for (size_t q = 0; q < splits.size(); ++q) {
+    TORCH_CHECK_VALUE(splits[q] >= 0, "fastpar.all_to_all_single: ", arg, "_split_sizes[", q, "] is ", splits[q]);
+    sum += splits[q];
+    counts[q] = splits[q] * unit;
+  }
+  TORCH_CHECK_VALUE(sum == rows, "fastpar.all_to_all_single: ", arg, "_split_sizes sum to ", sum, " but ", arg,
+                    " has ", rows, " rows");
+  return counts;
+}
+
 std::string dtype_str(at::ScalarType t) {
   switch (t) {
     case at::kFloat: return "torch.float32";

@@ -49,6 +49,13 @@ std::string indexed(const char* arg, size_t i);
 // Python's spelling (torch.float16), not c10's (Half): users read these.
 std::string dtype_str(at::ScalarType t);
 
+// all_to_all_single's split sizes of `arg` ("input" / "output") for a tensor
+// of `rows` rows of `unit` each (elements or bytes): `unit` x rows per rank,
+// an even split when `splits` is empty. Shared by the CPU and CUDA backends so
+// both refuse the same splits with the same words.
+std::vector<int64_t> all_to_all_split(const char* arg, const std::vector<int64_t>& splits, int64_t rows, int64_t unit,
+                                      int ranks);
+
 // The whole argument check of each list op, shared by the CPU and CUDA
 // implementations so both refuse the same calls with the same words.
 // Each returns the validated reduce op where there is one.

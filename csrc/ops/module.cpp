@@ -1,11 +1,13 @@
 // The Python module fastpar._C: importing it registers the torch.ops.fastpar
-// ops (schema.cpp and the per-backend files) and exposes build facts and knobs.
+// ops (schema.cpp and the per-device files here) and the torch.distributed
+// backends (csrc/backends/), and exposes build facts and knobs.
 #include <torch/extension.h>
 
-#include "shm_backend.h"
+#include "../backends/hierarchical_backend.h"
+#include "../backends/shm_backend.h"
 #include "tuning.h"
 #ifdef FASTPAR_WITH_CUDA
-#include "cuda_backend.h"
+#include "../backends/cuda_backend.h"
 #endif
 
 namespace fastpar {
@@ -30,6 +32,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   });
   m.def("_get_ring_segment_bytes", [] { return fastpar::ops::tuning().ring_segment_bytes; });
   fastpar::ops::register_distributed(m);
+  fastpar::ops::register_hierarchical_backend(m);
 #ifdef FASTPAR_WITH_CUDA
   fastpar::ops::register_cuda_backend(m);
 #endif

@@ -11,11 +11,13 @@ while gather, scatter and all_to_all run on a gloo group over all ranks. Hosts
 may hold different numbers of ranks and need not be contiguous in rank.
 
 CUDA tensors (CUDA builds of fastpar with a GPU present): the ShmBackend holds
-a fastpar._C.CudaBackend and forwards CUDA tensors to it. all_reduce runs over
-CUDA IPC where every rank can map every peer's GPU and the tensor is at most
-FASTPAR_CUDA_IPC_MAX_BYTES (8 MiB by default); everything else runs on a
-ProcessGroupNCCL built here on the group's store. Ranks on several hosts use
-NCCL for all CUDA collectives (NCCL is hierarchical already). Without CUDA
+a CUDA backend and forwards CUDA tensors to it. On one host that is a
+fastpar._C.CudaBackend: every collective over CUDA IPC where the route allows
+(docs/cuda.md), the rest on a ProcessGroupNCCL built here on the group's
+store. On several hosts it is a fastpar._C.HierarchicalBackend: a CudaBackend
+over each host's ranks, one NCCL group of the hosts' leaders between them
+(the CPU path's hierarchical schedules, over IPC and NCCL), and an NCCL group
+of every rank for gather, scatter, all_to_all and point to point. Without CUDA
 support, CUDA tensors get an error naming the alternative ("cpu:fastpar,cuda:nccl").
 
 torch calls the creator once for "fastpar" and "cpu:fastpar,cuda:fastpar"
@@ -128,25 +130,60 @@ def cuda_supported() -> bool:
     return bool(getattr(_C, "built_with_cuda", False)) and torch.cuda.is_available() and dist.is_nccl_available()
 
 
-def _cuda_backend(store, rank: int, size: int, timeout: datetime.timedelta, several_hosts: bool,
-                  global_ranks, backend_options=None, group_name=None):
-    """fastpar._C.CudaBackend over a ProcessGroupNCCL fallback with the
-    group's timeout, or None where CUDA is not supported."""
-    if not cuda_supported():
-        return None
+def _nccl(store, rank: int, size: int, timeout: datetime.timedelta, global_ranks, backend_options=None,
+          group_name=None):
+    """A ProcessGroupNCCL on `store` with the group's timeout (and the NCCL
+    options passed to init_process_group, when they are NCCL options)."""
     opts = backend_options if isinstance(backend_options, dist.ProcessGroupNCCL.Options) else dist.ProcessGroupNCCL.Options()
     opts._timeout = timeout
     opts.global_ranks_in_group = list(global_ranks)
     if group_name:
         opts.group_name = group_name
-    nccl = dist.ProcessGroupNCCL(dist.PrefixStore("fastpar/nccl/", store), rank, size, opts)
-    ipc_off = "ranks span several hosts: CUDA collectives use NCCL, which is hierarchical already" if several_hosts else ""
-    return _C.CudaBackend(dist.PrefixStore("fastpar/cuda/", store), rank, size, _millis(timeout), nccl, ipc_off)
+    return dist.ProcessGroupNCCL(store, rank, size, opts)
+
+
+def _cuda_backend(store, rank: int, size: int, timeout: datetime.timedelta, host_index: list[int],
+                  global_ranks, backend_options=None, group_name=None, device=None):
+    """The backend for the group's CUDA tensors, or None where CUDA is not
+    supported. One host: fastpar._C.CudaBackend (CUDA IPC) over a
+    ProcessGroupNCCL fallback. Several hosts: fastpar._C.HierarchicalBackend
+    composed of a CudaBackend over this host's ranks (its own NCCL fallback),
+    an NCCL group of the hosts' leaders and an NCCL group of every rank.
+    `device`: the GPU init_process_group(device_id=...) bound the group to;
+    CUDA IPC is then set up now (all ranks create the group together)
+    instead of at the first CUDA collective, so send/recv can come first."""
+    if not cuda_supported():
+        return None
+    ms = _millis(timeout)
+    world = _nccl(dist.PrefixStore("fastpar/nccl/", store), rank, size, timeout, global_ranks, backend_options,
+                  group_name)
+    eager = device is not None and device.type == "cuda" and device.index is not None
+    if max(host_index) == 0:
+        cuda = _C.CudaBackend(dist.PrefixStore("fastpar/cuda/", store), rank, size, ms, world)
+        if eager:
+            cuda._connect(device.index)
+        return cuda
+    h = host_index[rank]
+    local = [r for r in range(size) if host_index[r] == h]
+    leaders = [host_index.index(k) for k in range(max(host_index) + 1)]
+    sub = lambda what: f"{group_name}/{what}" if group_name else None  # noqa: E731
+    local_nccl = _nccl(dist.PrefixStore(f"fastpar/nccl/host{h}/", store), local.index(rank), len(local), timeout,
+                       [global_ranks[r] for r in local], backend_options, sub(f"host{h}"))
+    local_cuda = _C.CudaBackend(dist.PrefixStore(f"fastpar/cuda/host{h}/", store), local.index(rank), len(local), ms,
+                                local_nccl)
+    if eager:
+        local_cuda._connect(device.index)
+    leaders_nccl = None
+    if rank in leaders:
+        leaders_nccl = _nccl(dist.PrefixStore("fastpar/nccl/leaders/", store), h, len(leaders), timeout,
+                             [global_ranks[r] for r in leaders], backend_options, sub("leaders"))
+    return _C.HierarchicalBackend(rank, size, host_index, local_cuda, leaders_nccl, world)
 
 
 def create_backend(store, rank: int, size: int, timeout: datetime.timedelta, global_ranks=None,
-                   backend_options=None, group_name=None):
-    """Builds the backend for one group: `store` is the group's (prefixed) store."""
+                   backend_options=None, group_name=None, device=None):
+    """Builds the backend for one group: `store` is the group's (prefixed)
+    store; `device` the one init_process_group(device_id=...) bound it to."""
     hosts = _exchange_hosts(store, rank, size, timeout)
     order = list(dict.fromkeys(hosts))  # hosts in order of their lowest rank
     me = hosts[rank]
@@ -154,7 +191,8 @@ def create_backend(store, rank: int, size: int, timeout: datetime.timedelta, glo
     _bind_cores(local.index(rank), len(local))  # before the segments are first touched
     global_ranks = list(global_ranks) if global_ranks and len(global_ranks) == size else list(range(size))
     ms = _millis(timeout)
-    cuda = _cuda_backend(store, rank, size, timeout, len(order) > 1, global_ranks, backend_options, group_name)
+    host_index = [order.index(h) for h in hosts]  # each rank's host, hosts in order of their lowest rank
+    cuda = _cuda_backend(store, rank, size, timeout, host_index, global_ranks, backend_options, group_name, device)
     if len(order) == 1:
         return _C.ShmBackend(store, rank, size, ms, local, global_ranks, cuda=cuda)
     leaders = [min(r for r in range(size) if hosts[r] == h) for h in order]
@@ -163,7 +201,6 @@ def create_backend(store, rank: int, size: int, timeout: datetime.timedelta, glo
         leader_pg = _gloo(dist.PrefixStore("fastpar/leaders/", store), leaders.index(rank), len(leaders), timeout)
     world_pg = _gloo(dist.PrefixStore("fastpar/world/", store), rank, size, timeout)
     node_store = dist.PrefixStore(f"fastpar/host{order.index(me)}/", store)
-    host_index = [order.index(h) for h in hosts]  # leader_pg rank of each rank's host
     return _C.ShmBackend(node_store, rank, size, ms, local, global_ranks, leader_pg, world_pg, host_index, cuda=cuda)
 
 
@@ -177,6 +214,7 @@ def _create_from_options(dist_opts, backend_options=None):
         getattr(dist_opts, "global_ranks_in_group", None),
         backend_options,
         getattr(dist_opts, "group_id", None),
+        getattr(getattr(dist_opts, "process_group", None), "bound_device_id", None),
     )
 
 

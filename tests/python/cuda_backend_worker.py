@@ -35,12 +35,12 @@ OPS = [dist.ReduceOp.SUM, dist.ReduceOp.AVG, dist.ReduceOp.PRODUCT, dist.ReduceO
 MAX_IPC = int(os.environ.get("FASTPAR_CUDA_IPC_MAX_BYTES", 8 << 20))
 
 
-def init(backend="cpu:fastpar,cuda:fastpar", timeout_s=TIMEOUT_S):
+def init(backend="cpu:fastpar,cuda:fastpar", timeout_s=TIMEOUT_S, device_id=None):
     torch.cuda.set_device(DEV)
     store = dist.TCPStore("127.0.0.1", PORT, WORLD, RANK == 0, timeout=datetime.timedelta(seconds=60),
                           wait_for_workers=False)
     dist.init_process_group(backend, store=store, rank=RANK, world_size=WORLD,
-                            timeout=datetime.timedelta(seconds=timeout_s))
+                            timeout=datetime.timedelta(seconds=timeout_s), device_id=device_id)
 
 
 def cuda_backend(group=None):
@@ -278,8 +278,9 @@ def sc_collectives():
 def sc_root_and_alltoall():
     """gather and scatter (every root), all_to_all_single (even splits) and
     all_to_all (equal tensors) over CUDA IPC, every dtype, against the
-    reference; uneven all_to_all_single / all_to_all: NCCL on distinct GPUs,
-    the per-pair p2p rings over CUDA IPC where ranks share a GPU."""
+    reference; uneven all_to_all_single / all_to_all: the per-pair p2p rings
+    over CUDA IPC whatever the sizes (NCCL where IPC is off), also when
+    some ranks' splits happen to be equal and others' not."""
     init()
     cb = cuda_backend()
     ipc = peer_access_everywhere()
@@ -311,9 +312,10 @@ def sc_root_and_alltoall():
                 check_equal(outs[q], ins[q][RANK * n:(RANK + 1) * n], f"all_to_all {dtype} n={n} [{q}]", True)
     if ipc:
         assert cb.fallback_calls == 0, cb.fallback_calls
-    # Uneven splits: rank r sends r+1 rows to everyone (NCCL on distinct
-    # GPUs, the per-pair rings where ranks share one), and all_to_all with
-    # tensors of different sizes.
+    # Uneven splits: rank r sends r+1 rows to everyone, and all_to_all with
+    # tensors of different sizes; then splits that are equal on rank 0 only
+    # (rank r sends 2 rows to rank 0 and 2+q to rank q > 0; rank 0 sends 2 to
+    # everyone): every rank must still take the same route.
     calls0 = cb.ipc_calls
     inp = torch.full(((RANK + 1) * WORLD,), float(RANK), device=DEV)
     out_splits = [q + 1 for q in range(WORLD)]
@@ -325,8 +327,14 @@ def sc_root_and_alltoall():
     dist.all_to_all(outs, [torch.full((RANK * 1000 + 3,), float(RANK * 10 + q), device=DEV) for q in range(WORLD)])
     for q in range(WORLD):
         check_equal(outs[q], torch.full((q * 1000 + 3,), float(q * 10 + RANK)), f"uneven all_to_all [{q}]", True)
-    if SHARED:
-        assert cb.ipc_calls == calls0 + 2, (cb.ipc_calls, calls0)
+    rows = lambda r, q: 2 if r == 0 or q == 0 else 2 + q  # noqa: E731  (rows rank r sends to rank q)
+    in_splits, out_splits = [rows(RANK, q) for q in range(WORLD)], [rows(q, RANK) for q in range(WORLD)]
+    o = torch.empty(sum(out_splits), device=DEV)
+    dist.all_to_all_single(o, torch.full((sum(in_splits),), float(RANK), device=DEV), out_splits, in_splits)
+    want = torch.cat([torch.full((out_splits[q],), float(q)) for q in range(WORLD)])
+    check_equal(o, want, "all_to_all_single, splits equal on rank 0 only", True)
+    if ipc:
+        assert cb.ipc_calls == calls0 + 3, (cb.ipc_calls, calls0)
     torch.cuda.synchronize()
     dist.barrier()
     dist.destroy_process_group()
@@ -610,6 +618,34 @@ def sc_p2p():
     dist.barrier()
     dist.destroy_process_group()
     print(f"p2p rank {RANK} ok", flush=True)
+
+
+def sc_p2p_first():
+    """init_process_group(device_id=...) sets CUDA IPC up when the group is
+    created, so send/recv as the group's first CUDA calls run over IPC (on a
+    shared GPU, where NCCL cannot run, they would otherwise be refused); then
+    a new group inherits the bound device and is set up at creation too."""
+    init(device_id=DEV)
+    cb = cuda_backend()
+    ipc = peer_access_everywhere()
+    assert cb.ipc_state != "not set up", cb.ipc_state
+    if ipc:
+        assert cb.ipc_state.startswith("ipc"), cb.ipc_state
+    peer = RANK ^ 1
+    if peer < WORLD:
+        x = torch.arange(1000, dtype=torch.float32, device=DEV) + RANK
+        got = torch.empty(1000, device=DEV)
+        for w in dist.batch_isend_irecv([dist.P2POp(dist.isend, x, peer), dist.P2POp(dist.irecv, got, peer)]):
+            w.wait()
+        check_equal(got, torch.arange(1000, dtype=torch.float32) + peer, "send/recv before any collective", True)
+        if ipc:
+            assert cb.fallback_calls == 0 and cb.ipc_calls >= 2, (cb.fallback_calls, cb.ipc_calls)
+    g = dist.new_group(list(range(WORLD)))
+    assert cuda_backend(g).ipc_state != "not set up", cuda_backend(g).ipc_state
+    torch.cuda.synchronize()
+    dist.barrier()
+    dist.destroy_process_group()
+    print(f"p2p_first rank {RANK} ok", flush=True)
 
 
 def sc_p2p_mismatch():

@@ -422,15 +422,16 @@ def hier_collectives_in_new_group(ranks: list[int], layout: str):
     dist.barrier()
 
 
-def hier_collectives(g, host: str):
+def hier_collectives(g, host: str, be=None):
     """broadcast, reduce, all_gather(_into_tensor), reduce_scatter(_tensor) on
     a multi-host group against a reference built from every rank's input, each
-    call checked to have run a hierarchical schedule (the backend's counter),
-    and gather / scatter / all_to_all (world gloo) for correctness."""
-    be = fd.get_fastpar_backend(g)
+    call checked to have run a hierarchical schedule (the counter of `be`, by
+    default the group's fastpar backend), and gather / scatter / all_to_all
+    (world gloo) for correctness."""
+    be = be if be is not None else fd.get_fastpar_backend(g)
     n_ranks, me = dist.get_world_size(g), dist.get_rank(g)
     glob = lambda r: dist.get_global_rank(g, r)  # noqa: E731  (src/dst take global ranks)
-    assert be.hierarchical, f"{host}: expected several hosts"
+    assert getattr(be, "hierarchical", True), f"{host}: expected several hosts"
     calls = [be.hierarchical_calls]
 
     def hier(what):
@@ -501,6 +502,48 @@ def hier_collectives(g, host: str):
     assert be.hierarchical_calls == before, "gather/scatter/all_to_all are expected on world gloo"
     print(f"hierarchical collectives ok: {host} rank {me} of {n_ranks}, {be.hierarchical_calls} hierarchical calls",
           flush=True)
+
+
+def sc_composed_hierarchical():
+    """fastpar._C.HierarchicalBackend (the CUDA path's composition on several
+    hosts) over CPU stand-ins: a fastpar group per fake host as `local`, gloo
+    among the leaders and over the world; one group per layout in ARGS
+    ("AABB": ranks 0,1 on host A, 2,3 on B), through torch.distributed."""
+    init()
+    for layout in ARGS:
+        hosts = list(dict.fromkeys(layout))
+        host_of = [hosts.index(c) for c in layout]
+        local = None
+        for h in range(len(hosts)):  # new_group is collective: every rank creates every host's group
+            g = dist.new_group([r for r in range(WORLD) if host_of[r] == h], backend="fastpar")
+            if host_of[RANK] == h:
+                local = fd.get_fastpar_backend(g)
+        leaders = [host_of.index(h) for h in range(len(hosts))]
+        lg = dist.new_group(leaders, backend="gloo")
+        leaders_be = lg._get_backend(torch.device("cpu")) if RANK in leaders else None
+        world_be = dist.new_group(list(range(WORLD)), backend="gloo")._get_backend(torch.device("cpu"))
+        hb = fastpar._C.HierarchicalBackend(RANK, WORLD, host_of, local, leaders_be, world_be)
+        name = f"fastpar_composed_{layout.lower()}"
+        dist.Backend.register_backend(name, lambda *_: hb, devices=["cpu"])
+        g = dist.new_group(list(range(WORLD)), backend=name)
+        x = data(RANK, 1000, torch.float32)
+        dist.all_reduce(x, op=dist.ReduceOp.AVG, group=g)
+        check(x, reference([data(q, 1000, torch.float32) for q in range(WORLD)], dist.ReduceOp.AVG, torch.float32),
+              f"composed all_reduce AVG {layout}", exact=False)
+        hier_collectives(g, f"{layout} host {layout[RANK]}", be=hb)
+        before = hb.hierarchical_calls
+        x = torch.full((3,), 1 + RANK, dtype=torch.int32)
+        dist.all_reduce(x, op=dist.ReduceOp.BOR, group=g)  # no hierarchical schedule: the world backend's
+        check(x, torch.full((3,), reference_bor(WORLD), dtype=torch.int32), f"composed all_reduce BOR {layout}")
+        assert hb.hierarchical_calls == before, "BOR is expected on the world backend"
+    finish()
+
+
+def reference_bor(world: int) -> int:
+    v = 0
+    for q in range(world):
+        v |= 1 + q
+    return v
 
 
 def sc_ddp():

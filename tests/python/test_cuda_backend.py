@@ -2,9 +2,8 @@
 multi-process: every collective with a CUDA IPC schedule (all_reduce,
 broadcast, reduce, all_gather, all_gather_into_tensor, reduce_scatter,
 reduce_scatter_tensor, coalesced forms, gather, scatter, all_to_all_single
-with even splits, all_to_all with equal tensors, send/recv/isend/irecv/
-batch_isend_irecv) x dtype x op against a reference, what has none (uneven
-all_to_all: NCCL, refused by name on a shared GPU), stream semantics, stock DDP and fastpar.DistributedDataParallel,
+with and without split sizes, all_to_all, send/recv/isend/irecv/
+batch_isend_irecv) x dtype x op against a reference, stream semantics, stock DDP and fastpar.DistributedDataParallel,
 faults (a SIGKILLed peer, desynced calls, abort()).
 
 Two GPU layouts (cuda_backend_worker.py, FASTPAR_TEST_GPU_LAYOUT):
@@ -14,7 +13,8 @@ Two GPU layouts (cuda_backend_worker.py, FASTPAR_TEST_GPU_LAYOUT):
             first for speed: without it the GPU time-slices between the
             processes and each collective takes milliseconds (still correct).
   distinct  rank r on cuda:r: needs >= 2 GPUs; IPC where every pair has peer
-            access, NCCL above FASTPAR_CUDA_IPC_MAX_BYTES.
+            access, NCCL above FASTPAR_CUDA_IPC_MAX_BYTES (phase-protocol
+            collectives only).
 Skips without a GPU (and in CPU-only builds of fastpar): it has never run on
 this repository's CI machines. What runs without a GPU: the routing policy
 and failure words (ctest), the IPC schedules and the host abort word on the
@@ -88,6 +88,13 @@ def test_send_recv_and_batch_isend_irecv_over_ipc(layout, world):
     results = run_cuda("p2p", world, layout)
     assert_ok(results)
     assert all(f"p2p rank {r.rank} ok" in r.out for r in results)
+
+
+@pytest.mark.parametrize("layout,world", LAYOUTS)
+def test_send_recv_first_with_a_bound_device(layout, world):
+    results = run_cuda("p2p_first", world, layout)
+    assert_ok(results)
+    assert all(f"p2p_first rank {r.rank} ok" in r.out for r in results)
 
 
 @pytest.mark.parametrize("variant", ["tag", "size"])

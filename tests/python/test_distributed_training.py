@@ -1,5 +1,5 @@
-"""Stock DDP on fastpar, the hierarchical path (2 fake hosts x 2 ranks), and
-torchrun with env:// -- the issue's 'done when'."""
+"""Stock DDP on fastpar, the hierarchical path (2 fake hosts x 2 ranks), the
+composed hierarchical backend of CUDA tensors on CPU stand-ins, and torchrun with env:// -- the issue's 'done when'."""
 import os
 import subprocess
 import sys
@@ -31,6 +31,23 @@ def test_hierarchical_two_hosts_of_two():
     for layout in ["nodeA", "nodeB", "hostA", "hostB"]:
         assert f"hierarchical collectives ok: {layout}" in out, out
     assert out.count("hierarchical collectives ok") == 4 + 4 + 3 + 3 + 4, out
+    assert shm_entries() - before == set()
+
+
+def test_composed_hierarchical_backend():
+    """fastpar._C.HierarchicalBackend, the composition CUDA tensors get on
+    several hosts (CUDA IPC inside, NCCL between), run on CPU stand-ins: a
+    fastpar group per fake host, gloo among the leaders and over the world.
+    Hosts contiguous (AABB), interleaved (ABAB) and uneven (AAAB): every
+    collective with a hierarchical schedule against a reference, and the
+    forwarded ones."""
+    before = shm_entries()
+    results = run("composed_hierarchical", 4, env={"FASTPAR_SHM_SLOT_BYTES": "4096"}, args=["AABB", "ABAB", "AAAB"],
+                  timeout=240)
+    assert_ok(results)
+    out = "".join(r.out for r in results)
+    for layout in ["AABB", "ABAB", "AAAB"]:
+        assert out.count(f"hierarchical collectives ok: {layout}") == 4, out
     assert shm_entries() - before == set()
 
 

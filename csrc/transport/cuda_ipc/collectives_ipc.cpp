@@ -13,6 +13,12 @@ namespace {
 
 int64_t pieces(int64_t bytes, int64_t piece) { return std::max<int64_t>(1, (bytes + piece - 1) / piece); }
 
+// Length of piece i of `total` cut in pieces of `piece` (0 past the end:
+// every call runs at least one phase, even when there is nothing to move).
+int64_t piece_len(int64_t i, int64_t piece, int64_t total) {
+  return std::max<int64_t>(0, std::min(piece, total - i * piece));
+}
+
 // 16-byte multiples keep every region of a slot aligned for the vector path.
 int64_t region_bytes(const IpcComm& c) { return std::max<int64_t>(16, int64_t(c.slot_bytes) / c.size / 16 * 16); }
 
@@ -34,7 +40,7 @@ cudaError_t broadcast_ipc(IpcComm& c, int32_t dtype, int64_t count, void* data, 
   cuda_p2p::DeviceRestore restore;
   FASTPAR_CUDA_TRY(cudaSetDevice(c.device));
   for (int64_t i = 0, np = pieces(bytes, B); i < np; ++i) {
-    const int64_t off = i * B, len = std::max<int64_t>(0, std::min(B, bytes - off));
+    const int64_t off = i * B, len = piece_len(i, B, bytes);
     const int k = next_round(c);
     if (r == root && len > 0)
       FASTPAR_CUDA_TRY(cudaMemcpyAsync(slot(c, r, k), at(data, off, 1), size_t(len), cudaMemcpyDeviceToDevice, stream));
@@ -53,7 +59,7 @@ cudaError_t allgather_ipc(IpcComm& c, int32_t dtype, int64_t count, const void* 
   cuda_p2p::DeviceRestore restore;
   FASTPAR_CUDA_TRY(cudaSetDevice(c.device));
   for (int64_t i = 0, np = pieces(bytes, B); i < np; ++i) {
-    const int64_t off = i * B, len = std::max<int64_t>(0, std::min(B, bytes - off));
+    const int64_t off = i * B, len = piece_len(i, B, bytes);
     const int k = next_round(c);
     if (len > 0)
       FASTPAR_CUDA_TRY(cudaMemcpyAsync(slot(c, r, k), at(in, off, 1), size_t(len), cudaMemcpyDeviceToDevice, stream));
@@ -75,7 +81,7 @@ cudaError_t gather_ipc(IpcComm& c, int32_t dtype, int64_t count, const void* in,
   cuda_p2p::DeviceRestore restore;
   FASTPAR_CUDA_TRY(cudaSetDevice(c.device));
   for (int64_t i = 0, np = pieces(bytes, B); i < np; ++i) {
-    const int64_t off = i * B, len = std::max<int64_t>(0, std::min(B, bytes - off));
+    const int64_t off = i * B, len = piece_len(i, B, bytes);
     const int k = next_round(c);
     if (r != root && len > 0)
       FASTPAR_CUDA_TRY(cudaMemcpyAsync(slot(c, r, k), at(in, off, 1), size_t(len), cudaMemcpyDeviceToDevice, stream));
@@ -97,7 +103,7 @@ cudaError_t scatter_ipc(IpcComm& c, int32_t dtype, int64_t count, const void* co
   cuda_p2p::DeviceRestore restore;
   FASTPAR_CUDA_TRY(cudaSetDevice(c.device));
   for (int64_t i = 0, np = pieces(bytes, region); i < np; ++i) {
-    const int64_t off = i * region, len = std::max<int64_t>(0, std::min(region, bytes - off));
+    const int64_t off = i * region, len = piece_len(i, region, bytes);
     const int k = next_round(c);
     if (r == root && len > 0)
       for (int q = 0; q < n; ++q)
@@ -121,7 +127,7 @@ cudaError_t all_to_all_ipc(IpcComm& c, int32_t dtype, int64_t count, const void*
   cuda_p2p::DeviceRestore restore;
   FASTPAR_CUDA_TRY(cudaSetDevice(c.device));
   for (int64_t i = 0, np = pieces(bytes, region); i < np; ++i) {
-    const int64_t off = i * region, len = std::max<int64_t>(0, std::min(region, bytes - off));
+    const int64_t off = i * region, len = piece_len(i, region, bytes);
     const int k = next_round(c);
     for (int q = 0; q < n && len > 0; ++q) {
       if (q == r) continue;
@@ -148,7 +154,7 @@ cudaError_t reduce_ipc(IpcComm& c, DType dt, ReduceOp op, const void* in, void* 
   cuda_p2p::DeviceRestore restore;
   FASTPAR_CUDA_TRY(cudaSetDevice(c.device));
   for (int64_t i = 0, np = pieces(count, chunk); i < np; ++i) {
-    const int64_t cb = i * chunk, len = std::max<int64_t>(0, std::min(chunk, count - cb));
+    const int64_t cb = i * chunk, len = piece_len(i, chunk, count);
     const int k = next_round(c);
     if (r != root && len > 0)
       FASTPAR_CUDA_TRY(cudaMemcpyAsync(slot(c, r, k), at(in, cb, ts), size_t(len * ts), cudaMemcpyDeviceToDevice,
@@ -175,7 +181,7 @@ cudaError_t reduce_scatter_ipc(IpcComm& c, DType dt, ReduceOp op, const void* co
   cuda_p2p::DeviceRestore restore;
   FASTPAR_CUDA_TRY(cudaSetDevice(c.device));
   for (int64_t i = 0, np = pieces(count, chunk); i < np; ++i) {
-    const int64_t cb = i * chunk, len = std::max<int64_t>(0, std::min(chunk, count - cb));
+    const int64_t cb = i * chunk, len = piece_len(i, chunk, count);
     const int k = next_round(c);
     for (int q = 0; q < n; ++q) {
       if (q == r || len == 0) continue;

@@ -1,15 +1,18 @@
 // fastpar's c10d backend for CUDA tensors (compiled in CUDA builds only).
 //
-// all_reduce, broadcast, reduce, all_gather (+ all_gather_into_tensor and
-// its coalesced form) and reduce_scatter (+ reduce_scatter_tensor and its
-// coalesced form), gather, scatter, equal all_to_all and send/recv run over
-// CUDA IPC (transport/cuda_ipc: kernels on the caller's current stream;
-// send/recv on a stream per peer and direction ordered after it) when
-// transport/cuda_ipc/route.h says so; uneven all_to_all, any-source receives,
-// send/recv before the group's first CUDA collective and calls the route
-// refuses go to `fallback`, a ProcessGroupNCCL the Python creator builds on the group's
-// store (fastpar/distributed/backend.py). barrier never gets here: the
-// ShmBackend runs it on the CPU.
+// Ranks of one host. all_reduce, broadcast, reduce, all_gather (+
+// all_gather_into_tensor and its coalesced form), reduce_scatter (+
+// reduce_scatter_tensor and its coalesced form), gather, scatter,
+// all_to_all (every form) and send/recv run over CUDA IPC
+// (transport/cuda_ipc: kernels on the caller's current stream; send/recv and
+// all_to_all with split sizes on a stream per peer and direction ordered
+// after it) when transport/cuda_ipc/route.h says so; any-source receives,
+// send/recv before the group's first CUDA collective, all_gather_coalesced
+// and calls the route refuses go to `fallback`, a ProcessGroupNCCL the Python
+// creator builds on the group's store (fastpar/distributed/backend.py).
+// barrier never gets here: the ShmBackend runs it on the CPU. Ranks on
+// several hosts: HierarchicalBackend composes one of these per host with
+// NCCL between hosts (hierarchical_backend.h).
 //
 // Ranks may share a GPU (several processes on one device): IPC works there,
 // NCCL does not ("Duplicate GPU detected"), so such a group ignores the size
@@ -56,11 +59,11 @@ namespace ops {
 
 class CudaBackend : public c10d::Backend {
  public:
-  // `ipc_off_reason`: non-empty turns IPC off for the group (e.g. ranks on
-  // several hosts: CUDA then goes entirely to NCCL). Reads
-  // FASTPAR_CUDA_IPC_MAX_BYTES, FASTPAR_CUDA_IPC_SLOT_BYTES, FASTPAR_BLOCKING_WAIT.
+  // Over the ranks of one host (on several hosts, HierarchicalBackend holds
+  // one per host). Reads FASTPAR_CUDA_IPC_MAX_BYTES,
+  // FASTPAR_CUDA_IPC_SLOT_BYTES, FASTPAR_BLOCKING_WAIT.
   CudaBackend(c10::intrusive_ptr<c10d::Store> store, int rank, int size, std::chrono::milliseconds timeout,
-              c10::intrusive_ptr<c10d::Backend> fallback, std::string ipc_off_reason);
+              c10::intrusive_ptr<c10d::Backend> fallback);
   ~CudaBackend() override;
 
   const std::string getBackendName() const override { return "fastpar"; }
@@ -89,7 +92,6 @@ class CudaBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                  std::vector<at::Tensor>& inputs,
                                                                  const c10d::AllgatherOptions& opts) override;
-  // The fallback (refused with a message when ranks share a GPU).
   c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
                                         std::vector<at::Tensor>& inputs, const c10d::GatherOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
@@ -113,6 +115,12 @@ class CudaBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) override;
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+
+  // Sets IPC up now on `device`, if not yet: a collective call, like the
+  // lazy setup at the first collective. fastpar.distributed calls it when
+  // init_process_group(device_id=...) bound the group to a GPU, so that
+  // send/recv before any collective runs over IPC too.
+  void connect(int device);
 
   // Diagnostics (Python properties): "not set up", "ipc on cuda:N" (plus
   // "; <GPU-sharing note>" when ranks share a GPU), or "fallback: <reason>";
@@ -162,17 +170,12 @@ class CudaBackend : public c10d::Backend {
                                                   const std::vector<at::Tensor>& keep, std::vector<at::Tensor> outputs,
                                                   std::chrono::milliseconds timeout,
                                                   const std::function<void()>& after);
-  // Bytes per rank of an all_to_all_single split list (empty: equal),
-  // checked against the tensor's `rows` (ValueError naming `arg`).
-  std::vector<int64_t> split_bytes(const char* arg, const std::vector<int64_t>& splits, const at::Tensor& t,
-                                   int64_t rows) const;
   // This rank's stream for messages to (is_send) or from `peer` (mu_ held).
   c10::cuda::CUDAStream p2p_stream(int peer, bool is_send);
 
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::Backend> fallback_;
   std::chrono::milliseconds timeout_;
-  std::string ipc_off_reason_;
   int64_t max_ipc_bytes_;
   int64_t slot_bytes_;
   bool blocking_wait_;

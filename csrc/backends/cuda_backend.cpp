@@ -17,7 +17,7 @@
 #include "../transport/cuda_ipc/p2p_ipc.h"
 #include "../transport/cuda_ipc/route.h"
 #include "call_timeout.h"
-#include "checks.h"
+#include "../ops/checks.h"
 #include "cuda_ipc_rendezvous.h"
 #include "cuda_ipc_work.h"
 
@@ -112,13 +112,11 @@ bool reduces(const std::optional<DType>& dt, const c10d::ReduceOp& op) {
 }  // namespace
 
 CudaBackend::CudaBackend(c10::intrusive_ptr<c10d::Store> store, int rank, int size,
-                         std::chrono::milliseconds timeout, c10::intrusive_ptr<c10d::Backend> fallback,
-                         std::string ipc_off_reason)
+                         std::chrono::milliseconds timeout, c10::intrusive_ptr<c10d::Backend> fallback)
     : Backend(rank, size),
       store_(std::move(store)),
       fallback_(std::move(fallback)),
       timeout_(timeout),
-      ipc_off_reason_(std::move(ipc_off_reason)),
       max_ipc_bytes_(env_bytes("FASTPAR_CUDA_IPC_MAX_BYTES", cuda_ipc::kDefaultMaxIpcBytes, 0)),
       slot_bytes_(env_bytes("FASTPAR_CUDA_IPC_SLOT_BYTES", cuda_ipc::kDefaultSlotBytes, 4096)),
       blocking_wait_(env_flag("FASTPAR_BLOCKING_WAIT")) {
@@ -189,10 +187,6 @@ void CudaBackend::set_up(int device) {
   // a failed setup (a rank missing, knobs differing) leaves the group on the
   // fallback rather than retrying against stale keys.
   set_up_ = true;
-  if (!ipc_off_reason_.empty()) {
-    why_not_ = ipc_off_reason_;
-    return;
-  }
   if (getSize() > cuda_ipc::kMaxIpcRanks) {
     why_not_ = "the group has " + std::to_string(getSize()) + " ranks, more than the " +
                std::to_string(cuda_ipc::kMaxIpcRanks) + " CUDA IPC handles";
@@ -217,6 +211,11 @@ void CudaBackend::set_up(int device) {
     link->watch(std::move(rv.pids), getRank());
     std::atomic_store(&link_, std::move(link));
   }
+}
+
+void CudaBackend::connect(int device) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (!set_up_) set_up(device);
 }
 
 std::string CudaBackend::ipc_state() const {
@@ -729,30 +728,26 @@ c10::intrusive_ptr<c10d::Work> CudaBackend::alltoall_base(at::Tensor& output, at
   check_cuda("all_to_all_single", "input", input);
   check_like("all_to_all_single", "output", output, input, "input", output.numel());
   const int n = getSize();
-  // Equal blocks only (see collectives_ipc.h): no split sizes, or all equal.
-  auto even = [n](const std::vector<int64_t>& s, const at::Tensor& t) {
-    const int64_t rows = t.dim() == 0 ? 1 : t.size(0);
-    if (s.empty()) return rows % n == 0;
-    if (int(s.size()) != n) return false;
-    for (int64_t v : s)
-      if (v != s[0]) return false;
-    return s[0] * n == rows;
-  };
-  const bool equal_blocks = output.numel() == input.numel() && even(input_split_sizes, input) &&
-                            even(output_split_sizes, output);
   std::unique_lock<std::mutex> g(mu_);
   cuda_ipc::RouteQuery q = query_for("all_to_all_single", input);
   q.contiguous = input.is_contiguous() && output.is_contiguous();
   q.on_rank_device = q.on_rank_device && output.device() == input.device();
-  const bool splits_given = !input_split_sizes.empty() || !output_split_sizes.empty();
-  if (link_ && group_shares_gpu_ && splits_given && cuda_ipc::route_ipc(q) == cuda_ipc::Route::kIpc) {
-    // Split sizes given, ranks on one GPU: the per-pair rings (see
-    // all_to_all_pairs). Whether the splits are equal is each rank's local
-    // knowledge, so the schedule is picked by the call's form, which every
-    // rank shares, not by the values.
+  if (!input_split_sizes.empty() || !output_split_sizes.empty()) {
+    // Split sizes given: the per-pair rings (see all_to_all_pairs). The
+    // sizes, and whether they happen to be equal, differ by rank, so the
+    // route is picked by the call's form, which every rank shares, and not
+    // by the threshold (FASTPAR_CUDA_IPC_MAX_BYTES=0 still turns IPC off).
+    q.nbytes = 0;
+    if (cuda_ipc::route_ipc(q) == cuda_ipc::Route::kFallback) {
+      to_fallback("all_to_all_single", q);
+      g.unlock();
+      return fallback_->alltoall_base(output, input, output_split_sizes, input_split_sizes, opts);
+    }
     const int64_t in_rows = input.dim() == 0 ? 1 : input.size(0), out_rows = output.dim() == 0 ? 1 : output.size(0);
-    const std::vector<int64_t> in_b = split_bytes("input_split_sizes", input_split_sizes, input, in_rows);
-    const std::vector<int64_t> out_b = split_bytes("output_split_sizes", output_split_sizes, output, out_rows);
+    auto row_bytes = [](const at::Tensor& t, int64_t rows) { return rows == 0 ? 0 : int64_t(t.nbytes()) / rows; };
+    const std::vector<int64_t> in_b = all_to_all_split("input", input_split_sizes, in_rows, row_bytes(input, in_rows), n);
+    const std::vector<int64_t> out_b =
+        all_to_all_split("output", output_split_sizes, out_rows, row_bytes(output, out_rows), n);
     std::vector<const void*> ins(static_cast<size_t>(n));
     std::vector<void*> outs(static_cast<size_t>(n));
     int64_t io = 0, oo = 0;
@@ -765,13 +760,14 @@ c10::intrusive_ptr<c10d::Work> CudaBackend::alltoall_base(at::Tensor& output, at
     return all_to_all_pairs("all_to_all_single", c10d::OpType::ALLTOALL_BASE, ins, in_b, outs, out_b,
                             {input, output}, {output}, call_timeout(opts.timeout, timeout_), nullptr);  // no staging
   }
-  const bool ipc = cuda_ipc::route_ipc(q) == cuda_ipc::Route::kIpc && equal_blocks;
-  if (!ipc) {
-    TORCH_CHECK_VALUE(q.fallback_usable, "fastpar.all_to_all_single: ranks of this group share a GPU, where NCCL "
-                      "cannot run (it refuses two ranks on one device), and CUDA IPC cannot serve this call: ",
-                      *cuda_ipc::ipc_refusal(q) || equal_blocks ? cuda_ipc::ipc_refusal(q)
-                                                                 : "uneven split sizes (CUDA IPC serves equal blocks)");
-    ++fallback_calls_;
+  // No split sizes: n equal blocks, the same on every rank (the collective's
+  // rules), so the phase-protocol schedule and the size threshold apply.
+  all_to_all_split("input", {}, input.dim() == 0 ? 1 : input.size(0), 1, n);
+  all_to_all_split("output", {}, output.dim() == 0 ? 1 : output.size(0), 1, n);
+  TORCH_CHECK_VALUE(output.numel() == input.numel(), "fastpar.all_to_all_single: without split sizes, output must "
+                    "have as many elements as input (", input.numel(), "), got ", output.numel());
+  if (cuda_ipc::route_ipc(q) == cuda_ipc::Route::kFallback) {
+    to_fallback("all_to_all_single", q);
     g.unlock();
     return fallback_->alltoall_base(output, input, output_split_sizes, input_split_sizes, opts);
   }
@@ -798,7 +794,6 @@ c10::intrusive_ptr<c10d::Work> CudaBackend::alltoall(std::vector<at::Tensor>& ou
                     "output_tensor_list must hold ", n, " tensors (one per rank), got ", inputs.size(), " and ",
                     outputs.size());
   check_cuda("all_to_all", "input_tensor_list[0]", inputs[0]);
-  bool equal_blocks = true;
   for (int r = 0; r < n; ++r) {
     check_cuda("all_to_all", ("input_tensor_list[" + std::to_string(r) + "]").c_str(), inputs[size_t(r)]);
     check_cuda("all_to_all", ("output_tensor_list[" + std::to_string(r) + "]").c_str(), outputs[size_t(r)]);
@@ -807,88 +802,41 @@ c10::intrusive_ptr<c10d::Work> CudaBackend::alltoall(std::vector<at::Tensor>& ou
                       "fastpar.all_to_all: every tensor must have dtype ", inputs[0].scalar_type(),
                       " (input_tensor_list[0]'s); entry ", r, " has ", inputs[size_t(r)].scalar_type(), " / ",
                       outputs[size_t(r)].scalar_type());
-    equal_blocks = equal_blocks && inputs[size_t(r)].numel() == inputs[0].numel() &&
-                   outputs[size_t(r)].numel() == inputs[0].numel() &&
-                   inputs[size_t(r)].device() == inputs[0].device() && outputs[size_t(r)].device() == inputs[0].device();
   }
   std::unique_lock<std::mutex> g(mu_);
-  const cuda_ipc::RouteQuery q = query_for("all_to_all", inputs[0]);
-  if (link_ && group_shares_gpu_ && cuda_ipc::route_ipc(q) == cuda_ipc::Route::kIpc) {
-    // Ranks on one GPU: the per-pair rings, whatever the sizes (whether the
-    // tensors are all equal is each rank's local knowledge: see alltoall_base).
-    for (int r = 0; r < n; ++r)
-      TORCH_CHECK_VALUE(inputs[size_t(r)].device() == inputs[0].device() &&
-                        outputs[size_t(r)].device() == inputs[0].device(),
-                        "fastpar.all_to_all: every tensor must be on ", inputs[0].device(), " (input_tensor_list[0]'s); "
-                        "entry ", r, " is on ", inputs[size_t(r)].device(), " / ", outputs[size_t(r)].device());
-    std::vector<at::Tensor> keep;
-    auto staged = std::make_shared<StagedOutputs>();  // outlives this call in the lambda below
-    std::vector<const void*> ins(static_cast<size_t>(n));
-    std::vector<void*> outs(static_cast<size_t>(n));
-    std::vector<int64_t> in_b(static_cast<size_t>(n)), out_b(static_cast<size_t>(n));
-    for (int r = 0; r < n; ++r) {
-      keep.push_back(inputs[size_t(r)].contiguous());
-      ins[size_t(r)] = keep.back().const_data_ptr();
-      in_b[size_t(r)] = int64_t(keep.back().nbytes());
-      outs[size_t(r)] = staged->add(outputs[size_t(r)]);
-      out_b[size_t(r)] = int64_t(outputs[size_t(r)].nbytes());
-    }
-    for (const at::Tensor& t : outputs) keep.push_back(t);
-    for (const at::Tensor& t : staged->staged) keep.push_back(t);  // written on the receive streams
-    return all_to_all_pairs("all_to_all", c10d::OpType::ALLTOALL, ins, in_b, outs, out_b, keep, outputs,
-                            call_timeout(opts.timeout, timeout_), [staged] { staged->finish(); });
-  }
-  const bool ipc = cuda_ipc::route_ipc(q) == cuda_ipc::Route::kIpc && equal_blocks;
-  if (!ipc) {
-    TORCH_CHECK_VALUE(q.fallback_usable, "fastpar.all_to_all: ranks of this group share a GPU, where NCCL cannot "
-                      "run (it refuses two ranks on one device), and CUDA IPC cannot serve this call: ",
-                      equal_blocks ? cuda_ipc::ipc_refusal(q) : "tensors of different sizes (CUDA IPC serves equal "
-                      "blocks)");
-    ++fallback_calls_;
+  cuda_ipc::RouteQuery q = query_for("all_to_all", inputs[0]);
+  // The per-pair rings, whatever the sizes: they (and whether they happen to
+  // be equal) differ by rank, so the route ignores them and the threshold
+  // (see alltoall_base). Inputs are made contiguous and outputs staged, so
+  // layouts do not matter either.
+  q.nbytes = 0;
+  q.contiguous = true;
+  if (cuda_ipc::route_ipc(q) == cuda_ipc::Route::kFallback) {
+    to_fallback("all_to_all", q);
     g.unlock();
     return fallback_->alltoall(outputs, inputs, opts);
   }
-  const std::chrono::milliseconds timeout = call_timeout(opts.timeout, timeout_);
-  c10::cuda::CUDAGuard guard(inputs[0].device());
-  const c10::cuda::CUDAStream stream = begin_ipc("all_to_all", inputs[0], timeout);
-  std::vector<at::Tensor> contiguous_inputs;
-  StagedOutputs staged;
-  const void* srcs[cuda_ipc::kMaxIpcRanks];
-  void* dsts[cuda_ipc::kMaxIpcRanks];
+  for (int r = 0; r < n; ++r)
+    TORCH_CHECK_VALUE(inputs[size_t(r)].device() == inputs[0].device() &&
+                      outputs[size_t(r)].device() == inputs[0].device(),
+                      "fastpar.all_to_all: every tensor must be on ", inputs[0].device(), " (input_tensor_list[0]'s); "
+                      "entry ", r, " is on ", inputs[size_t(r)].device(), " / ", outputs[size_t(r)].device());
+  std::vector<at::Tensor> keep;
+  auto staged = std::make_shared<StagedOutputs>();  // outlives this call in the lambda below
+  std::vector<const void*> ins(static_cast<size_t>(n));
+  std::vector<void*> outs(static_cast<size_t>(n));
+  std::vector<int64_t> in_b(static_cast<size_t>(n)), out_b(static_cast<size_t>(n));
   for (int r = 0; r < n; ++r) {
-    contiguous_inputs.push_back(inputs[size_t(r)].contiguous());
-    srcs[r] = contiguous_inputs.back().const_data_ptr();
-    dsts[r] = staged.add(outputs[size_t(r)]);
+    keep.push_back(inputs[size_t(r)].contiguous());
+    ins[size_t(r)] = keep.back().const_data_ptr();
+    in_b[size_t(r)] = int64_t(keep.back().nbytes());
+    outs[size_t(r)] = staged->add(outputs[size_t(r)]);
+    out_b[size_t(r)] = int64_t(outputs[size_t(r)].nbytes());
   }
-  C10_CUDA_CHECK(cuda_ipc::all_to_all_ipc(link_->ep->comm(), int32_t(inputs[0].scalar_type()), inputs[0].numel(),
-                                          srcs, dsts, int64_t(inputs[0].nbytes()), stream));
-  staged.finish();
-  return ipc_work(c10d::OpType::ALLTOALL, "all_to_all", outputs, stream, timeout);
-}
-
-std::vector<int64_t> CudaBackend::split_bytes(const char* arg, const std::vector<int64_t>& splits,
-                                              const at::Tensor& t, int64_t rows) const {
-  const int n = getSize();
-  const int64_t row_bytes = rows == 0 ? 0 : int64_t(t.nbytes()) / rows;
-  std::vector<int64_t> out(static_cast<size_t>(n));
-  if (splits.empty()) {
-    TORCH_CHECK_VALUE(rows % n == 0, "fastpar.all_to_all_single: ", arg, " is empty, so the ", rows,
-                      " rows must split evenly across ", n, " ranks");
-    for (int64_t& b : out) b = rows / n * row_bytes;
-    return out;
-  }
-  TORCH_CHECK_VALUE(int(splits.size()) == n, "fastpar.all_to_all_single: ", arg, " has ", splits.size(),
-                    " entries but the group has ", n, " ranks");
-  int64_t sum = 0;
-  for (int q = 0; q < n; ++q) {
-    TORCH_CHECK_VALUE(splits[size_t(q)] >= 0, "fastpar.all_to_all_single: ", arg, "[", q, "] is ", splits[size_t(q)],
-                      " but must be >= 0");
-    sum += splits[size_t(q)];
-    out[size_t(q)] = splits[size_t(q)] * row_bytes;
-  }
-  TORCH_CHECK_VALUE(sum == rows, "fastpar.all_to_all_single: ", arg, " sums to ", sum, " rows but the tensor has ",
-                    rows);
-  return out;
+  for (const at::Tensor& t : outputs) keep.push_back(t);
+  for (const at::Tensor& t : staged->staged) keep.push_back(t);  // written on the receive streams
+  return all_to_all_pairs("all_to_all", c10d::OpType::ALLTOALL, ins, in_b, outs, out_b, keep, outputs,
+                          call_timeout(opts.timeout, timeout_), [staged] { staged->finish(); });
 }
 
 c10::intrusive_ptr<c10d::Work> CudaBackend::all_to_all_pairs(const char* op, c10d::OpType type,
@@ -972,9 +920,9 @@ c10::intrusive_ptr<c10d::Work> CudaBackend::point_to_point(const char* op, std::
                     getSize() - 1, ", not this rank ", getRank(), ")");
   std::unique_lock<std::mutex> g(mu_);
   // Setup is collective (every rank meets in the Store), a send is not: only
-  // a group whose first CUDA collective has run can use IPC for it. Before
-  // that, NCCL (which cannot run where ranks share a GPU; docs/cuda.md says
-  // to run one CUDA collective first there).
+  // a group set up by its first CUDA collective, or at creation
+  // (init_process_group(device_id=...): connect()), can use IPC for it.
+  // Before that, NCCL, which cannot run where ranks share a GPU.
   bool ipc = set_up_;
   cuda_ipc::RouteQuery q;
   if (ipc) {
@@ -1022,17 +970,20 @@ void register_cuda_backend(pybind11::module& m) {
   namespace py = pybind11;
   py::module::import("torch._C._distributed_c10d");  // registers c10d::Backend with pybind first
   py::class_<CudaBackend, c10d::Backend, c10::intrusive_ptr<CudaBackend>>(m, "CudaBackend", R"(
-fastpar's backend for CUDA tensors: all_reduce, broadcast, reduce, all_gather and
-reduce_scatter (and their tensor / coalesced forms) over CUDA IPC where eligible,
-everything else through `fallback` (NCCL). Created by fastpar.distributed and
-held by the group's ShmBackend, which forwards CUDA tensors to it.)")
+fastpar's backend for CUDA tensors of ranks on one host: every collective and
+send/recv over CUDA IPC where the route allows (docs/cuda.md), the rest through
+`fallback` (NCCL). Created by fastpar.distributed and held by the group's
+ShmBackend, which forwards CUDA tensors to it.)")
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, int64_t timeout_ms,
-                       const c10::intrusive_ptr<c10d::Backend>& fallback, std::string ipc_off_reason) {
+                       const c10::intrusive_ptr<c10d::Backend>& fallback) {
              return c10::make_intrusive<CudaBackend>(store, rank, size, std::chrono::milliseconds(timeout_ms),
-                                                     fallback, std::move(ipc_off_reason));
+                                                     fallback);
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout_ms"), py::arg("fallback"),
-           py::arg("ipc_off_reason") = std::string(), py::call_guard<py::gil_scoped_release>())
+           py::call_guard<py::gil_scoped_release>())
+      .def("_connect", &CudaBackend::connect, py::arg("device"), "Sets CUDA IPC up now on cuda:`device` "
+           "(collective; otherwise done at the group's first CUDA collective).",
+           py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("ipc_state", &CudaBackend::ipc_state)
       .def("abort", &CudaBackend::abort, "Stops this rank's CUDA IPC kernels now and aborts the fallback; never "
            "blocks. The group is unusable afterwards.", py::call_guard<py::gil_scoped_release>())

@@ -6,9 +6,9 @@
 #include <ATen/core/ivalue.h>
 
 #include "call_timeout.h"
-#include "checks.h"
+#include "../ops/checks.h"
 #include "shm_backend.h"
-#include "transport_errors.h"
+#include "../ops/transport_errors.h"
 
 namespace fastpar {
 namespace ops {

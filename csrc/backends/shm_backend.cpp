@@ -7,8 +7,8 @@
 #include <numeric>
 
 #include "call_timeout.h"
-#include "checks.h"
-#include "transport_errors.h"
+#include "../ops/checks.h"
+#include "../ops/transport_errors.h"
 
 namespace fastpar {
 namespace ops {
@@ -329,25 +329,7 @@ c10::intrusive_ptr<c10d::Work> ShmBackend::alltoall_base(at::Tensor& output, at:
   check_like("all_to_all_single", "output", output, "input", input);
   const int n = getSize();
   auto splits = [&](const char* arg, const at::Tensor& t, const std::vector<int64_t>& s) {
-    std::vector<int64_t> counts(n);
-    const int64_t rows = t.dim() == 0 ? 1 : t.size(0), per = row_elems(t);
-    if (s.empty()) {
-      TORCH_CHECK_VALUE(rows % n == 0, "fastpar.all_to_all_single: ", arg, " has ", rows,
-                        " rows, which do not split evenly over ", n, " ranks (pass split sizes)");
-      for (auto& c : counts) c = rows / n * per;
-      return counts;
-    }
-    TORCH_CHECK_VALUE(int(s.size()) == n, "fastpar.all_to_all_single: ", arg, "_split_sizes has ", s.size(),
-                      " entries but the group has ", n, " ranks");
-    int64_t sum = 0;
-    for (int q = 0; q < n; ++q) {
-      TORCH_CHECK_VALUE(s[q] >= 0, "fastpar.all_to_all_single: ", arg, "_split_sizes[", q, "] is ", s[q]);
-      sum += s[q];
-      counts[q] = s[q] * per;
-    }
-    TORCH_CHECK_VALUE(sum == rows, "fastpar.all_to_all_single: ", arg, "_split_sizes sum to ", sum, " but ", arg,
-                      " has ", rows, " rows");
-    return counts;
+    return all_to_all_split(arg, s, t.dim() == 0 ? 1 : t.size(0), row_elems(t), n);
   };
   TORCH_CHECK_VALUE(row_elems(input) == row_elems(output) || input.numel() == 0 || output.numel() == 0,
                     "fastpar.all_to_all_single: input rows have ", row_elems(input), " elements but output rows have ",
