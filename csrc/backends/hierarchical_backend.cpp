@@ -1,8 +1,6 @@
-// The hierarchical schedules over c10d calls (hierarchical_backend.h). Each
-// collective mirrors ShmBackend's (shm_backend_hierarchical.cpp) step for
-// step; the differences are that every step is a Work waited in order and
-// that in-place c10d reduces need a copy where the CPU schedule reduced into
-// a separate buffer.
+// The hierarchical schedules over c10d calls (hierarchical_backend.h): every
+// step is a Work waited in order; where a step reduces in place (c10d reduce)
+// and the schedule needs the input kept, a leader reduces into a copy.
 #include "hierarchical_backend.h"
 
 #include <ATen/core/ivalue.h>

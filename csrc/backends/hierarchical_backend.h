@@ -1,17 +1,19 @@
 // A c10d backend for ranks on several hosts, composed of three others:
-//   local    this host's ranks, in group-rank order (fastpar's CUDA IPC
-//            backend; any backend whose reduce leaves non-root tensors alone)
+//   local    this host's ranks, in group-rank order (any backend whose
+//            reduce leaves non-root tensors alone: the host's shared-memory
+//            steps for CPU tensors, fastpar's CUDA IPC backend for CUDA)
 //   leaders  each host's lowest rank, hosts in order of their lowest rank
-//            (NCCL between hosts); null on ranks that do not lead a host
-//   world    every rank of the group (NCCL)
+//            (gloo or NCCL between hosts); null on ranks that do not lead a host
+//   world    every rank of the group (gloo or NCCL)
 // all_reduce, broadcast, reduce, all_gather (+ all_gather_into_tensor and
 // their coalesced forms) and reduce_scatter (+ reduce_scatter_tensor and its
 // coalesced form) run as local steps inside each host around one call among
 // the leaders, which carries each host's data across hosts once; everything
 // else, and reductions other than SUM/AVG/PRODUCT/MIN/MAX (AVG: floating
-// dtypes), goes to `world`. The steps are the CPU path's hierarchical
-// schedules (shm_backend_hierarchical.cpp, docs/algorithms.md "Several
-// hosts"), written here over c10d calls so that they hold for any transports.
+// dtypes), goes to `world`. These are fastpar's only hierarchical schedules:
+// ShmBackend runs them for CPU tensors (shm_backend_hierarchical.cpp) and
+// fastpar.distributed builds one of these for CUDA tensors on several hosts;
+// docs/algorithms.md ("Several hosts") gives their steps and bytes.
 //
 // Streams: every step's Work is waited before the next step starts. For CUDA
 // backends (fastpar's IPC Work, NCCL's) wait() orders the caller's current

@@ -2,7 +2,8 @@
 // on the cpu_shm transport inside a host and, when ranks span several hosts,
 // hierarchically: shm inside each host, a gloo group of the host leaders (the
 // lowest rank of each host) between hosts. Hierarchical schedules
-// (shm_backend_hierarchical.cpp; steps and bytes in docs/algorithms.md):
+// (HierarchicalBackend over this host's shm steps: shm_backend_hierarchical.cpp;
+// steps and bytes in docs/algorithms.md):
 //   allreduce, barrier, broadcast, reduce, all_gather(+_into_tensor),
 //   reduce_scatter(+_tensor): shm step(s) in the host, one gloo call among
 //   leaders carrying each host's data once;
@@ -38,6 +39,7 @@
 #include "../transport/cpu_shm/shm_collectives.h"
 #include "../transport/cpu_shm/shm_comm.h"
 #include "../transport/cpu_shm/shm_p2p.h"
+#include "hierarchical_backend.h"
 
 namespace fastpar {
 namespace ops {
@@ -132,7 +134,7 @@ class ShmBackend : public c10d::Backend {
   int local_size() const { return comm_->size(); }
   // Collectives this rank ran with a hierarchical schedule, barrier excepted
   // (tests check it moves, i.e. that an op did not go to the world gloo group).
-  uint64_t hierarchical_calls() const { return hier_calls_; }
+  uint64_t hierarchical_calls() const { return hier_ ? uint64_t(hier_->hierarchical_calls()) : 0; }
   c10::intrusive_ptr<c10d::Backend> cuda_backend() const { return cuda_; }
   // Benchmarks flip schedules at run time (every rank must set the same).
   void set_allreduce_tuning(int64_t one_shot_max_bytes, int algo);
@@ -147,24 +149,10 @@ class ShmBackend : public c10d::Backend {
   bool for_cuda(const at::Tensor& t) const { return cuda_ && t.is_cuda(); }
   bool for_cuda(const std::vector<at::Tensor>& ts) const { return cuda_ && !ts.empty() && ts[0].is_cuda(); }
 
-  // Hierarchical schedules (shm_backend_hierarchical.cpp), called with
-  // checked arguments when ranks span several hosts.
+  // Several hosts (shm_backend_hierarchical.cpp): checks the layout and
+  // builds hier_, which the collectives with a hierarchical schedule call
+  // with checked arguments.
   void init_hosts(std::vector<int> hosts);
-  c10::intrusive_ptr<c10d::Work> hier_allreduce(at::Tensor& t, DType dt, ReduceOp op,
-                                                const c10d::AllreduceOptions& opts);
-  c10::intrusive_ptr<c10d::Work> hier_broadcast(std::vector<at::Tensor>& tensors, DType dt,
-                                                const c10d::BroadcastOptions& opts);
-  c10::intrusive_ptr<c10d::Work> hier_reduce(std::vector<at::Tensor>& tensors, DType dt, ReduceOp op,
-                                             const c10d::ReduceOptions& opts);
-  c10::intrusive_ptr<c10d::Work> hier_allgather(std::vector<at::Tensor>& outputs, const at::Tensor& input, DType dt,
-                                                const c10d::AllgatherOptions& opts);
-  c10::intrusive_ptr<c10d::Work> hier_allgather_base(at::Tensor& output, const at::Tensor& input, DType dt,
-                                                     const c10d::AllgatherOptions& opts);
-  c10::intrusive_ptr<c10d::Work> hier_reduce_scatter_base(at::Tensor& output, const at::Tensor& input, DType dt,
-                                                          ReduceOp op, const c10d::ReduceScatterOptions& opts);
-  // all_gather core: `out` (bytes) receives every rank's `in` (bytes, elements
-  // of dt) in group rank order.
-  void hier_allgather_bytes(const at::Tensor& in, const at::Tensor& out, DType dt, std::chrono::milliseconds timeout);
 
   std::shared_ptr<cpu_shm::ShmComm> comm_;
   std::shared_ptr<cpu_shm::ShmP2P> p2p_;  // point to point over comm_'s segments
@@ -175,14 +163,9 @@ class ShmBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Backend> cuda_;  // CudaBackend, or null (CPU-only build, no GPU)
   std::mutex mu_;
   uint64_t calls_ = 0;
-  // Host layout (several hosts only): host of every group rank, each host's
-  // ranks ascending, this rank's host, and whether each host's ranks are one
-  // contiguous range (then host-major order is group rank order).
-  std::vector<int> host_of_;
-  std::vector<std::vector<int>> host_ranks_;
-  int host_ = 0;
-  bool hosts_contiguous_ = true;
-  uint64_t hier_calls_ = 0;
+  // Several hosts only: the hierarchical schedules over this host's comm_,
+  // leaders_ and world_.
+  c10::intrusive_ptr<HierarchicalBackend> hier_;
 };
 
 // Adds fastpar._C.ShmBackend and helpers to the extension module.
