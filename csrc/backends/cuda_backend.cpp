@@ -243,7 +243,14 @@ int CudaBackend::dead_peer() const {
 }
 
 cuda_ipc::RouteQuery CudaBackend::query_for(const char* op, const at::Tensor& t) {
-  if (!set_up_) set_up(t.get_device());
+  if (!set_up_) {
+    // Setup allocates and exchanges handles through the Store: not
+    // something a CUDA graph capture may contain (and a replay would skip).
+    TORCH_CHECK_VALUE(!capturing(c10::cuda::getCurrentCUDAStream(t.get_device())), "fastpar.", op, ": the group's "
+                      "CUDA IPC is set up at its first CUDA collective, which cannot be inside a CUDA graph capture; "
+                      "run one collective before capturing, or pass device_id= to init_process_group");
+    set_up(t.get_device());
+  }
   if (link_) {
     TORCH_CHECK_VALUE(t.get_device() == device_, "fastpar.", op, ": the tensor is on 'cuda:", int(t.get_device()),
                       "' but this group's CUDA IPC communicator on this rank is on 'cuda:", device_,
@@ -269,13 +276,22 @@ void CudaBackend::to_fallback(const char* op, const cuda_ipc::RouteQuery& q) {
   ++fallback_calls_;
 }
 
-c10::cuda::CUDAStream CudaBackend::begin_ipc(const char* op, const at::Tensor& t, std::chrono::milliseconds timeout) {
+c10::cuda::CUDAStream CudaBackend::begin_ipc(const char* op, const at::Tensor& t, std::chrono::milliseconds timeout,
+                                             bool capturable) {
   // A failure recorded by an earlier call makes the communicator unusable:
   // its phase numbers no longer match the peers'.
   link_->throw_if_failed(op, getRank(), timeout);
+  const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream(t.get_device());
+  // A replay repeats the kernels' arguments as captured; every schedule but
+  // the graphed all_reduce takes its phase numbers and slots from host
+  // counters, so a replay would repeat a finished call's numbers.
+  TORCH_CHECK_VALUE(capturable || !capturing(stream), "fastpar.", op, ": cannot be captured in a CUDA graph over "
+                    "CUDA IPC (its steps are numbered by the host at enqueue; of fastpar's IPC calls, only "
+                    "all_reduce up to FASTPAR_CUDA_IPC_SLOT_BYTES = ", slot_bytes_, " bytes can be captured); "
+                    "run it outside the capture");
   ++ipc_calls_;
   link_->ep->comm().timeout_ns = uint64_t(timeout.count()) * 1000 * 1000;
-  return c10::cuda::getCurrentCUDAStream(t.get_device());
+  return stream;
 }
 
 c10::intrusive_ptr<c10d::Work> CudaBackend::ipc_work(c10d::OpType type, const char* op,
@@ -306,9 +322,18 @@ c10::intrusive_ptr<c10d::Work> CudaBackend::allreduce(std::vector<at::Tensor>& t
   }
   const std::chrono::milliseconds timeout = call_timeout(opts.timeout, timeout_);
   c10::cuda::CUDAGuard guard(t.device());
-  const c10::cuda::CUDAStream stream = begin_ipc("all_reduce", t, timeout);
+  const c10::cuda::CUDAStream stream = begin_ipc("all_reduce", t, timeout, /*capturable=*/true);
   cuda_ipc::IpcComm& c = link_->ep->comm();
-  if (t.numel() > 0 && getSize() > 1) {
+  if (capturing(stream)) {
+    // The kernel a replay can repeat (fused_one_shot.h, "the all_reduce a
+    // CUDA graph can capture"): its own flags and slot, no host counter.
+    TORCH_CHECK_VALUE(q.nbytes <= slot_bytes_, "fastpar.all_reduce: a CUDA graph can capture an all_reduce over "
+                      "CUDA IPC of at most FASTPAR_CUDA_IPC_SLOT_BYTES = ", slot_bytes_, " bytes, but tensors[0] has ",
+                      q.nbytes, " bytes");
+    if (t.numel() > 0)
+      C10_CUDA_CHECK(cuda_ipc::allreduce_graphed(c, *dt, ReduceOp(int(opts.reduceOp.op_)), t.const_data_ptr(),
+                                                 t.data_ptr(), t.numel(), stream));
+  } else if (t.numel() > 0 && getSize() > 1) {
     const ReduceOp rop = ReduceOp(int(opts.reduceOp.op_));
     if (cuda_ipc::prefer_one_shot(q.nbytes, c)) {
       C10_CUDA_CHECK(cuda_ipc::allreduce_one_shot(c, *dt, rop, t.const_data_ptr(), t.data_ptr(), t.numel(), stream));

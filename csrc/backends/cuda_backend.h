@@ -148,8 +148,10 @@ class CudaBackend : public c10d::Backend {
   // NCCL cannot run; else counts it.
   void to_fallback(const char* op, const cuda_ipc::RouteQuery& q);
   // The common start of an IPC call (mu_ held): raises if the communicator
-  // failed, sets the flag-wait timeout, counts the call; the stream to use.
-  c10::cuda::CUDAStream begin_ipc(const char* op, const at::Tensor& t, std::chrono::milliseconds timeout);
+  // failed, or if the stream is capturing a CUDA graph and the call is not
+  // `capturable`; sets the flag-wait timeout, counts the call; the stream to use.
+  c10::cuda::CUDAStream begin_ipc(const char* op, const at::Tensor& t, std::chrono::milliseconds timeout,
+                                  bool capturable = false);
   c10::intrusive_ptr<c10d::Work> ipc_work(c10d::OpType type, const char* op, std::vector<at::Tensor> outputs,
                                           const c10::cuda::CUDAStream& stream, std::chrono::milliseconds timeout);
   // send / recv over the IPC rings (p2p_ipc.h) where set up and routed, else the fallback.

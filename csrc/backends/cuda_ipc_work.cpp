@@ -53,7 +53,10 @@ bool IpcWork::wait(std::chrono::milliseconds timeout) {
   // A dead peer: the watcher raised the host abort word, so this call's
   // kernels end within one poll (microseconds) whether they finish or fail;
   // synchronizing is bounded and lets the failure surface here, in seconds.
-  const bool sync = blocking_wait_ || link_->watcher.dead_rank() >= 0 || link_->aborted.load();
+  // Never inside a CUDA graph capture, where synchronizing is an error (the
+  // captured kernels have not run; a replay's failure shows at the next wait).
+  const bool sync = (blocking_wait_ || link_->watcher.dead_rank() >= 0 || link_->aborted.load()) &&
+                    !capturing(c10::cuda::getCurrentCUDAStream(stream_.device_index()));
   if (sync) {
     if (timeout <= ::kNoTimeout) {
       // Bounded anyway: the phase kernels give up at the group's timeout.

@@ -24,6 +24,7 @@
 #pragma once
 
 #include <c10/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
@@ -39,6 +40,13 @@
 
 namespace fastpar {
 namespace ops {
+
+// Whether `stream` is capturing a CUDA graph (then nothing may synchronize it).
+inline bool capturing(const c10::cuda::CUDAStream& stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  C10_CUDA_CHECK(cudaStreamIsCapturing(stream.stream(), &status));
+  return status != cudaStreamCaptureStatusNone;
+}
 
 // One rank's connected communicator, the watcher of its peers' processes and
 // whether abort() was called. Shared by the backend and its Works.

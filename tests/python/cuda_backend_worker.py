@@ -648,6 +648,59 @@ def sc_p2p_first():
     print(f"p2p_first rank {RANK} ok", flush=True)
 
 
+def sc_graph():
+    """dist.all_reduce captured in CUDA graphs (over CUDA IPC where the group
+    has it): every replay, on new inputs, gives the in-order result; two
+    graphs of different sizes and eager calls interleave; what cannot be
+    captured over IPC is refused by name (run with a 64 KiB slot:
+    an all_reduce larger than a slot, a broadcast)."""
+    init()
+    dist.all_reduce(torch.ones(1, device=DEV))  # sets IPC up: setup cannot happen inside a capture
+    ipc = peer_access_everywhere()
+    SUM, MAX = dist.ReduceOp.SUM, dist.ReduceOp.MAX
+    x = torch.zeros(1000, device=DEV)
+    y = torch.zeros(3, dtype=torch.bfloat16, device=DEV)
+    g1, g2 = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+    torch.cuda.synchronize()
+    with torch.cuda.graph(g1):
+        dist.all_reduce(x)
+    with torch.cuda.graph(g2):
+        dist.all_reduce(y, op=MAX)
+    for i in range(6):
+        xs = [random_data(q, 1000, torch.float32, 700 + i) for q in range(WORLD)]
+        x.copy_(xs[RANK].to(DEV))
+        g1.replay()
+        check_equal(x, in_rank_order(xs, SUM, torch.float32), f"graph replay {i}", ipc)
+        ys = [random_data(q, 3, torch.bfloat16, 800 + i) for q in range(WORLD)]
+        y.copy_(ys[RANK].to(DEV))
+        g2.replay()
+        check_equal(y, in_rank_order(ys, MAX, torch.bfloat16), f"graph replay {i} (bf16 MAX)", True)
+        e = torch.full((17,), float(RANK), device=DEV)
+        dist.all_reduce(e)  # eager, between replays
+        check_equal(e, torch.full((17,), float(sum(range(WORLD)))), f"eager call after replay {i}", True)
+    if ipc:
+        big = torch.zeros(65536 // 4 + 1, device=DEV)
+        for what, call, words in [
+            ("all_reduce larger than a slot", lambda: dist.all_reduce(big),
+             "a CUDA graph can capture an all_reduce over CUDA IPC of at most FASTPAR_CUDA_IPC_SLOT_BYTES"),
+            ("broadcast", lambda: dist.broadcast(x, src=0), "fastpar.broadcast: cannot be captured in a CUDA graph"),
+        ]:
+            try:
+                with torch.cuda.graph(torch.cuda.CUDAGraph()):
+                    call()
+                raise AssertionError(f"{what} inside a capture did not raise")
+            except ValueError as err:
+                assert words in str(err), str(err)
+        # The refusals happened before any rank waited: the group still works.
+        e = torch.ones(5, device=DEV)
+        dist.all_reduce(e)
+        check_equal(e, torch.full((5,), float(WORLD)), "eager call after the refusals", True)
+    torch.cuda.synchronize()
+    dist.barrier()
+    dist.destroy_process_group()
+    print(f"graph rank {RANK} ok", flush=True)
+
+
 def sc_p2p_mismatch():
     """Rank 0 sends with tag 1 (or 100 elements), rank 1 receives with tag 2
     (or 50 elements, ARGS[0] = "size"): rank 1's receive fails with

@@ -3,7 +3,8 @@ multi-process: every collective with a CUDA IPC schedule (all_reduce,
 broadcast, reduce, all_gather, all_gather_into_tensor, reduce_scatter,
 reduce_scatter_tensor, coalesced forms, gather, scatter, all_to_all_single
 with and without split sizes, all_to_all, send/recv/isend/irecv/
-batch_isend_irecv) x dtype x op against a reference, stream semantics, stock DDP and fastpar.DistributedDataParallel,
+batch_isend_irecv) x dtype x op against a reference, all_reduce captured in
+CUDA graphs (replays, refusals by name), stream semantics, stock DDP and fastpar.DistributedDataParallel,
 faults (a SIGKILLed peer, desynced calls, abort()).
 
 Two GPU layouts (cuda_backend_worker.py, FASTPAR_TEST_GPU_LAYOUT):
@@ -95,6 +96,13 @@ def test_send_recv_first_with_a_bound_device(layout, world):
     results = run_cuda("p2p_first", world, layout)
     assert_ok(results)
     assert all(f"p2p_first rank {r.rank} ok" in r.out for r in results)
+
+
+@pytest.mark.parametrize("layout,world", LAYOUTS)
+def test_all_reduce_captured_in_a_cuda_graph(layout, world):
+    results = run_cuda("graph", world, layout, env={"FASTPAR_CUDA_IPC_SLOT_BYTES": "65536"})
+    assert_ok(results)
+    assert all(f"graph rank {r.rank} ok" in r.out for r in results)
 
 
 @pytest.mark.parametrize("variant", ["tag", "size"])

@@ -72,6 +72,31 @@ cudaError_t allreduce_one_shot(IpcComm& c, DType dt, ReduceOp op, const void* in
   return cudaSuccess;
 }
 
+cudaError_t allreduce_graphed(IpcComm& c, DType dt, ReduceOp op, const void* in, void* out, int64_t count,
+                              cudaStream_t stream) {
+  FASTPAR_CUDA_TRY(check_comm(c));
+  const int n = c.size, r = c.rank;
+  const int64_t ts = dtype_size(dt);
+  if (count < 1 || count * ts > int64_t(c.slot_bytes)) return cudaErrorInvalidValue;
+  cuda_p2p::DeviceRestore restore;
+  FASTPAR_CUDA_TRY(cudaSetDevice(c.device));
+  GraphArgs a{};
+  // The descriptor's seq is not used (each block's epoch is), and c.seq is
+  // not advanced: graphed calls are outside the eager phase numbering.
+  a.f.phase = ipc_steps::phase_args_at(c, IpcOp::kAllreduceGraphed, int32_t(dt), int32_t(op), count, -1, 0);
+  a.self = graph_control_of(c.bases[r], c.slot_bytes);
+  for (int q = 0; q < n; ++q) {
+    a.peers[q] = graph_control_of(c.bases[q], c.slot_bytes);
+    a.f.slots[q] = graph_slot_of(c.bases[q], c.slot_bytes);
+  }
+  a.f.in = in;
+  a.f.out = out;
+  a.f.count = count;
+  a.f.contributions = n;
+  a.f.nblocks = fused_blocks(count * ts, c.fused_bytes_per_block);
+  return launch_fused_graph(dt, op, a, stream);
+}
+
 // Pipelined as allreduce_shm.h's two-shot: after phase P(k) a rank copies out
 // chunk k-1's final shards, reduces its shard of chunk k and publishes chunk
 // k+1's input shards, all before posting P(k+1): m chunks take m+1 phases and

@@ -65,8 +65,9 @@ constexpr int64_t kOneShotMaxBytes = 256 * 1024;
 
 // Slot size of the front ends' arenas: messages larger than a slot go through
 // it in chunks. 8 MiB keeps the per-chunk phase overhead (a few microseconds)
-// under ~1% of the transfer time at NVLink speeds; the arena is three slots
-// plus a header (24 MiB of device memory per rank).
+// under ~1% of the transfer time at NVLink speeds; the arena is three slots,
+// the graph slot, the p2p rings (4 MiB) and headers: 36 MiB of device memory
+// per rank.
 constexpr int64_t kDefaultSlotBytes = int64_t(8) << 20;
 
 // The "auto" schedule: one-shot for small messages that fit one slot.
@@ -88,6 +89,7 @@ enum class IpcOp : int32_t {
   kScatter = 9,
   kAllToAll = 10,
   kAllreduceFused = 11,  // the one-kernel one-shot (fused_one_shot.h): never mixes with kAllreduceOneShot
+  kAllreduceGraphed = 12,  // the one a CUDA graph can capture (fused_one_shot.h); its own flags and slot
 };
 
 // One-shot: each chunk (a slot's worth) is copied in, one phase, and every rank
@@ -102,6 +104,15 @@ cudaError_t allreduce_one_shot(IpcComm& c, DType dt, ReduceOp op, const void* in
 // times it. `out` may be `in`.
 cudaError_t allreduce_two_shot(IpcComm& c, DType dt, ReduceOp op, const void* in, void* out, int64_t count,
                                cudaStream_t stream);
+
+// The one-kernel one-shot that CUDA graph capture can record and replay
+// (fused_one_shot.h, "the all_reduce a CUDA graph can capture"): no host
+// counter in its arguments, the arena's graph slot and flags. count * the
+// dtype's size must fit one slot (else cudaErrorInvalidValue, nothing
+// enqueued). Every rank must run the same sequence of graphed calls. `out`
+// may be `in`.
+cudaError_t allreduce_graphed(IpcComm& c, DType dt, ReduceOp op, const void* in, void* out, int64_t count,
+                              cudaStream_t stream);
 
 // Copies the status word to the host (synchronizes `stream`): 0, or the
 // flags::WaitStatus of the first failed phase.

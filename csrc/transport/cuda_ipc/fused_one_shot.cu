@@ -1,5 +1,6 @@
-// The fused one-shot allreduce kernel (fused_one_shot.h): copy-in, per-block
-// barrier and reduction in one launch.
+// The fused one-shot allreduce kernels (fused_one_shot.h): copy-in, per-block
+// barrier and reduction in one launch; the eager one and the one CUDA graphs
+// can capture.
 #include "../../kernels/reduce_ops.h"
 #include "device_memory_order.cuh"
 #include "fused_one_shot.h"
@@ -30,22 +31,69 @@ __global__ void __launch_bounds__(kFusedThreads) fused_one_shot_kernel(FusedArgs
   fused_reduce<T, OP>(a, b, t, nt);
 }
 
-}  // namespace
+template <typename T, ReduceOp OP>
+__global__ void __launch_bounds__(kFusedThreads) fused_graph_kernel(GraphArgs a) {
+  __shared__ int failed;
+  __shared__ uint64_t epoch;
+  const PhaseArgs& p = a.f.phase;
+  if (*p.status != 0) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) flags::abort_rank<DeviceMemory>(p.self, *p.status);
+    return;
+  }
+  const int b = int(blockIdx.x), t = int(threadIdx.x), nt = int(blockDim.x);
+  if (t == 0) epoch = graph_epoch(a, b);
+  fused_copy_in<T>(a.f, b, t, nt);
+  __syncthreads();
+  if (t == 0) failed = graph_block_barrier<DeviceMemory>(a, b, epoch, true) != flags::WaitStatus::kOk;
+  __syncthreads();
+  if (failed) return;
+  fused_reduce<T, OP>(a.f, b, t, nt);
+  // Every thread's reads of the peers' slots happen before thread 0's release of end[b].
+  __syncthreads();
+  if (t == 0 && graph_block_barrier<DeviceMemory>(a, b, epoch, false) == flags::WaitStatus::kOk)
+    graph_done(a, b, epoch);
+}
 
-cudaError_t launch_fused_one_shot(DType dt, ReduceOp op, const FusedArgs& a, cudaStream_t stream) {
-  if (a.nblocks < 1 || a.nblocks > kFusedMaxBlocks || a.phase.size > kMaxIpcRanks) return cudaErrorInvalidValue;
+// dtype x op dispatch of one of the kernels above (ops a dtype cannot reduce: invalid value).
+template <template <typename, ReduceOp> class Launch, class Args>
+cudaError_t dispatch_fused(DType dt, ReduceOp op, const Args& a, int nblocks, int size, cudaStream_t stream) {
+  if (nblocks < 1 || nblocks > kFusedMaxBlocks || size > kMaxIpcRanks) return cudaErrorInvalidValue;
   cudaError_t result = cudaSuccess;
   FASTPAR_DISPATCH_DTYPE(dt, [&] {
     FASTPAR_DISPATCH_OP(op, [&] {
       if constexpr (!op_supports<scalar_t, kOp>()) {
         result = cudaErrorInvalidValue;
       } else {
-        fused_one_shot_kernel<scalar_t, kOp><<<unsigned(a.nblocks), kFusedThreads, 0, stream>>>(a);
+        Launch<scalar_t, kOp>::run(a, nblocks, stream);
         result = cudaGetLastError();
       }
     });
   });
   return result;
+}
+
+template <typename T, ReduceOp OP>
+struct LaunchOneShot {
+  static void run(const FusedArgs& a, int nblocks, cudaStream_t s) {
+    fused_one_shot_kernel<T, OP><<<unsigned(nblocks), kFusedThreads, 0, s>>>(a);
+  }
+};
+
+template <typename T, ReduceOp OP>
+struct LaunchGraph {
+  static void run(const GraphArgs& a, int nblocks, cudaStream_t s) {
+    fused_graph_kernel<T, OP><<<unsigned(nblocks), kFusedThreads, 0, s>>>(a);
+  }
+};
+
+}  // namespace
+
+cudaError_t launch_fused_graph(DType dt, ReduceOp op, const GraphArgs& a, cudaStream_t stream) {
+  return dispatch_fused<LaunchGraph>(dt, op, a, a.f.nblocks, a.f.phase.size, stream);
+}
+
+cudaError_t launch_fused_one_shot(DType dt, ReduceOp op, const FusedArgs& a, cudaStream_t stream) {
+  return dispatch_fused<LaunchOneShot>(dt, op, a, a.nblocks, a.phase.size, stream);
 }
 
 }  // namespace cuda_ipc

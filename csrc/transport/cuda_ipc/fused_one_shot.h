@@ -46,7 +46,6 @@
 namespace fastpar {
 namespace cuda_ipc {
 
-constexpr int kFusedMaxBlocks = 16;
 // Block flags live in the arena header, after the control block and the
 // status word (zeroed with the header at allocation).
 constexpr size_t kBlockFlagsOffset = 320;
@@ -160,6 +159,73 @@ FASTPAR_HD void fused_reduce(const FusedArgs& a, int b, int t, int nt) {
 
 // Enqueues the fused kernel (fused_one_shot.cu): a.nblocks blocks.
 cudaError_t launch_fused_one_shot(DType dt, ReduceOp op, const FusedArgs& a, cudaStream_t stream);
+
+// ---------------------------------------------------------------- the all_reduce a CUDA graph can capture
+//
+// A captured kernel replays with the arguments it had at capture, so nothing
+// it does may depend on a host counter, as the kernel above does (its phase
+// number, its turn in the slot rotation). This variant keeps its state in the
+// arena's graph region (ipc_arena.h: GraphControl and one graph slot):
+//   * block b reads its epoch (the graphed calls its rank's block b has
+//     completed) from its own GraphControl and works on epoch + 1, so every
+//     replay is a new call. Ranks stay in step because every rank runs the
+//     same sequence of graphed calls, each with the same block count (a
+//     function of the size, which the descriptor makes equal);
+//   * one fixed slot, made safe to reuse by a second barrier: after its
+//     reads, block b posts end[b] and waits for every peer's, so no rank's
+//     next copy-in overwrites data a peer is still reading;
+//   * block 0 writes the call's descriptor (seq = the epoch) before its start
+//     flag and compares every peer's after acquiring theirs: a desynced
+//     graphed call fails with kMismatch. A graphed call on one rank against
+//     an eager one on another waits for flags the other never posts: both
+//     fail at the timeout, or as soon as one gives up (the abort words).
+// Failures are recorded as in the kernel above (status word, host mirror,
+// abort word), and every later kernel of the communicator does nothing.
+// Every wait polls the host abort word, so the peer watcher stops a replay
+// waiting on a dead peer.
+
+struct GraphArgs {
+  FusedArgs f;  // in, out, count, nblocks, contributions; slots = every rank's graph slot; block flags unused
+  GraphControl* self;
+  const GraphControl* peers[kMaxIpcRanks];
+};
+
+// Thread 0 of block b, epoch e: the start barrier (is_start: after the
+// block's copy-in) or the end barrier (after its reads). Returns the failure,
+// if any, already recorded.
+template <class Mem>
+FASTPAR_HD flags::WaitStatus graph_block_barrier(const GraphArgs& a, int b, uint64_t e, bool is_start) {
+  const PhaseArgs& p = a.f.phase;
+  flags::OpDesc mine = p.desc;
+  mine.seq = e;
+  if (is_start && b == 0) a.self->desc = mine;  // published by the release below
+  Mem::store_release(is_start ? &a.self->start[b].value : &a.self->end[b].value, e);
+  const uint64_t deadline = Mem::now_ns() + p.timeout_ns;
+  const PhasePoll<Mem> poll{&p};
+  flags::WaitStatus s = flags::WaitStatus::kOk;
+  for (int q = 0; q < p.size && s == flags::WaitStatus::kOk; ++q) {
+    if (q == p.rank) continue;
+    const uint64_t* w = is_start ? &a.peers[q]->start[b].value : &a.peers[q]->end[b].value;
+    s = fused_wait_flag<Mem>(w, e, deadline, poll);
+    // The peer cannot rewrite its descriptor before our end flag of epoch e.
+    if (s == flags::WaitStatus::kOk && is_start && b == 0 && !flags::same_call(mine, a.peers[q]->desc))
+      s = flags::WaitStatus::kMismatch;
+  }
+  if (s != flags::WaitStatus::kOk) {
+    *p.status = uint32_t(s);
+    if (p.host_status) *static_cast<volatile uint32_t*>(p.host_status) = uint32_t(s);
+    flags::abort_rank<Mem>(p.self, uint64_t(s));
+  }
+  return s;
+}
+
+// Block b's epoch for this call (thread 0 reads it before the copy-in; only
+// block b of this rank ever writes it, after its end barrier).
+FASTPAR_HD uint64_t graph_epoch(const GraphArgs& a, int b) { return a.self->epoch[b].value + 1; }
+FASTPAR_HD void graph_done(const GraphArgs& a, int b, uint64_t e) { a.self->epoch[b].value = e; }
+
+// Enqueues the graphed kernel (fused_one_shot.cu): a.f.nblocks blocks.
+cudaError_t launch_fused_graph(DType dt, ReduceOp op, const GraphArgs& a, cudaStream_t stream);
 
 }  // namespace cuda_ipc
 }  // namespace fastpar

@@ -6,10 +6,15 @@
 //   [ data slot 1 ]                              (flags::kSlots rotating slots)
 //   [ P2PControl | pad ]                         kP2PControlBytes
 //   [ p2p rings: per destination kP2PChunks ]    kMaxIpcRanks * kP2PChunks * kP2PChunkBytes
+//   [ GraphControl | pad ]                       kGraphControlBytes
+//   [ graph slot ]                               slot_bytes (rounded to 512)
 //
 // The p2p region (send/recv, p2p_ring.h) is apart from the collective slots so
 // that point-to-point traffic on its own streams never touches a slot a
-// collective is using.
+// collective is using. The graph region (the all_reduce that CUDA graphs can
+// capture, fused_one_shot.h) is apart for the same reason: a replayed kernel's
+// pointers were fixed at capture, so it cannot take its turn in the eager
+// slots' rotation.
 //
 // Only the owner writes its arena (the protocol's single-writer rule); peers
 // read the control block and the slots through their mapping. The status word
@@ -79,7 +84,39 @@ FASTPAR_HD char* p2p_chunk_of(void* base, size_t slot_bytes, int dst, uint64_t s
          (size_t(dst) * kP2PChunks + k) * kP2PChunkBytes;
 }
 
-FASTPAR_HD size_t arena_bytes(size_t slot_bytes) { return collective_bytes(slot_bytes) + kP2PRegionBytes; }
+// Blocks of the fused one-shot kernels (fused_one_shot.h): their per-block
+// flags have room for this many.
+constexpr int kFusedMaxBlocks = 16;
+
+// One word per cache line: each is written by one process, spun on by others.
+struct alignas(64) GraphFlag {
+  uint64_t value;
+  uint64_t pad[7];
+};
+
+// The graph region's control (owner-written): per block, the calls it has
+// completed (`epoch`, read only by the owner) and the epoch it has reached
+// the start and end barriers of; block 0's descriptor of the current call.
+struct GraphControl {
+  GraphFlag start[kFusedMaxBlocks];
+  GraphFlag end[kFusedMaxBlocks];
+  GraphFlag epoch[kFusedMaxBlocks];
+  flags::OpDesc desc;
+};
+
+constexpr size_t kGraphControlBytes = (sizeof(GraphControl) + kSlotAlign - 1) / kSlotAlign * kSlotAlign;
+
+FASTPAR_HD GraphControl* graph_control_of(void* base, size_t slot_bytes) {
+  return reinterpret_cast<GraphControl*>(static_cast<char*>(base) + collective_bytes(slot_bytes) + kP2PRegionBytes);
+}
+
+FASTPAR_HD char* graph_slot_of(void* base, size_t slot_bytes) {
+  return reinterpret_cast<char*>(graph_control_of(base, slot_bytes)) + kGraphControlBytes;
+}
+
+FASTPAR_HD size_t arena_bytes(size_t slot_bytes) {
+  return collective_bytes(slot_bytes) + kP2PRegionBytes + kGraphControlBytes + slot_stride(slot_bytes);
+}
 
 FASTPAR_HD flags::ControlBlock* control_of(void* base) { return static_cast<flags::ControlBlock*>(base); }
 

@@ -15,6 +15,7 @@ cudaError_t arena_alloc(size_t slot_bytes, void** base) {
   // The p2p counters too: a peer's first credit/wait reads them.
   cudaError_t err = cudaMemset(p, 0, kHeaderBytes);
   if (err == cudaSuccess) err = cudaMemset(p2p_control_of(p, slot_bytes), 0, kP2PControlBytes);
+  if (err == cudaSuccess) err = cudaMemset(graph_control_of(p, slot_bytes), 0, kGraphControlBytes);
   if (err != cudaSuccess) {
     cudaFree(p);
     return err;

@@ -24,15 +24,17 @@ inline int next_round(IpcComm& c) { return int(c.rounds++ % flags::kSlots); }
 
 // One phase of the protocol with this call's descriptor: `count`, `dtype`,
 // `root` and `redop` are what peers compare (-1: not compared / none).
-// The phase's arguments (advances c.seq); phase() launches them.
-inline PhaseArgs phase_args(IpcComm& c, IpcOp op, int32_t dtype, int32_t redop, int64_t count, int32_t root) {
+// The phase's arguments for phase number `seq`; phase_args() takes the next
+// one (advances c.seq), and phase() launches them.
+inline PhaseArgs phase_args_at(const IpcComm& c, IpcOp op, int32_t dtype, int32_t redop, int64_t count,
+                               int32_t root, uint64_t seq) {
   PhaseArgs a{};
   a.self = control_of(c.bases[c.rank]);
   for (int q = 0; q < c.size; ++q) a.peers[q] = control_of(c.bases[q]);
   a.status = status_of(c.bases[c.rank]);
   a.host_status = c.host_status;
   a.host_abort = c.host_abort;
-  a.desc.seq = ++c.seq;
+  a.desc.seq = seq;
   a.desc.count = count;
   a.desc.aux = -1;
   a.desc.op = int32_t(op);
@@ -43,6 +45,10 @@ inline PhaseArgs phase_args(IpcComm& c, IpcOp op, int32_t dtype, int32_t redop, 
   a.size = c.size;
   a.timeout_ns = c.timeout_ns;
   return a;
+}
+
+inline PhaseArgs phase_args(IpcComm& c, IpcOp op, int32_t dtype, int32_t redop, int64_t count, int32_t root) {
+  return phase_args_at(c, op, dtype, redop, count, root, ++c.seq);
 }
 
 inline cudaError_t phase(IpcComm& c, IpcOp op, int32_t dtype, int32_t redop, int64_t count, int32_t root,

@@ -67,6 +67,35 @@ cudaError_t launch_fused_one_shot(DType dt, ReduceOp op, const FusedArgs& a, cud
   return cudaSuccess;
 }
 
+// The graphed kernel (fused_one_shot.cu's fused_graph_kernel), emulated the
+// same way: per block, epoch, copy-in, start barrier, reduction, end barrier.
+inline std::atomic<int> g_graph_launches{0};
+
+cudaError_t launch_fused_graph(DType dt, ReduceOp op, const GraphArgs& a, cudaStream_t) {
+  if (a.f.nblocks < 1 || a.f.nblocks > kFusedMaxBlocks) return cudaErrorInvalidValue;
+  ++g_graph_launches;
+  const int nt = 5;
+  FASTPAR_DISPATCH_DTYPE(dt, [&] {
+    FASTPAR_DISPATCH_OP(op, [&] {
+      if constexpr (op_supports<scalar_t, kOp>()) {
+        if (*a.f.phase.status != 0) {
+          flags::abort_rank<HostMemory>(a.f.phase.self, *a.f.phase.status);
+          return;
+        }
+        for (int b = 0; b < a.f.nblocks; ++b) {
+          const uint64_t e = graph_epoch(a, b);
+          for (int t = 0; t < nt; ++t) fused_copy_in<scalar_t>(a.f, b, t, nt);
+          if (graph_block_barrier<HostMemory>(a, b, e, true) != flags::WaitStatus::kOk) return;
+          for (int t = 0; t < nt; ++t) fused_reduce<scalar_t, kOp>(a.f, b, t, nt);
+          if (graph_block_barrier<HostMemory>(a, b, e, false) != flags::WaitStatus::kOk) return;
+          graph_done(a, b, e);
+        }
+      }
+    });
+  });
+  return cudaSuccess;
+}
+
 }  // namespace cuda_ipc
 }  // namespace fastpar
 

@@ -11,7 +11,12 @@
 //     and the failure reaches the host-mapped status mirror;
 //   * one-shot calls that fit a slot run as the fused kernel (fused_one_shot.h:
 //     per-block flags, descriptor on block 0), and the three-launch schedule
-//     (fused_one_shot = false) still passes the same checks.
+//     (fused_one_shot = false) still passes the same checks;
+//   * the graphed all_reduce (what CUDA graph capture records) replayed with
+//     the very same arguments: every replay a new call with the right bits,
+//     sizes (so block counts) changing between calls, eager calls in between,
+//     the eager phase numbering untouched; a desynced replay fails on every
+//     rank; a call larger than a slot is refused before anything runs.
 // Exit status 0 = every check passed.
 #include <algorithm>
 #include <atomic>
@@ -174,6 +179,92 @@ void check_mismatch(int n) {
   }
 }
 
+// The graphed all_reduce as a CUDA graph replays it: per rank one `in` and
+// one `out` buffer (the addresses fixed at capture), refilled before each
+// call; calls of several sizes (several captured graphs), an eager one-shot
+// call after every third, all checked bit for bit against the in-order
+// reduction.
+void check_graphed(int n) {
+  const size_t slot_bytes = 4096;
+  const int64_t sizes[] = {1, 17, 100, 1000, 64, 1000, 3, 1024};  // floats; 1024 fills the slot
+  Arenas arenas(n, slot_bytes);
+  std::vector<std::vector<std::vector<float>>> got(static_cast<size_t>(n));
+  std::vector<uint32_t> status(size_t(n), 0);
+  std::vector<int> seq_untouched(size_t(n), 1), too_big_refused(size_t(n), 0);
+  std::vector<std::thread> threads;
+  const int calls = 24;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      cuda_ipc::IpcComm c = comm_for(arenas, r, slot_bytes);
+      std::vector<float> in(1024), out(1024), eager(64);
+      for (int i = 0; i < calls; ++i) {
+        const Call call{false, i % 2 == 0, sizes[i % 8], ReduceOp(i % 5)};
+        for (int64_t k = 0; k < call.count; ++k) in[size_t(k)] = value(r, i, k);
+        const uint64_t seq = c.seq;
+        float* dst = call.in_place ? in.data() : out.data();
+        const cudaError_t err = cuda_ipc::allreduce_graphed(c, DType::F32, call.op, in.data(), dst, call.count,
+                                                            nullptr);
+        expect(err == cudaSuccess, "graphed call returned an error");
+        seq_untouched[size_t(r)] &= int(c.seq == seq);
+        got[size_t(r)].emplace_back(dst, dst + call.count);
+        if (i % 3 == 2) {  // an eager call between replays
+          std::fill(eager.begin(), eager.end(), float(r + 1));
+          cuda_ipc::allreduce_one_shot(c, DType::F32, ReduceOp::SUM, eager.data(), eager.data(), 64, nullptr);
+          expect(eager[0] == float(n * (n + 1) / 2), "eager call between graphed calls");
+        }
+      }
+      // Refused before any launch: the status below stays 0 (no peer is waited for).
+      too_big_refused[size_t(r)] =
+          cuda_ipc::allreduce_graphed(c, DType::F32, ReduceOp::SUM, in.data(), out.data(), 1025, nullptr) ==
+          cudaErrorInvalidValue;
+      cuda_ipc::read_status(c, nullptr, &status[size_t(r)]);
+    });
+  }
+  for (auto& t : threads) t.join();
+  char what[160];
+  for (int r = 0; r < n; ++r) {
+    std::snprintf(what, sizeof(what), "graphed: status of rank %d of %d is %u", r, n, status[size_t(r)]);
+    expect(status[size_t(r)] == 0, what);
+    expect(seq_untouched[size_t(r)] != 0, "graphed calls leave the eager phase numbering alone");
+    expect(too_big_refused[size_t(r)] != 0, "a graphed call larger than a slot is refused");
+    for (int i = 0; i < calls; ++i) {
+      const Call call{false, i % 2 == 0, sizes[i % 8], ReduceOp(i % 5)};
+      const auto e = expected<float>(n, call, i);
+      std::snprintf(what, sizeof(what), "graphed call %d (count %ld, op %s) rank %d n=%d", i, long(call.count),
+                    op_name(call.op), r, n);
+      expect(got[size_t(r)][size_t(i)].size() == e.size() &&
+                 std::memcmp(got[size_t(r)][size_t(i)].data(), e.data(), e.size() * sizeof(float)) == 0,
+             what);
+    }
+  }
+}
+
+// Rank 0 replays a graph of 100 elements, the others one of 101: every rank
+// fails (kMismatch, or kPeerAborted once a peer gave up) instead of hanging.
+void check_graphed_mismatch(int n) {
+  const size_t slot_bytes = 4096;
+  Arenas arenas(n, slot_bytes);
+  std::vector<uint32_t> status(size_t(n), 0);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      cuda_ipc::IpcComm c = comm_for(arenas, r, slot_bytes);
+      c.timeout_ns = 2ull * 1000 * 1000 * 1000;
+      std::vector<float> in(101, 1.0f);
+      cuda_ipc::allreduce_graphed(c, DType::F32, ReduceOp::SUM, in.data(), in.data(), r == 0 ? 100 : 101, nullptr);
+      cuda_ipc::read_status(c, nullptr, &status[size_t(r)]);
+    });
+  }
+  for (auto& t : threads) t.join();
+  char what[160];
+  for (int r = 0; r < n; ++r) {
+    const auto s = flags::WaitStatus(status[size_t(r)]);
+    std::snprintf(what, sizeof(what), "graphed mismatch: rank %d of %d ended with status %u", r, n,
+                  status[size_t(r)]);
+    expect(s == flags::WaitStatus::kMismatch || s == flags::WaitStatus::kPeerAborted, what);
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -193,6 +284,10 @@ int main() {
     check_mismatch(n);
   }
   expect(cuda_ipc::g_fused_launches == fused_before, "fused_one_shot = false runs the three-launch schedule");
+  emulated::g_fused_one_shot = true;
+  for (int n = 1; n <= 4; ++n) check_graphed(n);
+  expect(cuda_ipc::g_graph_launches > 0, "the graphed kernel ran");
+  for (int n = 2; n <= 4; ++n) check_graphed_mismatch(n);
   std::printf("%ld checks, %ld failures\n", long(checks.load()), long(failures.load()));
   return failures == 0 ? 0 : 1;
 }
