@@ -11,7 +11,8 @@ figures (gpu_summary.py holds the rows, targets, tables, CSV and plots).
   host   host time per call at 4 KiB: k = 2 and 8, N calls, one synchronize
   ipc    dist.all_reduce on a "fastpar" group, 2 ranks as processes sharing
          cuda:0 (start an MPS daemon first, or they time-slice), and on
-         distinct GPUs beside an NCCL group when there are 2+
+         distinct GPUs beside an NCCL group when there are 2+; up to 256 KiB
+         also captured in a CUDA graph (one all_reduce per replay)
 
   python benchmarks/bench_cuda.py                      # all parts, ~3 minutes on one H100
   python benchmarks/bench_cuda.py --part lists --quick
@@ -250,6 +251,26 @@ def ipc_worker(args) -> None:
                 if rank == 0:
                     traceback.print_exc()
                 break
+    # The same all_reduce captured in a CUDA graph (fastpar's graphed kernel):
+    # one all_reduce per graph, so host time per replay is per call.
+    for size in [s for s in args.ipc_sizes if s <= 256 * KiB]:
+        try:
+            t = torch.ones(size // 4, device="cuda")
+            dist.all_reduce(t)  # IPC is set up outside the capture
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                dist.all_reduce(t)
+            dist.barrier(group=gloo)
+            host = slowest(host_time(graph.replay, args.host_calls))
+            dist.barrier(group=gloo)
+            sec = slowest(event_time(graph.replay, reps=3))
+            keep(gs.ipc_row("fastpar graph", placement, n, size, sec, host))
+        except Exception as e:
+            keep(gs.ipc_row("fastpar graph", placement, n, size, None, None, _err(e)))
+            if rank == 0:
+                traceback.print_exc()
+            break
     dist.destroy_process_group()
 
 
@@ -294,6 +315,8 @@ def synthetic_rows(args) -> list:
     for size in args.ipc_sizes:
         rows.append(gs.ipc_row("fastpar", "shared cuda:0", 2, size, 10e-6 + size / 500e9,
                                9e-6 if size <= 256 * KiB else None))
+        if size <= 256 * KiB:
+            rows.append(gs.ipc_row("fastpar graph", "shared cuda:0", 2, size, 8e-6 + size / 500e9, 3e-6))
     return rows
 
 
