@@ -531,6 +531,13 @@ def sc_composed_hierarchical():
         check(x, reference([data(q, 1000, torch.float32) for q in range(WORLD)], dist.ReduceOp.AVG, torch.float32),
               f"composed all_reduce AVG {layout}", exact=False)
         hier_collectives(g, f"{layout} host {layout[RANK]}", be=hb)
+        # async_op: the Work's Future holds the tensors (what DDP comm hooks read)
+        x = torch.full((5,), float(RANK))
+        work = dist.all_reduce(x, async_op=True, group=g)
+        work.wait()
+        value = work.get_future().wait()
+        assert isinstance(value, list) and torch.equal(value[0], x), value
+        check(x, torch.full((5,), float(sum(range(WORLD)))), f"composed async all_reduce {layout}")
         before = hb.hierarchical_calls
         x = torch.full((3,), 1 + RANK, dtype=torch.int32)
         dist.all_reduce(x, op=dist.ReduceOp.BOR, group=g)  # no hierarchical schedule: the world backend's
