@@ -143,6 +143,10 @@ class CudaBackend : public c10d::Backend {
   // Sets IPC up at the first eligible-looking CUDA call (mu_ held) and checks
   // the tensor is on the IPC device; the query's setup-dependent fields.
   cuda_ipc::RouteQuery query_for(const char* op, const at::Tensor& t);
+  // For the calls only NCCL serves: refuses them by name where ranks share a
+  // GPU (no NCCL there) instead of failing inside NCCL's setup. Known once IPC
+  // is set up (by an earlier IPC-capable call, or connect()).
+  void refuse_on_shared_gpu(const char* op) const;
   // For a call the route sends to the fallback: refuses it (ValueError
   // naming `op` and why IPC would not serve it) when ranks share a GPU, where
   // NCCL cannot run; else counts it.
