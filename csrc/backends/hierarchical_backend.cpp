@@ -26,21 +26,20 @@ ReduceOp step_op(const ReduceOp& op) { return is_avg(op) ? ReduceOp(ReduceOp::SU
 // dense and contiguous, a reduction that composes (SUM, PRODUCT, MIN, MAX;
 // AVG where a division means the average). Others go to the world backend,
 // which gives their semantics or their error.
+bool dense(const std::vector<at::Tensor>& ts) {
+  for (const auto& t : ts)
+    if (!t.defined() || t.is_sparse() || !t.is_contiguous()) return false;
+  return true;
+}
+
 bool reducible(const std::vector<at::Tensor>& ts, const ReduceOp& op) {
   const auto k = op.op_;
   if (k != ReduceOp::SUM && k != ReduceOp::AVG && k != ReduceOp::PRODUCT && k != ReduceOp::MIN &&
       k != ReduceOp::MAX)
     return false;
-  for (const auto& t : ts) {
-    if (!t.defined() || t.is_sparse() || !t.is_contiguous()) return false;
-    if (k == ReduceOp::AVG && !at::isFloatingType(t.scalar_type())) return false;
-  }
-  return true;
-}
-
-bool dense(const std::vector<at::Tensor>& ts) {
+  if (!dense(ts)) return false;
   for (const auto& t : ts)
-    if (!t.defined() || t.is_sparse() || !t.is_contiguous()) return false;
+    if (k == ReduceOp::AVG && !at::isFloatingType(t.scalar_type())) return false;
   return true;
 }
 

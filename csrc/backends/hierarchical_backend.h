@@ -99,7 +99,7 @@ class HierarchicalBackend : public c10d::Backend {
   int64_t hierarchical_calls() const { return hier_calls_; }
 
  private:
-  // The leaders' step only where this rank leads; the reduction of a step.
+  // Whether this rank leads its host (only leaders take the leaders' steps).
   bool leads() const { return bool(leaders_); }
   void all_gather_bytes(const at::Tensor& in, const at::Tensor& out, std::chrono::milliseconds timeout);
   void reduce_scatter_flat(const at::Tensor& output, const at::Tensor& input, const c10d::ReduceOp& op,
