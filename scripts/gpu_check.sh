@@ -7,6 +7,10 @@
 #
 #   bash scripts/gpu_check.sh                 # results under benchmarks/results/gpu/
 #   PYTHON=python3 bash scripts/gpu_check.sh  # the interpreter with torch (default: .venv's, else python3)
+#   GPU_CHECK_PHASES=multi GPU_CHECK_TESTS='graph or p2p_first' bash scripts/gpu_check.sh
+#       # build + smoke test, then only the named phases (single, lists, multi, ipc; default all),
+#       # only the tests a pytest -k expression picks; a phase left alone gets the whole budget
+#   GPU_CHECK_SINGLE_S / GPU_CHECK_MULTI_S    # the test phases' caps (150 s each by default)
 #
 # Logs, CSV, PNG and summary.txt go to benchmarks/results/gpu/ and, when $OUT
 # is set (the device runner returns files under it), are copied there too.
@@ -29,17 +33,11 @@ fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 FAILED=()
 STARTED_MPS=0
+# shellcheck source=gpu_check_phases.sh
+source scripts/gpu_check_phases.sh
+K_ARGS=()
+[ -n "${GPU_CHECK_TESTS:-}" ] && K_ARGS=(-k "$GPU_CHECK_TESTS")
 
-left() { echo $((BUDGET - (SECONDS - START))); }
-# phase_limit CAP: seconds a phase may take: CAP, or what is left of the budget
-# minus RESERVE (kept for the phases after it), at least 10.
-phase_limit() {
-  local cap=$1 reserve=${2:-0} rest
-  rest=$(( $(left) - reserve ))
-  [ "$rest" -lt "$cap" ] && cap=$rest
-  [ "$cap" -lt 10 ] && cap=10
-  echo "$cap"
-}
 copy_out() {
   [ -n "${OUT:-}" ] || return 0
   local f
@@ -113,14 +111,14 @@ for f in "${GPU_TESTS[@]}"; do
   case " ${MULTI[*]} " in *" $f "*) ;; *) SINGLE+=("$f") ;; esac
 done
 : > "$RESULTS/tests.log"
-run_tests() {  # run_tests LABEL CAP RESERVE FILES...
-  local label=$1 cap=$2 reserve=$3 t0=$SECONDS rc first
-  shift 3
+run_tests() {  # run_tests LABEL CAP RESERVE VERBOSITY FILES...
+  local label=$1 cap=$2 reserve=$3 verbosity=$4 t0=$SECONDS rc first
+  shift 4
   first=$(($(wc -l < "$RESULTS/tests.log") + 1))
-  echo "== $label tests: $*"
-  echo "== $label tests: $*" >> "$RESULTS/tests.log"
-  timeout "$(phase_limit "$cap" "$reserve")" "$PY" -m pytest -q -p no:cacheprovider -rfE "$@" \
-    >> "$RESULTS/tests.log" 2>&1
+  echo "== $label tests: $* ${K_ARGS[*]}"
+  echo "== $label tests: $* ${K_ARGS[*]}" >> "$RESULTS/tests.log"
+  timeout "$(phase_limit "$cap" "$reserve")" "$PY" -m pytest "$verbosity" -p no:cacheprovider -rfE "${K_ARGS[@]}" \
+    "$@" >> "$RESULTS/tests.log" 2>&1
   rc=$?
   tail -n "+$first" "$RESULTS/tests.log" | grep -E "^(FAILED|ERROR) |[0-9]+ (passed|failed|skipped|error)" | tail -15
   if [ "$rc" -ne 0 ]; then
@@ -128,23 +126,28 @@ run_tests() {  # run_tests LABEL CAP RESERVE FILES...
   fi
   echo "$label tests: exit $rc in $((SECONDS - t0)) s"
 }
-if [ "${#SINGLE[@]}" -gt 0 ]; then
-  run_tests single-process 150 280 "${SINGLE[@]}"
+if [ "${#SINGLE[@]}" -gt 0 ] && want single; then
+  run_tests single-process "${GPU_CHECK_SINGLE_S:-150}" "$(reserve_after single 280)" -q "${SINGLE[@]}"
 fi
 
 # --- single-process benchmarks (no MPS: one process owns the GPU)
 ROWS_LISTS=$RESULTS/rows_lists.json ROWS_IPC=$RESULTS/rows_ipc.json
 rm -f "$ROWS_LISTS" "$ROWS_IPC"
-LIMIT=$(phase_limit 150 150)
-echo "== benchmarks: list ops and host time (at most $LIMIT s)"
-# the sweep stops starting new sizes 30 s before the limit, so its rows are kept
-timeout "$LIMIT" "$PY" benchmarks/bench_cuda.py --part lists,host --time-limit $((LIMIT > 40 ? LIMIT - 30 : LIMIT / 2)) \
-  --rows-out "$ROWS_LISTS" --out "$RESULTS" > "$RESULTS/bench.log" 2>&1 \
-  || echo "benchmark lists/host: exit $? (log $RESULTS/bench.log)"
+: > "$RESULTS/bench.log"
+if want lists; then
+  LIMIT=$(phase_limit 150 "$(reserve_after lists 150)")
+  echo "== benchmarks: list ops and host time (at most $LIMIT s)"
+  # the sweep stops starting new sizes 30 s before the limit, so its rows are kept
+  timeout "$LIMIT" "$PY" benchmarks/bench_cuda.py --part lists,host --time-limit $((LIMIT > 40 ? LIMIT - 30 : LIMIT / 2)) \
+    --rows-out "$ROWS_LISTS" --out "$RESULTS" >> "$RESULTS/bench.log" 2>&1 \
+    || echo "benchmark lists/host: exit $? (log $RESULTS/bench.log)"
+fi
 
 # Ranks that share a GPU run their kernels at once only under MPS; without it
 # the GPU time-slices between processes and each call takes milliseconds.
-if pgrep -f 'nvidia-cuda-mps-(control|server)' > /dev/null; then
+if ! want multi && ! want ipc; then
+  :  # no multi-process phase selected
+elif pgrep -f 'nvidia-cuda-mps-(control|server)' > /dev/null; then
   echo "== MPS: a daemon already runs; using it"
 elif command -v nvidia-cuda-mps-control > /dev/null; then
   export CUDA_MPS_PIPE_DIRECTORY=/tmp/fastpar-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/fastpar-mps-log
@@ -158,14 +161,17 @@ elif command -v nvidia-cuda-mps-control > /dev/null; then
 else
   echo "== MPS: nvidia-cuda-mps-control not found; ranks sharing a GPU will time-slice"
 fi
-if [ "${#MULTI[@]}" -gt 0 ]; then
-  run_tests multi-process 150 80 "${MULTI[@]}"
+if [ "${#MULTI[@]}" -gt 0 ] && want multi; then
+  # -v: one line per test, so a run cut off by its cap still shows what passed
+  run_tests multi-process "${GPU_CHECK_MULTI_S:-150}" "$(reserve_after multi 80)" -v "${MULTI[@]}"
 fi
-LIMIT=$(phase_limit 90 20)
-echo "== benchmarks: dist.all_reduce across processes (at most $LIMIT s)"
-timeout "$LIMIT" "$PY" benchmarks/bench_cuda.py --part ipc --ipc-timeout $((LIMIT > 20 ? LIMIT - 10 : LIMIT / 2)) \
-  --rows-out "$ROWS_IPC" --out "$RESULTS" >> "$RESULTS/bench.log" 2>&1 \
-  || echo "benchmark ipc: exit $? (log $RESULTS/bench.log)"
+if want ipc; then
+  LIMIT=$(phase_limit 90 20)
+  echo "== benchmarks: dist.all_reduce across processes (at most $LIMIT s)"
+  timeout "$LIMIT" "$PY" benchmarks/bench_cuda.py --part ipc --ipc-timeout $((LIMIT > 20 ? LIMIT - 10 : LIMIT / 2)) \
+    --rows-out "$ROWS_IPC" --out "$RESULTS" >> "$RESULTS/bench.log" 2>&1 \
+    || echo "benchmark ipc: exit $? (log $RESULTS/bench.log)"
+fi
 stop_mps
 
 echo "== results"

@@ -104,3 +104,31 @@ def test_gpu_check_stops_at_once_without_a_gpu(tmp_path):
     assert r.returncode == 1
     assert "gpu_check: no NVIDIA GPU here (nvidia-smi finds none)" in r.stdout
     assert "== build" not in r.stdout
+
+
+def _phases(script: str, env: dict) -> list:
+    import subprocess
+
+    lib = os.path.join(os.path.dirname(GPU_CHECK), "gpu_check_phases.sh")
+    base = {k: v for k, v in os.environ.items() if not k.startswith("GPU_CHECK_")}
+    r = subprocess.run(["bash", "-c", f"BUDGET=570; START=$SECONDS; source {lib}; {script}"], capture_output=True,
+                       text=True, env=dict(base, **env), timeout=30)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.split()
+
+
+def test_gpu_check_runs_every_phase_by_default_with_time_kept_for_later_ones():
+    got = _phases("for p in single lists multi ipc; do want $p && echo $p; done; "
+                  "reserve_after single 280; reserve_after multi 80; reserve_after ipc 20; "
+                  "phase_limit 150 280; phase_limit 900 0; phase_limit 150 565", {})
+    assert got == ["single", "lists", "multi", "ipc", "280", "80", "0", "150", "570", "10"], got
+
+
+def test_gpu_check_phase_selection_gives_the_last_phase_the_rest_of_the_budget():
+    """GPU_CHECK_PHASES=multi: only that phase, and nothing kept after it;
+    single,multi: the time kept after single is kept for multi."""
+    got = _phases("for p in single lists multi ipc; do want $p && echo $p; done; reserve_after multi 80",
+                  {"GPU_CHECK_PHASES": "multi"})
+    assert got == ["multi", "0"], got
+    got = _phases("reserve_after single 280; reserve_after multi 80", {"GPU_CHECK_PHASES": "single,multi"})
+    assert got == ["280", "0"], got
