@@ -25,8 +25,9 @@
 // phase kernels poll; the Work's wait() and the next call raise
 // DistBackendError naming the op and the dead rank (cuda_ipc_work.h).
 //
-// Setup is lazy, at the first CUDA collective that IPC serves (a collective
-// call, so every rank sets up together, as NCCL creates its communicators):
+// Setup is lazy, at the first CUDA collective that IPC serves, or at group
+// creation through connect() (both collective, so every rank sets up
+// together, as NCCL creates its communicators):
 // the tensor's device becomes this rank's IPC device, then
 // cuda_ipc_rendezvous.h probes peer access and exchanges arena handles
 // through the Store. IPC is on for every rank or for none.

@@ -43,17 +43,15 @@ bool reducible(const std::vector<at::Tensor>& ts, const ReduceOp& op) {
   return true;
 }
 
-// A Work for a call whose steps are all enqueued: its Future is complete on
-// the current stream of the outputs' device (nothing to wait for on the CPU).
-c10::intrusive_ptr<c10d::Work> enqueued(std::vector<at::Tensor> outputs) {
+}  // namespace
+
+c10::intrusive_ptr<c10d::Work> enqueued_work(std::vector<at::Tensor> outputs) {
   std::vector<c10::Device> devices;
   if (!outputs.empty() && !outputs[0].is_cpu()) devices.push_back(outputs[0].device());
   auto fut = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()), devices);
   fut->markCompleted(c10::IValue(outputs));
   return c10d::Work::create_from_future(fut);
 }
-
-}  // namespace
 
 HierarchicalBackend::HierarchicalBackend(int rank, int size, std::vector<int> host_of,
                                          c10::intrusive_ptr<c10d::Backend> local,
@@ -134,7 +132,7 @@ c10::intrusive_ptr<c10d::Work> HierarchicalBackend::allreduce(std::vector<at::Te
   b.rootRank = 0;
   b.timeout = opts.timeout;
   local_->broadcast(v, b)->wait();
-  return enqueued({t});
+  return enqueued_work({t});
 }
 
 c10::intrusive_ptr<c10d::Work> HierarchicalBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
@@ -144,7 +142,7 @@ c10::intrusive_ptr<c10d::Work> HierarchicalBackend::allreduce_coalesced(std::vec
     std::vector<at::Tensor> one{t};
     allreduce(one, opts);
   }
-  return enqueued(tensors);
+  return enqueued_work(tensors);
 }
 
 // Root's host: local broadcast from the root (its leader gets the data with
@@ -179,7 +177,7 @@ c10::intrusive_ptr<c10d::Work> HierarchicalBackend::broadcast(std::vector<at::Te
     leaders_step();
     local_step(0);
   }
-  return enqueued({t});
+  return enqueued_work({t});
 }
 
 // Other hosts: local reduce into a copy on the leader, which joins the
@@ -230,7 +228,7 @@ c10::intrusive_ptr<c10d::Work> HierarchicalBackend::reduce(std::vector<at::Tenso
     local_step(in, int(std::find(mine.begin(), mine.end(), root) - mine.begin()));  // the root's `in` is t
   }
   if (is_avg(opts.reduceOp) && getRank() == root) t.div_(getSize());
-  return enqueued({t});
+  return enqueued_work({t});
 }
 
 // Local gather to the leader (straight into the host's positions of `out`);
@@ -304,7 +302,7 @@ c10::intrusive_ptr<c10d::Work> HierarchicalBackend::allgather(std::vector<std::v
   at::Tensor flat = at::empty({B * getSize()}, in.options().dtype(at::kByte));
   all_gather_bytes(bytes_of(in), flat, opts.timeout);
   for (int q = 0; q < getSize(); ++q) bytes_of(outputs[0][q]).copy_(flat.narrow(0, q * B, B));
-  return enqueued(outputs[0]);
+  return enqueued_work(outputs[0]);
 }
 
 c10::intrusive_ptr<c10d::Work> HierarchicalBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
@@ -314,7 +312,7 @@ c10::intrusive_ptr<c10d::Work> HierarchicalBackend::_allgather_base(at::Tensor& 
     return world_->_allgather_base(output, input, opts);
   ++hier_calls_;
   all_gather_bytes(bytes_of(input), bytes_of(output), opts.timeout);
-  return enqueued({output});
+  return enqueued_work({output});
 }
 
 c10::intrusive_ptr<c10d::Work> HierarchicalBackend::allgather_coalesced(
@@ -333,7 +331,7 @@ c10::intrusive_ptr<c10d::Work> HierarchicalBackend::allgather_into_tensor_coales
     ++hier_calls_;
     all_gather_bytes(bytes_of(inputs[i]), bytes_of(outputs[i]), opts.timeout);
   }
-  return enqueued(outputs);
+  return enqueued_work(outputs);
 }
 
 // Local reduce of the whole input to the leader; the leaders' reduce_scatter
@@ -393,7 +391,7 @@ c10::intrusive_ptr<c10d::Work> HierarchicalBackend::_reduce_scatter_base(at::Ten
   ++hier_calls_;
   reduce_scatter_flat(output.view({-1}), input.view({-1}), step_op(opts.reduceOp), is_avg(opts.reduceOp),
                       opts.timeout);
-  return enqueued({output});
+  return enqueued_work({output});
 }
 
 c10::intrusive_ptr<c10d::Work> HierarchicalBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
@@ -409,7 +407,7 @@ c10::intrusive_ptr<c10d::Work> HierarchicalBackend::reduce_scatter(std::vector<a
   for (const auto& t : inputs[0]) flat.push_back(t.reshape({-1}));
   reduce_scatter_flat(outputs[0].view({-1}), at::cat(flat), step_op(opts.reduceOp), is_avg(opts.reduceOp),
                       opts.timeout);
-  return enqueued(outputs);
+  return enqueued_work(outputs);
 }
 
 c10::intrusive_ptr<c10d::Work> HierarchicalBackend::reduce_scatter_tensor_coalesced(
@@ -423,7 +421,7 @@ c10::intrusive_ptr<c10d::Work> HierarchicalBackend::reduce_scatter_tensor_coales
     reduce_scatter_flat(outputs[i].view({-1}), inputs[i].view({-1}), step_op(opts.reduceOp), is_avg(opts.reduceOp),
                         opts.timeout);
   }
-  return enqueued(outputs);
+  return enqueued_work(outputs);
 }
 
 c10::intrusive_ptr<c10d::Work> HierarchicalBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,

@@ -113,6 +113,10 @@ class HierarchicalBackend : public c10d::Backend {
   int64_t hier_calls_ = 0;
 };
 
+// A Work for a call whose steps are all enqueued: its Future holds `outputs`
+// and is complete on the current stream of their device (at once on the CPU).
+c10::intrusive_ptr<c10d::Work> enqueued_work(std::vector<at::Tensor> outputs);
+
 // Adds fastpar._C.HierarchicalBackend.
 void register_hierarchical_backend(pybind11::module& m);
 

@@ -179,11 +179,8 @@ c10::intrusive_ptr<c10d::Work> ShmBackend::allreduce(std::vector<at::Tensor>& te
   at::Tensor& t = tensors[0];
   const DType dt = check_tensor("all_reduce", "tensors[0]", t);
   const ReduceOp op = reduce_op("all_reduce", opts.reduceOp, "tensors[0]", t);
-  if (hier_) {
-    auto g = start(opts.timeout);
-    return hier_->allreduce(tensors, opts);
-  }
   auto g = start(opts.timeout);
+  if (hier_) return hier_->allreduce(tensors, opts);
   FASTPAR_RUN(cpu_shm::allreduce(*comm_, tuning_, t.data_ptr(), t.data_ptr(), t.numel(), dt, op));
   return done(c10d::OpType::ALLREDUCE, tensors);
 }
@@ -204,11 +201,8 @@ c10::intrusive_ptr<c10d::Work> ShmBackend::broadcast(std::vector<at::Tensor>& te
   check_single("broadcast", "tensors", tensors.size());
   const DType dt = check_tensor("broadcast", "tensors[0]", tensors[0]);
   const int root = local_root("broadcast", opts.rootRank);
-  if (hier_) {
-    auto g = start(opts.timeout);
-    return hier_->broadcast(tensors, opts);
-  }
   auto g = start(opts.timeout);
+  if (hier_) return hier_->broadcast(tensors, opts);
   FASTPAR_RUN(cpu_shm::broadcast(*comm_, tensors[0].data_ptr(), tensors[0].numel(), dt, root));
   return done(c10d::OpType::BROADCAST, tensors);
 }
@@ -220,11 +214,8 @@ c10::intrusive_ptr<c10d::Work> ShmBackend::reduce(std::vector<at::Tensor>& tenso
   const DType dt = check_tensor("reduce", "tensors[0]", t);
   const ReduceOp op = reduce_op("reduce", opts.reduceOp, "tensors[0]", t);
   const int root = local_root("reduce", opts.rootRank);
-  if (hier_) {
-    auto g = start(opts.timeout);
-    return hier_->reduce(tensors, opts);
-  }
   auto g = start(opts.timeout);
+  if (hier_) return hier_->reduce(tensors, opts);
   FASTPAR_RUN(cpu_shm::reduce(*comm_, t.data_ptr(), t.data_ptr(), t.numel(), dt, op, root));
   return done(c10d::OpType::REDUCE, tensors);
 }
@@ -238,11 +229,8 @@ c10::intrusive_ptr<c10d::Work> ShmBackend::allgather(std::vector<std::vector<at:
   const DType dt = check_tensor("all_gather", "input_tensors[0]", inputs[0]);
   check_list("all_gather", "output_tensors[0]", outputs[0], size_t(getSize()), "input_tensors[0]", inputs[0],
              inputs[0].numel());
-  if (hier_) {
-    auto g = start(opts.timeout);
-    return hier_->allgather(outputs, inputs, opts);
-  }
   auto g = start(opts.timeout);
+  if (hier_) return hier_->allgather(outputs, inputs, opts);
   std::vector<void*> outs;
   for (auto& o : outputs[0]) outs.push_back(o.data_ptr());
   FASTPAR_RUN(cpu_shm::gather(*comm_, inputs[0].data_ptr(), outs.data(), inputs[0].numel(), dt, -1));
@@ -257,11 +245,8 @@ c10::intrusive_ptr<c10d::Work> ShmBackend::_allgather_base(at::Tensor& output, a
   check_like("all_gather_into_tensor", "output_tensor", output, "input_tensor", input);
   check_numel("all_gather_into_tensor", "output_tensor", output, input.numel() * getSize(),
               "world size x input_tensor's elements");
-  if (hier_) {
-    auto g = start(opts.timeout);
-    return hier_->_allgather_base(output, input, opts);
-  }
   auto g = start(opts.timeout);
+  if (hier_) return hier_->_allgather_base(output, input, opts);
   const int64_t bytes = input.numel() * input.element_size();
   std::vector<void*> outs;
   for (int q = 0; q < getSize(); ++q) outs.push_back(static_cast<char*>(output.data_ptr()) + q * bytes);
@@ -328,11 +313,8 @@ c10::intrusive_ptr<c10d::Work> ShmBackend::_reduce_scatter_base(at::Tensor& outp
   check_like("reduce_scatter_tensor", "input", input, "output", output);
   check_numel("reduce_scatter_tensor", "input", input, output.numel() * getSize(), "world size x output's elements");
   const ReduceOp op = reduce_op("reduce_scatter_tensor", opts.reduceOp, "output", output);
-  if (hier_) {
-    auto g = start(opts.timeout);
-    return hier_->_reduce_scatter_base(output, input, opts);
-  }
   auto g = start(opts.timeout);
+  if (hier_) return hier_->_reduce_scatter_base(output, input, opts);
   FASTPAR_RUN(cpu_shm::reduce_scatter(*comm_, input.data_ptr(), output.data_ptr(), output.numel(), dt, op));
   return done(c10d::OpType::_REDUCE_SCATTER_BASE, {output});
 }

@@ -28,12 +28,6 @@ ReduceOp step_op(const c10d::ReduceOp& op) {
                     " (steps reduce with SUM, PRODUCT, MIN or MAX)");
 }
 
-c10::intrusive_ptr<c10d::Work> finished(std::vector<at::Tensor> outputs) {
-  auto fut = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
-  fut->markCompleted(c10::IValue(outputs));
-  return c10d::Work::create_from_future(fut);
-}
-
 char* ptr(const at::Tensor& t) { return static_cast<char*>(t.data_ptr()); }
 
 // The four steps the schedules take inside a host (reduce to a root in
@@ -56,13 +50,13 @@ class ShmHostSteps : public c10d::Backend {
       cpu_shm::reduce(*comm_, t.data_ptr(), t.data_ptr(), t.numel(), dtype(t), step_op(opts.reduceOp),
                       int(opts.rootRank));
     });
-    return finished(ts);
+    return enqueued_work(ts);
   }
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& ts, const c10d::BroadcastOptions& opts) override {
     const at::Tensor& t = ts[0];
     run_transport([&] { cpu_shm::broadcast(*comm_, t.data_ptr(), t.numel(), dtype(t), int(opts.rootRank)); });
-    return finished(ts);
+    return enqueued_work(ts);
   }
 
   c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outs, std::vector<at::Tensor>& ins,
@@ -74,7 +68,7 @@ class ShmHostSteps : public c10d::Backend {
       cpu_shm::gather(*comm_, ins[0].data_ptr(), dst.empty() ? nullptr : dst.data(), ins[0].numel(), dtype(ins[0]),
                       int(opts.rootRank));
     });
-    return finished(outs.empty() ? std::vector<at::Tensor>{} : outs[0]);
+    return enqueued_work(outs.empty() ? std::vector<at::Tensor>{} : outs[0]);
   }
 
   c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outs, std::vector<std::vector<at::Tensor>>& ins,
@@ -86,7 +80,7 @@ class ShmHostSteps : public c10d::Backend {
       cpu_shm::scatter(*comm_, src.empty() ? nullptr : src.data(), outs[0].data_ptr(), outs[0].numel(),
                        dtype(outs[0]), int(opts.rootRank));
     });
-    return finished(outs);
+    return enqueued_work(outs);
   }
 
  private:
