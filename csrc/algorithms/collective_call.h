@@ -45,9 +45,18 @@ inline const char* coll_name(Coll c) {
 }
 
 // aux values that name a schedule instead of an arena offset (offsets are far
-// smaller), so ranks that would run different schedules disagree on aux.
+// smaller), so ranks that would run different schedules disagree on aux. The
+// last two are CUDA IPC's single-kernel allreduces (fused_one_shot.h), whose
+// flags differ from the phase protocol's: they must never meet a phase.
 constexpr int64_t kAuxOneShot = int64_t(1) << 62;
 constexpr int64_t kAuxTwoShot = kAuxOneShot + 1;
+constexpr int64_t kAuxFused = kAuxOneShot + 2;
+constexpr int64_t kAuxGraphed = kAuxOneShot + 3;
+
+// Descriptor dtypes from here up are torch dtypes fastpar has no element
+// math for (kForeignDType + the ScalarType code): the copy collectives still
+// move them, and peers still compare them.
+constexpr int32_t kForeignDType = 64;
 
 // count: elements per rank as the op defines them (-1: not compared);
 // aux: op-specific, e.g. a registered buffer's arena offset (-1: not compared).
@@ -67,11 +76,14 @@ struct CollCall {
 // "allreduce(count=10, dtype=float32, op=SUM)" for error messages.
 inline std::string describe(const flags::OpDesc& d) {
   std::string s = coll_name(Coll(d.op));
-  s += "(count=" + std::to_string(d.count) + ", dtype=" + dtype_name(DType(d.dtype));
+  s += "(count=" + std::to_string(d.count) + ", dtype=";
+  s += d.dtype >= kForeignDType ? "torch#" + std::to_string(d.dtype - kForeignDType) : dtype_name(DType(d.dtype));
   if (d.root >= 0) s += ", root=" + std::to_string(d.root);
   if (d.redop >= 0) s += std::string(", op=") + op_name(ReduceOp(d.redop));
   if (d.aux == kAuxOneShot) s += ", schedule=one_shot";
   else if (d.aux == kAuxTwoShot) s += ", schedule=two_shot";
+  else if (d.aux == kAuxFused) s += ", schedule=fused_one_shot";
+  else if (d.aux == kAuxGraphed) s += ", schedule=graphed";
   else if (d.aux >= 0) s += ", registered offset=" + std::to_string(d.aux);
   return s + ")";
 }

@@ -1,14 +1,14 @@
 // fastpar's c10d backend for CUDA tensors (compiled in CUDA builds only).
 //
 // Ranks of one host. all_reduce, broadcast, reduce, all_gather (+
-// all_gather_into_tensor and its coalesced form), reduce_scatter (+
+// all_gather_into_tensor and the coalesced forms), reduce_scatter (+
 // reduce_scatter_tensor and its coalesced form), gather, scatter,
 // all_to_all (every form) and send/recv run over CUDA IPC
 // (transport/cuda_ipc: kernels on the caller's current stream; send/recv and
 // all_to_all with split sizes on a stream per peer and direction ordered
 // after it) when transport/cuda_ipc/route.h says so; any-source receives,
-// send/recv before the group's first CUDA collective, all_gather_coalesced
-// and calls the route refuses go to `fallback`, a ProcessGroupNCCL the Python
+// send/recv before the group's first CUDA collective and calls the route
+// refuses go to `fallback`, a ProcessGroupNCCL the Python
 // creator builds on the group's store (fastpar/distributed/backend.py).
 // barrier never gets here: the ShmBackend runs it on the CPU. Ranks on
 // several hosts: HierarchicalBackend composes one of these per host with

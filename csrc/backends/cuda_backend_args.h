@@ -10,7 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "../algorithms/collective_call.h"  // kForeignDType
 #include "../kernels/reduce_ops.h"
+#include "../ops/checks.h"  // maybe_dtype
 
 namespace fastpar {
 namespace ops {
@@ -34,6 +36,14 @@ inline void check_like(const char* op, const std::string& arg, const at::Tensor&
                     " but ", ref_name, " has dtype ", ref.scalar_type());
   TORCH_CHECK_VALUE(t.numel() == numel, "fastpar.", op, ": ", arg, " has ", t.numel(), " elements but ", numel,
                     " are expected (", ref_name, " has ", ref.numel(), ")");
+}
+
+// The dtype the IPC descriptors carry (peers compare it; a mismatch message
+// names it): fastpar's DType, or kForeignDType + torch's code for dtypes the
+// copy collectives move but fastpar has no element math for.
+inline int32_t descriptor_dtype(const at::Tensor& t) {
+  const std::optional<DType> d = maybe_dtype(t.scalar_type());
+  return d ? int32_t(*d) : kForeignDType + int32_t(t.scalar_type());
 }
 
 inline void check_root(const char* op, int64_t root, int size) {

@@ -82,7 +82,7 @@ c10::intrusive_ptr<c10d::Work> CudaBackend::broadcast(std::vector<at::Tensor>& t
   const c10::cuda::CUDAStream stream = begin_ipc("broadcast", t, timeout);
   // Every call runs its phases, even with one rank or no bytes: the descriptor
   // check is what catches a desynced peer.
-  C10_CUDA_CHECK(cuda_ipc::broadcast_ipc(link_->ep->comm(), int32_t(t.scalar_type()), t.numel(), t.data_ptr(),
+  C10_CUDA_CHECK(cuda_ipc::broadcast_ipc(link_->ep->comm(), descriptor_dtype(t), t.numel(), t.data_ptr(),
                                          int64_t(t.nbytes()), int(opts.rootRank), stream));
   return ipc_work(c10d::OpType::BROADCAST, "broadcast", tensors, stream, timeout);
 }
@@ -143,7 +143,7 @@ c10::intrusive_ptr<c10d::Work> CudaBackend::allgather(std::vector<std::vector<at
   StagedOutputs staged;
   void* outs[cuda_ipc::kMaxIpcRanks];
   for (int r = 0; r < getSize(); ++r) outs[r] = staged.add(outputs[0][size_t(r)]);
-  C10_CUDA_CHECK(cuda_ipc::allgather_ipc(link_->ep->comm(), int32_t(in.scalar_type()), in.numel(),
+  C10_CUDA_CHECK(cuda_ipc::allgather_ipc(link_->ep->comm(), descriptor_dtype(in), in.numel(),
                                          in.const_data_ptr(), outs, int64_t(in.nbytes()), stream));
   staged.finish();
   return ipc_work(c10d::OpType::ALLGATHER, "all_gather", outputs[0], stream, timeout);
@@ -167,7 +167,7 @@ c10::intrusive_ptr<c10d::Work> CudaBackend::_allgather_base(at::Tensor& output, 
   const c10::cuda::CUDAStream stream = begin_ipc("all_gather_into_tensor", input, timeout);
   void* outs[cuda_ipc::kMaxIpcRanks];
   for (int r = 0; r < getSize(); ++r) outs[r] = static_cast<char*>(output.data_ptr()) + int64_t(input.nbytes()) * r;
-  C10_CUDA_CHECK(cuda_ipc::allgather_ipc(link_->ep->comm(), int32_t(input.scalar_type()), input.numel(),
+  C10_CUDA_CHECK(cuda_ipc::allgather_ipc(link_->ep->comm(), descriptor_dtype(input), input.numel(),
                                          input.const_data_ptr(), outs, int64_t(input.nbytes()), stream));
   return ipc_work(c10d::OpType::_ALLGATHER_BASE, "all_gather_into_tensor", {output}, stream, timeout);
 }
@@ -203,7 +203,7 @@ c10::intrusive_ptr<c10d::Work> CudaBackend::allgather_into_tensor_coalesced(std:
     void* outs[cuda_ipc::kMaxIpcRanks];
     const int64_t b = int64_t(inputs[i].nbytes());
     for (int r = 0; r < getSize(); ++r) outs[r] = static_cast<char*>(outputs[i].data_ptr()) + b * r;
-    C10_CUDA_CHECK(cuda_ipc::allgather_ipc(link_->ep->comm(), int32_t(inputs[i].scalar_type()), inputs[i].numel(),
+    C10_CUDA_CHECK(cuda_ipc::allgather_ipc(link_->ep->comm(), descriptor_dtype(inputs[i]), inputs[i].numel(),
                                            inputs[i].const_data_ptr(), outs, b, stream));
   }
   return ipc_work(c10d::OpType::ALLGATHER_INTO_TENSOR_COALESCED, "all_gather_into_tensor_coalesced", outputs, stream, timeout);
@@ -351,13 +351,50 @@ c10::intrusive_ptr<c10d::Work> CudaBackend::allreduce_coalesced(std::vector<at::
   return ipc_work(c10d::OpType::ALLREDUCE_COALESCED, "all_reduce_coalesced", tensors, stream, timeout);
 }
 
-// ---------------------------------------------------------------- fallback only
-
 c10::intrusive_ptr<c10d::Work> CudaBackend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
                                                                 std::vector<at::Tensor>& inputs,
                                                                 const c10d::AllgatherOptions& opts) {
-  refuse_on_shared_gpu("all_gather_coalesced");
-  return fallback_->allgather_coalesced(outputs, inputs, opts);
+  TORCH_CHECK_VALUE(outputs.size() == inputs.size(), "fastpar.all_gather_coalesced: ", outputs.size(),
+                    " output lists but ", inputs.size(), " inputs");
+  if (inputs.empty()) return fallback_->allgather_coalesced(outputs, inputs, opts);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const std::string in_name = "input_tensor_list[" + std::to_string(i) + "]";
+    check_cuda("all_gather_coalesced", in_name.c_str(), inputs[i]);
+    TORCH_CHECK_VALUE(int64_t(outputs[i].size()) == getSize(), "fastpar.all_gather_coalesced: output_tensor_lists[",
+                      i, "] has ", outputs[i].size(), " tensors but the group has ", getSize(), " ranks");
+    for (size_t r = 0; r < outputs[i].size(); ++r)
+      check_like("all_gather_coalesced", "output_tensor_lists[" + std::to_string(i) + "][" + std::to_string(r) + "]",
+                 outputs[i][r], inputs[i], in_name.c_str(), inputs[i].numel());
+  }
+  std::unique_lock<std::mutex> g(mu_);
+  // One route for the whole call, as all_gather_into_tensor_coalesced;
+  // outputs that are not contiguous are staged.
+  cuda_ipc::RouteQuery q = query_for("all_gather_coalesced", inputs[0]);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    q.nbytes = std::max<int64_t>(q.nbytes, int64_t(inputs[i].nbytes()));
+    q.contiguous = q.contiguous && inputs[i].is_contiguous();
+    q.on_rank_device = q.on_rank_device && inputs[i].get_device() == device_;
+    for (const at::Tensor& o : outputs[i]) q.on_rank_device = q.on_rank_device && o.get_device() == device_;
+  }
+  if (cuda_ipc::route_ipc(q) == cuda_ipc::Route::kFallback) {
+    to_fallback("all_gather_coalesced", q);
+    g.unlock();
+    return fallback_->allgather_coalesced(outputs, inputs, opts);
+  }
+  const std::chrono::milliseconds timeout = call_timeout(opts.timeout, timeout_);
+  c10::cuda::CUDAGuard guard(inputs[0].device());
+  const c10::cuda::CUDAStream stream = begin_ipc("all_gather_coalesced", inputs[0], timeout);
+  StagedOutputs staged;
+  std::vector<at::Tensor> all;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    void* outs[cuda_ipc::kMaxIpcRanks];
+    for (int r = 0; r < getSize(); ++r) outs[r] = staged.add(outputs[i][size_t(r)]);
+    C10_CUDA_CHECK(cuda_ipc::allgather_ipc(link_->ep->comm(), descriptor_dtype(inputs[i]), inputs[i].numel(),
+                                           inputs[i].const_data_ptr(), outs, int64_t(inputs[i].nbytes()), stream));
+    all.insert(all.end(), outputs[i].begin(), outputs[i].end());
+  }
+  staged.finish();
+  return ipc_work(c10d::OpType::ALLGATHER_COALESCED, "all_gather_coalesced", std::move(all), stream, timeout);
 }
 
 // ---------------------------------------------------------------- root-list and all-to-all collectives
@@ -405,7 +442,7 @@ c10::intrusive_ptr<c10d::Work> CudaBackend::gather(std::vector<std::vector<at::T
   void* outs[cuda_ipc::kMaxIpcRanks] = {};
   if (root)
     for (int r = 0; r < getSize(); ++r) outs[r] = staged.add(outputs[0][size_t(r)]);
-  C10_CUDA_CHECK(cuda_ipc::gather_ipc(link_->ep->comm(), int32_t(in.scalar_type()), in.numel(), in.const_data_ptr(),
+  C10_CUDA_CHECK(cuda_ipc::gather_ipc(link_->ep->comm(), descriptor_dtype(in), in.numel(), in.const_data_ptr(),
                                       outs, int64_t(in.nbytes()), int(opts.rootRank), stream));
   staged.finish();
   return ipc_work(c10d::OpType::GATHER, "gather", root ? outputs[0] : std::vector<at::Tensor>{}, stream, timeout);
@@ -452,7 +489,7 @@ c10::intrusive_ptr<c10d::Work> CudaBackend::scatter(std::vector<at::Tensor>& out
       srcs[r] = ins.back().const_data_ptr();
     }
   }
-  C10_CUDA_CHECK(cuda_ipc::scatter_ipc(link_->ep->comm(), int32_t(out.scalar_type()), out.numel(), srcs,
+  C10_CUDA_CHECK(cuda_ipc::scatter_ipc(link_->ep->comm(), descriptor_dtype(out), out.numel(), srcs,
                                        out.data_ptr(), int64_t(out.nbytes()), int(opts.rootRank), stream));
   return ipc_work(c10d::OpType::SCATTER, "scatter", outputs, stream, timeout);
 }

@@ -83,7 +83,7 @@ c10::intrusive_ptr<c10d::Work> CudaBackend::alltoall_base(at::Tensor& output, at
     srcs[r] = static_cast<const char*>(input.const_data_ptr()) + block * r;
     dsts[r] = static_cast<char*>(output.data_ptr()) + block * r;
   }
-  C10_CUDA_CHECK(cuda_ipc::all_to_all_ipc(link_->ep->comm(), int32_t(input.scalar_type()), input.numel() / n, srcs,
+  C10_CUDA_CHECK(cuda_ipc::all_to_all_ipc(link_->ep->comm(), descriptor_dtype(input), input.numel() / n, srcs,
                                           dsts, block, stream));
   return ipc_work(c10d::OpType::ALLTOALL_BASE, "all_to_all_single", {output}, stream, timeout);
 }

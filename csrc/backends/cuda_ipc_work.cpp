@@ -22,6 +22,7 @@ cuda_ipc::FailureFacts IpcLink::facts() const {
   f.dead_rank = watcher.dead_rank();
   f.dead_pid = watcher.pid_of(f.dead_rank);
   f.aborted_here = aborted.load();
+  ep->mismatch(&f.mismatch_peer, &f.mine, &f.theirs);
   return f;
 }
 

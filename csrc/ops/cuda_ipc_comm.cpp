@@ -101,8 +101,12 @@ class CudaIpcComm : public torch::CustomClassHolder {
     c10::cuda::CUDAGuard guard{c10::DeviceIndex(c.device)};
     uint32_t s = 0;
     C10_CUDA_CHECK(cuda_ipc::read_status(c, c10::cuda::getCurrentCUDAStream(c.device).stream(), &s));
-    TORCH_CHECK(s == 0, "fastpar.CudaIpcComm (rank ", c.rank, "): a collective failed: ",
-                cuda_ipc::wait_status_text(s), "; this communicator is unusable, create a new one");
+    if (s == 0) return;
+    cuda_ipc::FailureFacts f;
+    f.status = s;
+    ep_.mismatch(&f.mismatch_peer, &f.mine, &f.theirs);
+    TORCH_CHECK(false, cuda_ipc::failure_message("CudaIpcComm.allreduce", c.rank, f,
+                                                 int64_t(c.timeout_ns / 1000000)));
   }
 
   // Waits for all work on this rank's device (every stream): after it, this

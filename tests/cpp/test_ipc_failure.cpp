@@ -1,7 +1,7 @@
 // The words of the CUDA IPC backend's failures and GPU-sharing state
 // (csrc/transport/cuda_ipc/ipc_failure.h): which facts make a communicator
 // failed, what the DistBackendError says (the op, this rank, the dead rank
-// and its pid, the timeout), and the MPS note and warning decision.
+// and its pid, the timeout, both calls of a mismatch), and the MPS note and warning decision.
 #include <string>
 
 #include "check.h"
@@ -32,6 +32,16 @@ static void failed_and_message() {
   CHECK(has(m, "fastpar: broadcast over CUDA IPC failed on rank 2: peers are in a different call"));
   CHECK(has(m, "flag-wait timeout 5000 ms"));
   CHECK(has(m, "destroy the group"));
+  // With the kernel's mismatch record: both calls, in the CPU path's words.
+  f.mismatch_peer = 1;
+  f.mine = CollCall{Coll::kBroadcast, 10, DType::F32, 0}.desc(7);
+  f.theirs = CollCall{Coll::kAllreduce, 10, DType::BF16, -1, int(ReduceOp::SUM), kAuxFused}.desc(7);
+  m = failure_message("broadcast", 2, f, 5000);
+  CHECK(has(m, "collective mismatch: rank 2 called broadcast(count=10, dtype=float32, root=0) but rank 1 called "
+               "allreduce(count=10, dtype=bfloat16, op=SUM, schedule=fused_one_shot)"));
+  f.theirs = CollCall{Coll::kAllgather, 3, DType(kForeignDType + 11)}.desc(7);
+  CHECK(has(failure_message("broadcast", 2, f, 5000), "rank 1 called allgather(count=3, dtype=torch#11)"));
+  f.mismatch_peer = -1;
   // A dead peer is named whatever the status word says.
   f.status = uint32_t(flags::WaitStatus::kPeerAborted);
   f.dead_rank = 1;

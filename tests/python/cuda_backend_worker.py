@@ -189,8 +189,8 @@ def check_equal(got: torch.Tensor, want: torch.Tensor, what: str, exact: bool):
 
 def sc_collectives():
     """broadcast (every root), reduce (every root, every op), all_gather,
-    all_gather_into_tensor, reduce_scatter, reduce_scatter_tensor and their
-    coalesced forms, every dtype, sizes 0..above one slot: bitwise against a
+    all_gather_into_tensor, reduce_scatter, reduce_scatter_tensor, their
+    coalesced forms and all_gather_coalesced, every dtype, sizes 0..above one slot: bitwise against a
     reference (IPC reduces in rank order); with IPC on, every call went over
     IPC (a shared GPU: also above FASTPAR_CUDA_IPC_MAX_BYTES)."""
     init()
@@ -250,6 +250,12 @@ def sc_collectives():
         m = o.numel()
         want = in_rank_order([fulls[q][i] for q in range(WORLD)], dist.ReduceOp.SUM, torch.float32)
         check_equal(o, want[RANK * m:(RANK + 1) * m], f"coalesced reduce_scatter_tensor [{i}]", True)
+    # all_gather_coalesced (lists of lists; deprecated in torch, still served).
+    lists = [[torch.full((x.numel(),), 7.0, device=DEV) for _ in range(WORLD)] for x in xs[RANK]]
+    dist.all_gather_coalesced(lists, [x.to(DEV) for x in xs[RANK]])
+    for i, lst in enumerate(lists):
+        for q in range(WORLD):
+            check_equal(lst[q], xs[q][i], f"all_gather_coalesced [{i}][{q}]", True)
     ts = [x.to(DEV) for x in xs[RANK]]
     with dist._coalescing_manager():
         for t in ts:
@@ -493,7 +499,8 @@ def sc_desync():
     """Ranks call different collectives (ARGS[0]: "numel" - all_reduce of
     different sizes; "root" - broadcast from different roots; "op" - all_reduce
     vs all_gather_into_tensor of equal bytes): every rank raises
-    DistBackendError saying the peers are in a different call, and the group
+    DistBackendError naming both calls (or, where a peer gave up first, that
+    it aborted), and the group
     is unusable afterwards (the next call raises at once)."""
     init(timeout_s=30)
     t = torch.ones(16, device=DEV)
@@ -517,7 +524,13 @@ def sc_desync():
     except dist.DistBackendError as e:
         msg = str(e)
         print(f"raised: {msg}", flush=True)
-        assert "different call" in msg or "aborted" in msg, msg
+        assert "collective mismatch" in msg or "aborted" in msg, msg
+        if "collective mismatch" in msg:
+            # Both calls named, in the CPU path's words (this rank's first).
+            mine = {"numel": f"allreduce(count={100 + (RANK == 0) * 4}, dtype=float32",
+                    "root": f"broadcast(count=100, dtype=float32, root={min(RANK, 1)})",
+                    "op": f"allreduce(count={100 * WORLD}" if RANK == 0 else "allgather(count=100"}[variant]
+            assert f"rank {RANK} called {mine}" in msg and " but rank " in msg, msg
     try:
         dist.broadcast(t, src=0)
         raise AssertionError("the group was usable after a failure")

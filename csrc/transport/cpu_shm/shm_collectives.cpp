@@ -5,14 +5,42 @@
 #include <string>
 #include <vector>
 
-#include "../../algorithms/allreduce_shm.h"
-#include "../../algorithms/copy_collectives_shm.h"
-#include "../../algorithms/reduce_shm.h"
+#include "../../algorithms/allreduce_slots.h"
+#include "../../algorithms/copy_collectives_slots.h"
+#include "../../algorithms/reduce_slots.h"
+#include "../../kernels/cpu_reduce.h"
 
 namespace fastpar {
 namespace cpu_shm {
 
 namespace {
+
+// The Reducer of the slot schedules on the CPU: the element math of
+// cpu_reduce.h for one dtype and op, on the calling thread.
+template <typename T, ReduceOp OP>
+struct CpuReducer {
+  void operator()(const void* const* srcs, int nsrc, void* const* dsts, int ndst, int64_t count) const {
+    const T* s[kMaxShmRanks];
+    T* d[2];
+    for (int i = 0; i < nsrc; ++i) s[i] = static_cast<const T*>(srcs[i]);
+    for (int i = 0; i < ndst; ++i) d[i] = static_cast<T*>(dsts[i]);
+    cpu_reduce_range<T, OP>(s, nsrc, d, ndst, 0, count, nsrc);
+  }
+};
+
+// Runs `f(CpuReducer<T, OP>{}, sizeof(T))` for runtime dt / op.
+template <class F>
+void with_reducer(DType dt, ReduceOp op, F&& f) {
+  FASTPAR_DISPATCH_DTYPE(dt, [&] {
+    FASTPAR_DISPATCH_OP(op, [&] {
+      if constexpr (!op_supports<scalar_t, kOp>()) {
+        throw std::invalid_argument("fastpar: AVG needs a floating-point dtype");
+      } else {
+        f(CpuReducer<scalar_t, kOp>{}, int64_t(sizeof(scalar_t)));
+      }
+    });
+  });
+}
 
 // One-shot up to this many bytes, two-shot above (-1 in ShmTuning: this
 // default). One-shot moves (n+3)B per rank in 1 phase, two-shot about 4B in 2
@@ -78,61 +106,41 @@ void allreduce(ShmComm& c, const ShmTuning& t, const void* in, void* out, int64_
   const int64_t aux = one_shot ? kAuxOneShot : (reg >= 0 ? reg : kAuxTwoShot);
   CollCall call{Coll::kAllreduce, count, dt, -1, int(op), aux};
   c.begin(Coll::kAllreduce, c.timeout());
-  FASTPAR_DISPATCH_DTYPE(dt, [&] {
-    FASTPAR_DISPATCH_OP(op, [&] {
-      if constexpr (!op_supports<scalar_t, kOp>()) {
-        throw std::invalid_argument("fastpar: AVG needs a floating-point dtype");
-      } else {
-        const auto* i = static_cast<const scalar_t*>(in);
-        auto* o = static_cast<scalar_t*>(out);
-        if (one_shot) {
-          allreduce_one_shot<scalar_t, kOp>(c, call, i, o, count);
-        } else {
-          const int64_t chunk = c.slot_bytes() / int64_t(sizeof(scalar_t));
-          if (reg >= 0) {
-            allreduce_registered<scalar_t, kOp>(c, call, reg, count, chunk);
-          } else {
-            allreduce_two_shot<scalar_t, kOp>(c, call, i, o, count, chunk);
-          }
-        }
-      }
-    });
+  const char* i = static_cast<const char*>(in);
+  char* o = static_cast<char*>(out);
+  with_reducer(dt, op, [&](auto reduce, int64_t es) {
+    if (one_shot) {
+      allreduce_one_shot(c, call, i, o, count, es, reduce);
+    } else if (reg >= 0) {
+      allreduce_registered(c, call, reg, count, es, c.slot_bytes() / es, reduce);
+    } else {
+      allreduce_two_shot(c, call, i, o, count, es, reduce);
+    }
   });
 }
 
 void reduce(ShmComm& c, const void* in, void* out, int64_t count, DType dt, ReduceOp op, int root) {
   CollCall call{Coll::kReduce, count, dt, root, int(op)};
   c.begin(Coll::kReduce, c.timeout());
-  FASTPAR_DISPATCH_DTYPE(dt, [&] {
-    FASTPAR_DISPATCH_OP(op, [&] {
-      if constexpr (!op_supports<scalar_t, kOp>()) {
-        throw std::invalid_argument("fastpar: AVG needs a floating-point dtype");
-      } else {
-        reduce_to_root<scalar_t, kOp>(c, call, static_cast<const scalar_t*>(in), static_cast<scalar_t*>(out),
-                                      count, root);
-      }
-    });
+  with_reducer(dt, op, [&](auto reduce, int64_t es) {
+    reduce_to_root(c, call, static_cast<const char*>(in), static_cast<char*>(out), count, es, root, reduce);
   });
 }
 
 void reduce_scatter(ShmComm& c, const void* in, void* out, int64_t count, DType dt, ReduceOp op) {
   CollCall call{Coll::kReduceScatter, count, dt, -1, int(op)};
   c.begin(Coll::kReduceScatter, c.timeout());
-  FASTPAR_DISPATCH_DTYPE(dt, [&] {
-    FASTPAR_DISPATCH_OP(op, [&] {
-      if constexpr (!op_supports<scalar_t, kOp>()) {
-        throw std::invalid_argument("fastpar: AVG needs a floating-point dtype");
-      } else {
-        reduce_scatter_blocks<scalar_t, kOp>(c, call, static_cast<const scalar_t*>(in),
-                                             static_cast<scalar_t*>(out), count);
-      }
-    });
+  const int64_t es = dtype_size(dt);
+  std::vector<const char*> blocks(size_t(c.size()));
+  for (int q = 0; q < c.size(); ++q) blocks[q] = static_cast<const char*>(in) + q * count * es;
+  with_reducer(dt, op, [&](auto reduce, int64_t) {
+    reduce_scatter_blocks(c, call, blocks.data(), static_cast<char*>(out), count, es, reduce);
   });
 }
 
 void broadcast(ShmComm& c, void* data, int64_t count, DType dt, int root) {
   c.begin(Coll::kBroadcast, c.timeout());
-  broadcast_shm(c, CollCall{Coll::kBroadcast, count, dt, root}, static_cast<char*>(data),
+  broadcast_slots(c, CollCall{Coll::kBroadcast, count, dt, root}, static_cast<char*>(data),
                 count * dtype_size(dt), root);
 }
 
@@ -141,14 +149,14 @@ void gather(ShmComm& c, const void* in, void* const* outs, int64_t count, DType 
   c.begin(op, c.timeout());
   std::vector<char*> o(size_t(c.size()));
   for (int q = 0; q < c.size(); ++q) o[q] = static_cast<char*>(outs ? outs[q] : nullptr);
-  gather_shm(c, CollCall{op, count, dt, root}, static_cast<const char*>(in), o.data(), count * dtype_size(dt), root);
+  gather_slots(c, CollCall{op, count, dt, root}, static_cast<const char*>(in), o.data(), count * dtype_size(dt), root);
 }
 
 void scatter(ShmComm& c, const void* const* ins, void* out, int64_t count, DType dt, int root) {
   c.begin(Coll::kScatter, c.timeout());
   std::vector<const char*> i(size_t(c.size()));
   for (int q = 0; q < c.size(); ++q) i[q] = static_cast<const char*>(ins ? ins[q] : nullptr);
-  scatter_shm(c, CollCall{Coll::kScatter, count, dt, root}, i.data(), static_cast<char*>(out),
+  scatter_slots(c, CollCall{Coll::kScatter, count, dt, root}, i.data(), static_cast<char*>(out),
               count * dtype_size(dt), root);
 }
 
@@ -164,13 +172,13 @@ void alltoall(ShmComm& c, const void* in, const int64_t* in_off, const int64_t* 
     oo[q] = out_off[q] * es;
     ob[q] = out_count[q] * es;
   }
-  alltoall_shm(c, CollCall{Coll::kAlltoall, -1, dt}, static_cast<const char*>(in), io.data(), ib.data(),
+  alltoall_slots(c, CollCall{Coll::kAlltoall, -1, dt}, static_cast<const char*>(in), io.data(), ib.data(),
                static_cast<char*>(out), oo.data(), ob.data());
 }
 
 void barrier(ShmComm& c) {
   c.begin(Coll::kBarrier, c.timeout());
-  barrier_shm(c, CollCall{Coll::kBarrier, 0, DType::U8});
+  barrier_slots(c, CollCall{Coll::kBarrier, 0, DType::U8});
 }
 
 int64_t register_alloc(ShmComm& c, int64_t bytes) {

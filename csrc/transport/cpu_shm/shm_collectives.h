@@ -1,5 +1,5 @@
 // The cpu_shm collectives with runtime dtype / op: this is where the schedules
-// of algorithms/*_shm.h are instantiated (one translation unit, so the
+// of algorithms/*_slots.h are instantiated (one translation unit, so the
 // dtype x op templates compile once). Torch-free; the c10d backend calls these.
 #pragma once
 

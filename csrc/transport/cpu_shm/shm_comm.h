@@ -1,7 +1,9 @@
 // The CPU shared-memory transport: n processes on one host, one segment each,
-// every segment mapped by every rank. The schedules in algorithms/ drive it
-// through rank(), size(), slot(), arena(), next_round() and phase(); it knows
-// nothing about which collective runs or in what order chunks move.
+// every segment mapped by every rank. The schedules in algorithms/*_slots.h
+// drive it through the slot-transport interface (algorithms/slot_transport.h:
+// rank(), size(), slot(), next_round(), phase(), publish(), copy(); arena()
+// for registered buffers); it knows nothing about which collective runs or in
+// what order chunks move.
 //
 // Segment layout (per rank, identical sizes on every rank):
 //   [0, 4 KiB)                   SegmentHeader + flags::ControlBlock
@@ -12,6 +14,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstring>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -85,6 +88,12 @@ class ShmComm {
   // aborts this rank so peers stop waiting) on timeout, a dead peer, an aborted
   // peer or a peer that called something else.
   void phase(const CollCall& call);
+
+  // The data steps of the slot schedules: plain copies on this thread.
+  void publish(char* dst, const void* src, int64_t bytes) const { copy(dst, src, bytes); }
+  void copy(void* dst, const void* src, int64_t bytes) const {
+    if (bytes > 0 && dst != src) std::memcpy(dst, src, size_t(bytes));
+  }
 
   // Registered buffers: local first-fit bookkeeping. Ranks that allocate and
   // free in the same order get the same offsets; registered_empty verifies it.

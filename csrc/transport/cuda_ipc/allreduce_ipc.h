@@ -1,14 +1,9 @@
-// Allreduce across processes, one GPU each, through IPC-mapped arenas
-// (ipc_arena.h). The schedules are those of the CPU shared-memory transport
-// (algorithms/allreduce_shm.h) and the flag protocol is the same header
-// (algorithms/flag_protocol.h) over DeviceMemory; here every step is enqueued
-// on one CUDA stream:
-//   copy-in   cudaMemcpyAsync into this rank's slot
-//   phase     a one-thread kernel: post our flag, wait for every peer's
-//   reduce    the shared reduce kernel reading peers' slots, order 0..n-1
-// Stream order is what makes "a rank posts phase p+1 only after its reads of
-// phase p" true on the GPU: the phase kernel starts after the reduce kernel
-// before it has finished.
+// Allreduce across processes, one GPU each (or sharing one), through
+// IPC-mapped arenas (ipc_arena.h). The one-shot and two-shot schedules are the
+// CPU shared-memory transport's own (algorithms/allreduce_slots.h, run over
+// IpcSteps: ipc_steps.h), the flag protocol is the same header
+// (algorithms/flag_protocol.h) over DeviceMemory, and the descriptors are the
+// same CollCall: every step is enqueued on one CUDA stream.
 //
 // Nothing here blocks the host. A failed wait (timeout, peer abort, a peer in
 // a different call) is recorded in the arena's status word; later kernels of
@@ -22,6 +17,7 @@
 
 #include "../../kernels/reduce_ops.h"
 #include "ipc_arena.h"
+#include "phase_launch.h"  // MismatchRecord
 
 namespace fastpar {
 namespace cuda_ipc {
@@ -43,6 +39,9 @@ struct IpcComm {
   // host writes a flags::WaitStatus there (a peer died, abort()) and waiting
   // phase kernels give up with it (phase_step.h). Null: none.
   const uint64_t* host_abort = nullptr;
+  // Optional device pointer to the host-mapped mismatch record
+  // (phase_launch.h): both calls, for the host's error message. Null: none.
+  MismatchRecord* host_mismatch = nullptr;
   uint64_t seq = 0;     // last phase posted (the protocol's phase number)
   uint64_t rounds = 0;  // slot rounds started; slot = rounds % flags::kSlots
   // One-shot calls that fit one slot run as one fused kernel
@@ -75,22 +74,6 @@ inline bool prefer_one_shot(int64_t nbytes, const IpcComm& c) {
   return nbytes <= kOneShotMaxBytes && nbytes <= int64_t(c.slot_bytes);
 }
 
-// Descriptor op ids: peers running different schedules fail with kMismatch
-// instead of reading each other's slots with different layouts.
-enum class IpcOp : int32_t {
-  kAllreduceOneShot = 1,
-  kAllreduceTwoShot = 2,
-  kBroadcast = 3,
-  kAllgather = 4,
-  kBarrier = 5,
-  kReduceScatter = 6,
-  kReduce = 7,
-  kGather = 8,
-  kScatter = 9,
-  kAllToAll = 10,
-  kAllreduceFused = 11,  // the one-kernel one-shot (fused_one_shot.h): never mixes with kAllreduceOneShot
-  kAllreduceGraphed = 12,  // the one a CUDA graph can capture (fused_one_shot.h); its own flags and slot
-};
 
 // One-shot: each chunk (a slot's worth) is copied in, one phase, and every rank
 // reduces all n slots. Latency: one flag round trip per chunk. `out` may be `in`.

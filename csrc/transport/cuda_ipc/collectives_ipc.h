@@ -1,18 +1,18 @@
-// broadcast, all_gather, gather, scatter, all_to_all (equal blocks), reduce
-// and reduce_scatter across processes through IPC-mapped arenas. Each mirrors
-// its CPU shared-memory schedule (algorithms/copy_collectives_shm.h:
-// broadcast_shm, gather_shm, scatter_shm, alltoall_shm; for reduce
-// and reduce_scatter the one-phase "publish, post, read" shape of
-// allreduce_shm.h's one-shot) piece for piece: same slot rotation, one phase
-// per slot-sized piece, same descriptor checks. The steps are enqueued on one
-// stream:
+// broadcast, all_gather, gather, scatter, all_to_all (equal blocks), reduce,
+// and reduce_scatter across processes through IPC-mapped arenas: the
+// CPU shared-memory transport's own schedules (algorithms/
+// copy_collectives_slots.h, reduce_slots.h) run over IpcSteps (ipc_steps.h),
+// with the same slot rotation, one phase per slot-sized piece, the same
+// descriptors (CollCall) and checks. The steps are enqueued on one stream:
 //   publish   cudaMemcpyAsync from the caller's tensor into this rank's slot
 //   phase     the one-thread phase kernel (post our flag, wait for every peer's)
 //   read      the status-guarded copy/reduce kernel reading peers' slots
 // Like allreduce_ipc.h, nothing blocks the host; a failed phase is recorded in
 // the status word and the later kernels of the call do nothing. Every call
 // runs at least one phase, so even a zero-size call meets its peers and has
-// its descriptor (op, count, dtype, root, redop) checked.
+// its descriptor (op, count, dtype, root, redop) checked. `dtype` of the copy
+// collectives is the descriptor's: a DType, or kForeignDType + a torch dtype
+// code for dtypes fastpar has no element math for.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -54,8 +54,8 @@ cudaError_t scatter_ipc(IpcComm& c, int32_t dtype, int64_t count, const void* co
 // phase, each copies its n-1 incoming pieces out. `ins` may alias `outs`
 // block for block (a piece is published before the phase that lets peers
 // overwrite it). Uneven splits are not served here (their sizes would have
-// to reach the host before the pieces are counted): the backend routes them
-// to NCCL.
+// to reach the host before the pieces are counted): the backend sends them
+// over the point-to-point rings (p2p_ipc.h).
 cudaError_t all_to_all_ipc(IpcComm& c, int32_t dtype, int64_t count, const void* const* ins, void* const* outs,
                            int64_t bytes, cudaStream_t stream);
 

@@ -112,21 +112,18 @@ FASTPAR_HD flags::WaitStatus fused_block_barrier(const FusedArgs& a, int b) {
   const uint64_t deadline = Mem::now_ns() + p.timeout_ns;
   const PhasePoll<Mem> poll{&p};
   flags::WaitStatus s = flags::WaitStatus::kOk;
-  for (int q = 0; q < p.size && s == flags::WaitStatus::kOk; ++q) {
+  flags::OpDesc theirs{};
+  int q = 0;
+  for (; q < p.size && s == flags::WaitStatus::kOk; ++q) {
     if (q == p.rank) continue;
     if (b == 0) {
-      flags::OpDesc theirs;
       s = flags::wait_and_check<Mem>(p.peers[q], p.desc, deadline, poll, &theirs);
     } else {
       if (Mem::load_acquire(&p.peers[q]->abort) != 0) s = flags::WaitStatus::kPeerAborted;
       else s = fused_wait_flag<Mem>(&a.peer_blocks[q][b], p.desc.seq, deadline, poll);
     }
   }
-  if (s != flags::WaitStatus::kOk) {
-    *p.status = uint32_t(s);
-    if (p.host_status) *static_cast<volatile uint32_t*>(p.host_status) = uint32_t(s);
-    flags::abort_rank<Mem>(p.self, uint64_t(s));
-  }
+  if (s != flags::WaitStatus::kOk) record_failure<Mem>(p, s, q - 1, &theirs);
   return s;
 }
 
@@ -203,19 +200,19 @@ FASTPAR_HD flags::WaitStatus graph_block_barrier(const GraphArgs& a, int b, uint
   const uint64_t deadline = Mem::now_ns() + p.timeout_ns;
   const PhasePoll<Mem> poll{&p};
   flags::WaitStatus s = flags::WaitStatus::kOk;
-  for (int q = 0; q < p.size && s == flags::WaitStatus::kOk; ++q) {
+  flags::OpDesc theirs{};
+  int q = 0;
+  for (; q < p.size && s == flags::WaitStatus::kOk; ++q) {
     if (q == p.rank) continue;
     const uint64_t* w = is_start ? &a.peers[q]->start[b].value : &a.peers[q]->end[b].value;
     s = fused_wait_flag<Mem>(w, e, deadline, poll);
     // The peer cannot rewrite its descriptor before our end flag of epoch e.
-    if (s == flags::WaitStatus::kOk && is_start && b == 0 && !flags::same_call(mine, a.peers[q]->desc))
-      s = flags::WaitStatus::kMismatch;
+    if (s == flags::WaitStatus::kOk && is_start && b == 0) {
+      theirs = a.peers[q]->desc;
+      if (!flags::same_call(mine, theirs)) s = flags::WaitStatus::kMismatch;
+    }
   }
-  if (s != flags::WaitStatus::kOk) {
-    *p.status = uint32_t(s);
-    if (p.host_status) *static_cast<volatile uint32_t*>(p.host_status) = uint32_t(s);
-    flags::abort_rank<Mem>(p.self, uint64_t(s));
-  }
+  if (s != flags::WaitStatus::kOk) record_failure<Mem>(p, s, q - 1, &theirs);
   return s;
 }
 

@@ -1,5 +1,7 @@
 #include "ipc_endpoint.h"
 
+#include <cstring>
+
 #include "../../algorithms/flag_protocol.h"
 #include "../cuda_p2p/cuda_try.h"
 #include "ipc_handles.h"
@@ -7,8 +9,11 @@
 namespace fastpar {
 namespace cuda_ipc {
 namespace {
+// The pinned, host-mapped words: the status mirror at 0, the host abort
+// word at 8, the mismatch record at 64 (its own cache line).
 constexpr size_t kHostAbortOffset = 8;
-constexpr size_t kHostWordsBytes = 16;
+constexpr size_t kHostMismatchOffset = 64;
+constexpr size_t kHostWordsBytes = kHostMismatchOffset + sizeof(MismatchRecord);
 }  // namespace
 
 IpcEndpoint::~IpcEndpoint() {
@@ -22,10 +27,9 @@ cudaError_t IpcEndpoint::create(int rank, int size, int device, size_t slot_byte
   cuda_p2p::DeviceRestore restore;
   FASTPAR_CUDA_TRY(cudaSetDevice(device));
   // The mirror first: a failure after the arena exists would have to free it.
-  // 16 bytes: the status mirror at 0, the host abort word at 8.
   void* host = nullptr;
   FASTPAR_CUDA_TRY(cudaHostAlloc(&host, kHostWordsBytes, cudaHostAllocMapped));
-  *static_cast<volatile uint32_t*>(host) = 0;
+  std::memset(host, 0, kHostWordsBytes);
   __atomic_store_n(reinterpret_cast<uint64_t*>(static_cast<char*>(host) + kHostAbortOffset), uint64_t(0),
                    __ATOMIC_RELEASE);
   void* dev_view = nullptr;
@@ -38,6 +42,7 @@ cudaError_t IpcEndpoint::create(int rank, int size, int device, size_t slot_byte
   }
   host_status_ = static_cast<uint32_t*>(host);
   host_abort_ = reinterpret_cast<uint64_t*>(static_cast<char*>(host) + kHostAbortOffset);
+  host_mismatch_ = reinterpret_cast<MismatchRecord*>(static_cast<char*>(host) + kHostMismatchOffset);
   c_ = IpcComm{};
   c_.rank = rank;
   c_.size = size;
@@ -46,6 +51,7 @@ cudaError_t IpcEndpoint::create(int rank, int size, int device, size_t slot_byte
   c_.bases[rank] = base;
   c_.host_status = static_cast<uint32_t*>(dev_view);
   c_.host_abort = reinterpret_cast<const uint64_t*>(static_cast<char*>(dev_view) + kHostAbortOffset);
+  c_.host_mismatch = reinterpret_cast<MismatchRecord*>(static_cast<char*>(dev_view) + kHostMismatchOffset);
   return cudaSuccess;
 }
 
@@ -104,10 +110,7 @@ cudaError_t IpcEndpoint::free_arena() {
   c_.bases[c_.rank] = nullptr;
   const cudaError_t err = arena_free(own);
   cudaFreeHost(host_status_);
-  host_status_ = nullptr;
-  host_abort_ = nullptr;
-  c_.host_status = nullptr;
-  c_.host_abort = nullptr;
+  forget_host_words();
   return err;
 }
 
@@ -118,10 +121,16 @@ void IpcEndpoint::abandon_arena() {
     cudaFreeHost(host_status_);
   }  // else the device is broken: leave the mirror too
   c_.bases[c_.rank] = nullptr;
+  forget_host_words();
+}
+
+void IpcEndpoint::forget_host_words() {
   host_status_ = nullptr;
   host_abort_ = nullptr;
+  host_mismatch_ = nullptr;
   c_.host_status = nullptr;
   c_.host_abort = nullptr;
+  c_.host_mismatch = nullptr;
 }
 
 void IpcEndpoint::raise_host_abort(uint32_t code) {
@@ -135,6 +144,17 @@ uint64_t IpcEndpoint::host_abort() const { return host_abort_ ? __atomic_load_n(
 
 uint32_t IpcEndpoint::host_status() const {
   return host_status_ ? __atomic_load_n(host_status_, __ATOMIC_ACQUIRE) : 0u;
+}
+
+bool IpcEndpoint::mismatch(int* peer, flags::OpDesc* mine, flags::OpDesc* theirs) const {
+  if (host_mismatch_ == nullptr) return false;
+  // Acquire: pairs with the kernel's st.release.sys after the descriptors.
+  const uint64_t p = __atomic_load_n(&host_mismatch_->peer_plus_one, __ATOMIC_ACQUIRE);
+  if (p == 0) return false;
+  *peer = int(p - 1);
+  *mine = host_mismatch_->mine;
+  *theirs = host_mismatch_->theirs;
+  return true;
 }
 
 }  // namespace cuda_ipc

@@ -58,6 +58,9 @@ class IpcEndpoint {
   // The failure a phase kernel recorded (0: none), read without synchronizing:
   // it lags the device by the kernels still queued.
   uint32_t host_status() const;
+  // The first mismatched call a phase kernel of this rank recorded (the
+  // peer, both descriptors); false when none.
+  bool mismatch(int* peer, flags::OpDesc* mine, flags::OpDesc* theirs) const;
   // Makes waiting phase kernels of this rank give up with `code` (a
   // flags::WaitStatus), and every later one fail at once; never blocks, so
   // the peer watcher and abort() may call it while a kernel spins. The first
@@ -67,10 +70,12 @@ class IpcEndpoint {
 
  private:
   IpcComm c_;
-  // One pinned, host-mapped allocation: the status mirror (device -> host)
-  // and, 8 bytes on, the host abort word (host -> device).
-  uint32_t* host_status_ = nullptr;  // host address of c_.host_status
-  uint64_t* host_abort_ = nullptr;   // host address of c_.host_abort
+  void forget_host_words();
+  // One pinned, host-mapped allocation: the status mirror and the mismatch
+  // record (device -> host) and the host abort word (host -> device).
+  uint32_t* host_status_ = nullptr;         // host address of c_.host_status
+  uint64_t* host_abort_ = nullptr;          // host address of c_.host_abort
+  MismatchRecord* host_mismatch_ = nullptr;  // host address of c_.host_mismatch
   bool connected_ = false;
 };
 

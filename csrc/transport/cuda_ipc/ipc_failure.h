@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 
+#include "../../algorithms/collective_call.h"  // describe
 #include "../../algorithms/flag_protocol.h"
 
 namespace fastpar {
@@ -32,6 +33,10 @@ struct FailureFacts {
   int dead_rank = -1;        // a peer the watcher found dead, or -1
   int64_t dead_pid = -1;
   bool aborted_here = false; // this rank's abort() was called
+  // A peer in a different call, as this rank's kernel recorded it: the peer
+  // (-1: none recorded) and both descriptors.
+  int mismatch_peer = -1;
+  flags::OpDesc mine{}, theirs{};
 };
 
 // True when the communicator can no longer be used.
@@ -47,6 +52,10 @@ inline std::string failure_message(const char* op, int rank, const FailureFacts&
             ") exited while the group was in use";
   } else if (f.aborted_here) {
     cause = "this rank's process group was aborted";
+  } else if (f.status == uint32_t(flags::WaitStatus::kMismatch) && f.mismatch_peer >= 0) {
+    // The words of the CPU path's mismatch (shm_comm.cpp).
+    cause = "collective mismatch: rank " + std::to_string(rank) + " called " + describe(f.mine) + " but rank " +
+            std::to_string(f.mismatch_peer) + " called " + describe(f.theirs);
   } else {
     cause = wait_status_text(f.status);
   }

@@ -1,7 +1,15 @@
-// The steps every CUDA IPC schedule is made of (allreduce_ipc.cpp,
-// copy_collectives_ipc.cpp): the phase launch with this call's descriptor,
-// the status-guarded reduce kernel, and the guarded byte copy out of a peer's
-// slot. Host code only (the host emulation compiles it with a fake runtime).
+// The steps every CUDA IPC schedule is made of, and IpcSteps: the slot
+// transport (algorithms/slot_transport.h) that runs the shared schedules of
+// algorithms/*_slots.h on the GPU by enqueueing each step on one stream:
+//   publish  cudaMemcpyAsync into this rank's slot
+//   phase    the one-thread phase kernel (post our flag with the call's
+//            descriptor, wait for every peer's, compare)
+//   copy     the byte copy kernel, guarded by the status word
+//   reduce   the reduce kernel over the sources in rank order, guarded too
+// Stream order is what makes "a rank posts phase p+1 only after its reads of
+// phase p" true on the GPU: each phase kernel starts after the kernels before
+// it have finished. Host code only (the host emulation compiles it with a
+// fake runtime).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -9,7 +17,9 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "../../algorithms/collective_call.h"
 #include "../../kernels/cuda_reduce_launch.h"
+#include "../cuda_p2p/cuda_try.h"
 #include "allreduce_ipc.h"
 #include "phase_launch.h"
 
@@ -17,44 +27,24 @@ namespace fastpar {
 namespace cuda_ipc {
 namespace ipc_steps {
 
-inline char* at(void* p, int64_t elems, int64_t ts) { return static_cast<char*>(p) + elems * ts; }
-inline const char* at(const void* p, int64_t elems, int64_t ts) { return static_cast<const char*>(p) + elems * ts; }
-
-inline int next_round(IpcComm& c) { return int(c.rounds++ % flags::kSlots); }
-
-// One phase of the protocol with this call's descriptor: `count`, `dtype`,
-// `root` and `redop` are what peers compare (-1: not compared / none).
-// The phase's arguments for phase number `seq`; phase_args() takes the next
-// one (advances c.seq), and phase() launches them.
-inline PhaseArgs phase_args_at(const IpcComm& c, IpcOp op, int32_t dtype, int32_t redop, int64_t count,
-                               int32_t root, uint64_t seq) {
+// The phase arguments for descriptor `d` (d.seq: the phase number).
+inline PhaseArgs phase_args_at(const IpcComm& c, const flags::OpDesc& d) {
   PhaseArgs a{};
   a.self = control_of(c.bases[c.rank]);
   for (int q = 0; q < c.size; ++q) a.peers[q] = control_of(c.bases[q]);
   a.status = status_of(c.bases[c.rank]);
   a.host_status = c.host_status;
   a.host_abort = c.host_abort;
-  a.desc.seq = seq;
-  a.desc.count = count;
-  a.desc.aux = -1;
-  a.desc.op = int32_t(op);
-  a.desc.dtype = dtype;
-  a.desc.root = root;
-  a.desc.redop = redop;
+  a.host_mismatch = c.host_mismatch;
+  a.desc = d;
   a.rank = c.rank;
   a.size = c.size;
   a.timeout_ns = c.timeout_ns;
   return a;
 }
 
-inline PhaseArgs phase_args(IpcComm& c, IpcOp op, int32_t dtype, int32_t redop, int64_t count, int32_t root) {
-  return phase_args_at(c, op, dtype, redop, count, root, ++c.seq);
-}
-
-inline cudaError_t phase(IpcComm& c, IpcOp op, int32_t dtype, int32_t redop, int64_t count, int32_t root,
-                         cudaStream_t stream) {
-  return launch_phase(phase_args(c, op, dtype, redop, count, root), stream);
-}
+// The next phase of `call` (advances c.seq).
+inline PhaseArgs phase_args(IpcComm& c, const CollCall& call) { return phase_args_at(c, call.desc(++c.seq)); }
 
 // The reduce kernel, guarded by this rank's status word: after a failed phase
 // it does nothing, so no output is written from a slot a peer never filled.
@@ -91,5 +81,64 @@ inline cudaError_t check_comm(const IpcComm& c) {
 }
 
 }  // namespace ipc_steps
+
+// Thrown by IpcSteps when a step cannot be enqueued (a launch or copy
+// error); run_schedule turns it back into the cudaError_t. A failed wait on
+// the GPU is not an exception: it is recorded in the status word and the later
+// guarded steps do nothing.
+struct EnqueueFailed {
+  cudaError_t err;
+};
+
+class IpcSteps {
+ public:
+  IpcSteps(IpcComm& c, cudaStream_t stream) : c_(c), stream_(stream) {}
+
+  int rank() const { return c_.rank; }
+  int size() const { return c_.size; }
+  int64_t slot_bytes() const { return int64_t(c_.slot_bytes); }
+  char* slot(int q, int k) const { return slot_of(c_.bases[q], c_.slot_bytes, k); }
+  int next_round() { return int(c_.rounds++ % flags::kSlots); }
+
+  void phase(const CollCall& call) { enqueue(launch_phase(ipc_steps::phase_args(c_, call), stream_)); }
+  void publish(char* dst, const void* src, int64_t bytes) {
+    if (bytes > 0) enqueue(cudaMemcpyAsync(dst, src, size_t(bytes), cudaMemcpyDeviceToDevice, stream_));
+  }
+  void copy(void* dst, const void* src, int64_t bytes) {
+    enqueue(ipc_steps::guarded_copy(c_, dst, src, bytes, stream_));
+  }
+
+  // The Reducer of the slot schedules for dtype `dt` and op `op`.
+  auto reducer(DType dt, ReduceOp op) {
+    return [this, dt, op](const void* const* srcs, int nsrc, void* const* dsts, int ndst, int64_t count) {
+      if (count > 0) enqueue(ipc_steps::reduce(c_, dt, op, srcs, nsrc, dsts, ndst, count, nsrc, stream_));
+    };
+  }
+
+ private:
+  static void enqueue(cudaError_t e) {
+    if (e != cudaSuccess) throw EnqueueFailed{e};
+  }
+  IpcComm& c_;
+  cudaStream_t stream_;
+};
+
+// Checks `c`, makes its device current (restored on return) and runs
+// `schedule(IpcSteps&)`: the error of the first step that could not be
+// enqueued, else cudaSuccess.
+template <class Schedule>
+cudaError_t run_schedule(IpcComm& c, cudaStream_t stream, Schedule&& schedule) {
+  FASTPAR_CUDA_TRY(ipc_steps::check_comm(c));
+  cuda_p2p::DeviceRestore restore;
+  FASTPAR_CUDA_TRY(cudaSetDevice(c.device));
+  IpcSteps steps(c, stream);
+  try {
+    schedule(steps);
+  } catch (const EnqueueFailed& e) {
+    return e.err;
+  }
+  return cudaSuccess;
+}
+
 }  // namespace cuda_ipc
 }  // namespace fastpar

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "../../algorithms/slot_transport.h"  // num_pieces, piece_len
 #include "../cuda_p2p/cuda_try.h"
 #include "ipc_steps.h"
 #include "p2p_ring.h"
@@ -40,10 +41,7 @@ cudaError_t check_peer(const IpcComm& c, int peer, int64_t bytes) {
 
 }  // namespace
 
-int64_t p2p_chunks(int64_t bytes) {
-  const int64_t chunk = int64_t(kP2PChunkBytes);
-  return std::max<int64_t>(1, (bytes + chunk - 1) / chunk);
-}
+int64_t p2p_chunks(int64_t bytes) { return num_pieces(bytes, int64_t(kP2PChunkBytes)); }
 
 cudaError_t send_ipc(IpcComm& c, const void* data, int64_t bytes, int dst, int64_t tag, cudaStream_t stream) {
   FASTPAR_CUDA_TRY(check_peer(c, dst, bytes));
@@ -51,13 +49,13 @@ cudaError_t send_ipc(IpcComm& c, const void* data, int64_t bytes, int dst, int64
   FASTPAR_CUDA_TRY(cudaSetDevice(c.device));
   const int64_t chunk = int64_t(kP2PChunkBytes);
   for (int64_t i = 0, n = p2p_chunks(bytes); i < n; ++i) {
-    const int64_t off = i * chunk, len = std::max<int64_t>(0, std::min(chunk, bytes - off));
+    const int64_t off = i * chunk, len = piece_len(i, chunk, bytes);
     const uint64_t seq = ++c.p2p_sent[dst];
     FASTPAR_CUDA_TRY(launch_p2p_step(args_for(c, P2PStep::kCredit, dst, seq, tag, bytes, off), stream));
     // Guarded, not cudaMemcpyAsync: after a failed credit wait the ring slot
     // may still be in the receiver's hands, and must not be overwritten.
     FASTPAR_CUDA_TRY(ipc_steps::guarded_copy(c, p2p_chunk_of(c.bases[c.rank], c.slot_bytes, dst, seq),
-                                             ipc_steps::at(data, off, 1), len, stream));
+                                             static_cast<const char*>(data) + off, len, stream));
     FASTPAR_CUDA_TRY(launch_p2p_step(args_for(c, P2PStep::kPost, dst, seq, tag, bytes, off), stream));
   }
   return cudaSuccess;
@@ -69,10 +67,10 @@ cudaError_t recv_ipc(IpcComm& c, void* data, int64_t bytes, int src, int64_t tag
   FASTPAR_CUDA_TRY(cudaSetDevice(c.device));
   const int64_t chunk = int64_t(kP2PChunkBytes);
   for (int64_t i = 0, n = p2p_chunks(bytes); i < n; ++i) {
-    const int64_t off = i * chunk, len = std::max<int64_t>(0, std::min(chunk, bytes - off));
+    const int64_t off = i * chunk, len = piece_len(i, chunk, bytes);
     const uint64_t seq = ++c.p2p_received[src];
     FASTPAR_CUDA_TRY(launch_p2p_step(args_for(c, P2PStep::kWait, src, seq, tag, bytes, off), stream));
-    FASTPAR_CUDA_TRY(ipc_steps::guarded_copy(c, ipc_steps::at(data, off, 1),
+    FASTPAR_CUDA_TRY(ipc_steps::guarded_copy(c, static_cast<char*>(data) + off,
                                              p2p_chunk_of(c.bases[src], c.slot_bytes, c.rank, seq), len, stream));
     FASTPAR_CUDA_TRY(launch_p2p_step(args_for(c, P2PStep::kConsume, src, seq, tag, bytes, off), stream));
   }

@@ -13,12 +13,24 @@
 namespace fastpar {
 namespace cuda_ipc {
 
+// What a rank that finds a peer in a different call leaves for its host's
+// error message, in host-mapped pinned memory (the host reads it without
+// synchronizing a stream, as it reads the status mirror): both descriptors
+// and the peer, as the CPU path's message names them. The first mismatch
+// wins; peer_plus_one is release-stored after the descriptors.
+struct MismatchRecord {
+  flags::OpDesc mine;
+  flags::OpDesc theirs;
+  uint64_t peer_plus_one;  // 0: nothing recorded
+};
+
 struct PhaseArgs {
   flags::ControlBlock* self;
   const flags::ControlBlock* peers[kMaxIpcRanks];  // peers[rank] is unused
   uint32_t* status;                                 // this rank's status word
   uint32_t* host_status;                            // its host-mapped mirror, or null
   const uint64_t* host_abort;                       // host abort word, device view (phase_step.h), or null
+  MismatchRecord* host_mismatch;                    // device view, or null
   flags::OpDesc desc;
   int rank;
   int size;

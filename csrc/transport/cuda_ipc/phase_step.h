@@ -41,6 +41,28 @@ struct PhasePoll {
   }
 };
 
+// Records this rank's failure `s`: the mismatch record (a different call at
+// `peer`, whose descriptor is `theirs`), the status word that turns the
+// rank's later kernels into no-ops, its host mirror (polled by the c10d
+// backend's Work::wait without synchronizing; the system-scope release in
+// abort_rank orders it), and the abort word, so peers waiting on us stop too:
+// this is how one dead rank seen by one watcher reaches every survivor's
+// kernels. Every kernel that waits records its failures here.
+template <class Mem>
+FASTPAR_HD void record_failure(const PhaseArgs& a, flags::WaitStatus s, int peer = -1,
+                               const flags::OpDesc* theirs = nullptr) {
+  MismatchRecord* m = a.host_mismatch;
+  if (s == flags::WaitStatus::kMismatch && m != nullptr && theirs != nullptr &&
+      Mem::load_acquire(&m->peer_plus_one) == 0) {
+    m->mine = a.desc;
+    m->theirs = *theirs;
+    Mem::store_release(&m->peer_plus_one, uint64_t(peer) + 1);
+  }
+  *a.status = uint32_t(s);
+  if (a.host_status) *static_cast<volatile uint32_t*>(a.host_status) = uint32_t(s);
+  flags::abort_rank<Mem>(a.self, uint64_t(s));
+}
+
 template <class Mem>
 FASTPAR_HD void phase_step(const PhaseArgs& a) {
   if (*a.status != 0) {
@@ -57,13 +79,7 @@ FASTPAR_HD void phase_step(const PhaseArgs& a) {
     flags::OpDesc theirs;
     const flags::WaitStatus s = flags::wait_and_check<Mem>(a.peers[q], a.desc, deadline, poll, &theirs);
     if (s != flags::WaitStatus::kOk) {
-      *a.status = uint32_t(s);
-      // The host polls this word without synchronizing (the c10d backend's
-      // Work::wait); the system-scope release in abort_rank orders it.
-      if (a.host_status) *static_cast<volatile uint32_t*>(a.host_status) = uint32_t(s);
-      // Peers waiting on us stop too: this is how one dead rank seen by one
-      // watcher reaches every survivor's kernels.
-      flags::abort_rank<Mem>(a.self, uint64_t(s));
+      record_failure<Mem>(a, s, q, &theirs);
       return;
     }
   }

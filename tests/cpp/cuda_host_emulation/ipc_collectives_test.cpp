@@ -242,12 +242,14 @@ void check_desync(int n, int variant) {
   const size_t slot_bytes = 4096;
   Arenas arenas(n, slot_bytes);
   std::vector<uint32_t> status(size_t(n), 0), mirror(size_t(n), 0);
+  std::vector<cuda_ipc::MismatchRecord> record(size_t(n), cuda_ipc::MismatchRecord{});
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
       cuda_ipc::IpcComm c = comm_for(arenas, r, slot_bytes);
       c.timeout_ns = 2ull * 1000 * 1000 * 1000;
       c.host_status = &mirror[size_t(r)];
+      c.host_mismatch = &record[size_t(r)];
       std::vector<float> buf(64, 1.0f), out(64 * size_t(n), 0.0f);
       void* outs[cuda_ipc::kMaxIpcRanks];
       for (int q = 0; q < n; ++q) outs[q] = out.data() + q * 64;
@@ -292,6 +294,22 @@ void check_desync(int n, int variant) {
                   status[size_t(r)]);
     expect(s == flags::WaitStatus::kMismatch || s == flags::WaitStatus::kPeerAborted, what);
     expect(mirror[size_t(r)] == status[size_t(r)], "desync: the host status mirror differs from the status word");
+    // A rank that saw the mismatch itself recorded who and what, for the
+    // host's message; one that was only aborted has nothing to name.
+    const cuda_ipc::MismatchRecord& m = record[size_t(r)];
+    const int peer = int(m.peer_plus_one) - 1;
+    if (s == flags::WaitStatus::kMismatch) {
+      expect(peer >= 0 && peer < n && peer != r, "desync: the mismatch record names a peer");
+      expect(!flags::same_call(m.mine, m.theirs), "desync: the recorded calls differ");
+      const Coll want = variant == 2 ? (r == 0 ? Coll::kReduce : Coll::kReduceScatter)
+                        : variant == 4 ? (r == 0 ? Coll::kGather : Coll::kScatter)
+                        : variant == 0 ? Coll::kBroadcast
+                        : variant == 1 ? Coll::kAllgather
+                                       : Coll::kReduce;
+      expect(m.mine.op == int32_t(want), "desync: the record's own call is this rank's");
+    } else {
+      expect(m.peer_plus_one == 0, "desync: an aborted rank records no mismatch");
+    }
   }
 }
 

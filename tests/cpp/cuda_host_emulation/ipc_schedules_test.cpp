@@ -140,18 +140,38 @@ void check_sequence(int n, size_t slot_bytes) {
 // Rank 0 runs one-shot while the others run two-shot: every rank must see the
 // disagreement (kMismatch, or kPeerAborted once a peer gave up) and return;
 // the outputs of the failed calls stay as the caller left them.
+// What a rank's kernel left for its host's message: a rank that saw the
+// mismatch names a peer and both calls (its own with schedule `aux`); a rank
+// that was only aborted names none.
+void check_record(const cuda_ipc::MismatchRecord& m, flags::WaitStatus s, int r, int n, int64_t aux,
+                  const char* test) {
+  char what[160];
+  const int peer = int(m.peer_plus_one) - 1;
+  if (s == flags::WaitStatus::kMismatch) {
+    std::snprintf(what, sizeof(what), "%s: rank %d of %d records peer %d and two different calls", test, r, n, peer);
+    expect(peer >= 0 && peer < n && peer != r && !flags::same_call(m.mine, m.theirs), what);
+    std::snprintf(what, sizeof(what), "%s: rank %d of %d records its own allreduce schedule", test, r, n);
+    expect(m.mine.op == int32_t(Coll::kAllreduce) && m.mine.aux == aux, what);
+  } else {
+    std::snprintf(what, sizeof(what), "%s: rank %d of %d was aborted but records a mismatch", test, r, n);
+    expect(m.peer_plus_one == 0, what);
+  }
+}
+
 void check_mismatch(int n) {
   const size_t slot_bytes = 4096;
   Arenas arenas(n, slot_bytes);
   std::vector<uint32_t> status(size_t(n), 0);
   std::vector<int> untouched(size_t(n), 0);
   std::vector<uint32_t> mirror(size_t(n), 0);  // the host-mapped copy the c10d backend polls
+  std::vector<cuda_ipc::MismatchRecord> record(size_t(n), cuda_ipc::MismatchRecord{});
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
       cuda_ipc::IpcComm c = comm_for(arenas, r, slot_bytes);
       c.timeout_ns = 2ull * 1000 * 1000 * 1000;
       c.host_status = &mirror[size_t(r)];
+      c.host_mismatch = &record[size_t(r)];
       std::vector<float> in(100, 1.0f), out(100, -7.0f);
       if (r == 0) {
         cuda_ipc::allreduce_one_shot(c, DType::F32, ReduceOp::SUM, in.data(), out.data(), 100, nullptr);
@@ -176,6 +196,8 @@ void check_mismatch(int n) {
     std::snprintf(what, sizeof(what), "mismatch: rank %d of %d host status mirror %u != status %u", r, n,
                   mirror[size_t(r)], status[size_t(r)]);
     expect(mirror[size_t(r)] == status[size_t(r)], what);
+    check_record(record[size_t(r)], s, r, n, r != 0 ? kAuxTwoShot : emulated::g_fused_one_shot ? kAuxFused : kAuxOneShot,
+                 "mismatch");
   }
 }
 
@@ -245,11 +267,13 @@ void check_graphed_mismatch(int n) {
   const size_t slot_bytes = 4096;
   Arenas arenas(n, slot_bytes);
   std::vector<uint32_t> status(size_t(n), 0);
+  std::vector<cuda_ipc::MismatchRecord> record(size_t(n), cuda_ipc::MismatchRecord{});
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
       cuda_ipc::IpcComm c = comm_for(arenas, r, slot_bytes);
       c.timeout_ns = 2ull * 1000 * 1000 * 1000;
+      c.host_mismatch = &record[size_t(r)];
       std::vector<float> in(101, 1.0f);
       cuda_ipc::allreduce_graphed(c, DType::F32, ReduceOp::SUM, in.data(), in.data(), r == 0 ? 100 : 101, nullptr);
       cuda_ipc::read_status(c, nullptr, &status[size_t(r)]);
@@ -262,6 +286,7 @@ void check_graphed_mismatch(int n) {
     std::snprintf(what, sizeof(what), "graphed mismatch: rank %d of %d ended with status %u", r, n,
                   status[size_t(r)]);
     expect(s == flags::WaitStatus::kMismatch || s == flags::WaitStatus::kPeerAborted, what);
+    check_record(record[size_t(r)], s, r, n, kAuxGraphed, "graphed mismatch");
   }
 }
 
