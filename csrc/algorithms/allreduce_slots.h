@@ -127,4 +127,15 @@ void allreduce_registered(Comm& c, const CollCall& call, int64_t offset, int64_t
   c.phase(call);
 }
 
+// registered_empty's agreement: this rank allocated `bytes` at `offset` of its
+// registered region (RegisteredArena: the same first-fit bookkeeping, called
+// in the same order, gives every rank the same offset) or found no room
+// (offset < 0). One phase compares the descriptors, so ranks that allocated in
+// different orders, or where only some ran out, fail together now instead of
+// reducing different buffers later.
+template <class Comm>
+void agree_registered(Comm& c, int64_t bytes, int64_t offset) {
+  c.phase(CollCall{Coll::kRegister, bytes, DType::U8, -1, -1, offset >= 0 ? offset : kAuxNoFit});
+}
+
 }  // namespace fastpar

@@ -52,6 +52,8 @@ constexpr int64_t kAuxOneShot = int64_t(1) << 62;
 constexpr int64_t kAuxTwoShot = kAuxOneShot + 1;
 constexpr int64_t kAuxFused = kAuxOneShot + 2;
 constexpr int64_t kAuxGraphed = kAuxOneShot + 3;
+// registered_empty's agreement from a rank whose registered arena had no room.
+constexpr int64_t kAuxNoFit = kAuxOneShot + 4;
 
 // Descriptor dtypes from here up are torch dtypes fastpar has no element
 // math for (kForeignDType + the ScalarType code): the copy collectives still
@@ -84,6 +86,7 @@ inline std::string describe(const flags::OpDesc& d) {
   else if (d.aux == kAuxTwoShot) s += ", schedule=two_shot";
   else if (d.aux == kAuxFused) s += ", schedule=fused_one_shot";
   else if (d.aux == kAuxGraphed) s += ", schedule=graphed";
+  else if (d.aux == kAuxNoFit) s += ", registered arena full";
   else if (d.aux >= 0) s += ", registered offset=" + std::to_string(d.aux);
   return s + ")";
 }

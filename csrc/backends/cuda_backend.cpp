@@ -62,7 +62,8 @@ CudaBackend::CudaBackend(c10::intrusive_ptr<c10d::Store> store, int rank, int si
       timeout_(timeout),
       max_ipc_bytes_(env_bytes("FASTPAR_CUDA_IPC_MAX_BYTES", cuda_ipc::kDefaultMaxIpcBytes, 0)),
       slot_bytes_(env_bytes("FASTPAR_CUDA_IPC_SLOT_BYTES", cuda_ipc::kDefaultSlotBytes, 4096)),
-      blocking_wait_(env_flag("FASTPAR_BLOCKING_WAIT")) {
+      blocking_wait_(env_flag("FASTPAR_BLOCKING_WAIT")),
+      registered_(std::make_shared<RegisteredArena>(env_bytes("FASTPAR_CUDA_IPC_REGISTERED_BYTES", 0, 0))) {
   TORCH_CHECK_VALUE(fallback_, "fastpar.CudaBackend: fallback is None but a backend for CUDA tensors is required");
 }
 
@@ -116,7 +117,9 @@ void CudaBackend::release_ipc(bool farewell) noexcept {
   const bool healthy = link->watcher.dead_rank() < 0 && !link->aborted.load() && link->ep->host_status() == 0;
   const bool all_done = disconnected && farewell && healthy &&
                         ipc_farewell(*store_, getRank(), getSize(), std::min(timeout_, kFarewellMax));
-  if (all_done) {
+  // A registered tensor still alive lives in the arena: it stays allocated
+  // (until the process exits) rather than freed under the tensor.
+  if (all_done && registered_->live() == 0) {
     link->ep->free_arena();
   } else {
     link->ep->abandon_arena();
@@ -137,7 +140,8 @@ void CudaBackend::set_up(int device) {
   }
   IpcRendezvous rv;
   try {
-    rv = ipc_rendezvous(*store_, getRank(), getSize(), device, max_ipc_bytes_, slot_bytes_, timeout_);
+    rv = ipc_rendezvous(*store_, getRank(), getSize(), device, max_ipc_bytes_, slot_bytes_, registered_->bytes(),
+                        timeout_);
   } catch (const std::exception& e) {
     why_not_ = std::string("setup failed: ") + e.what();
     throw;
@@ -221,10 +225,15 @@ void CudaBackend::to_fallback(const char* op, const cuda_ipc::RouteQuery& q) {
 
 c10::cuda::CUDAStream CudaBackend::begin_ipc(const char* op, const at::Tensor& t, std::chrono::milliseconds timeout,
                                              bool capturable) {
+  return begin_ipc(op, t.get_device(), timeout, capturable);
+}
+
+c10::cuda::CUDAStream CudaBackend::begin_ipc(const char* op, int device, std::chrono::milliseconds timeout,
+                                             bool capturable) {
   // A failure recorded by an earlier call makes the communicator unusable:
   // its phase numbers no longer match the peers'.
   link_->throw_if_failed(op, getRank(), timeout);
-  const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream(t.get_device());
+  const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream(device);
   // A replay repeats the kernels' arguments as captured; every schedule but
   // the graphed all_reduce takes its phase numbers and slots from host
   // counters, so a replay would repeat a finished call's numbers.
@@ -243,6 +252,59 @@ c10::intrusive_ptr<c10d::Work> CudaBackend::ipc_work(c10d::OpType type, const ch
                                                      std::chrono::milliseconds timeout) {
   return c10::make_intrusive<IpcWork>(type, op, std::move(outputs), stream, link_, getRank(), timeout,
                                       blocking_wait_);
+}
+
+at::Tensor CudaBackend::registered_empty(const std::vector<int64_t>& sizes, at::ScalarType dtype, int device) {
+  int64_t numel = 1;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    TORCH_CHECK_VALUE(sizes[i] >= 0, "fastpar.registered_empty: shape[", i, "] is ", sizes[i],
+                      " but sizes must be >= 0");
+    numel *= sizes[i];
+  }
+  const int64_t bytes = numel * int64_t(c10::elementSize(dtype));
+  std::lock_guard<std::mutex> g(mu_);
+  if (!set_up_) set_up(device);
+  TORCH_CHECK_VALUE(link_, "fastpar.registered_empty: registered CUDA tensors live in the group's CUDA IPC arena, "
+                    "and this group has none (", why_not_, ")");
+  TORCH_CHECK_VALUE(device == device_, "fastpar.registered_empty: device is 'cuda:", device, "' but this group's "
+                    "CUDA IPC communicator on this rank is on 'cuda:", device_, "'");
+  TORCH_CHECK_VALUE(registered_->bytes() > 0, "fastpar.registered_empty: FASTPAR_CUDA_IPC_REGISTERED_BYTES is 0, "
+                    "so the CUDA IPC arena has no room for registered tensors; set it (equal on every rank) before "
+                    "the group's first CUDA collective");
+  c10::cuda::CUDAGuard guard(c10::DeviceIndex(device_));
+  const c10::cuda::CUDAStream stream = begin_ipc("registered_empty", device_, timeout_);
+  const int64_t off = registered_->alloc(bytes);
+  cuda_ipc::IpcComm& c = link_->ep->comm();
+  // An allocation answers now: wait for the agreement phase (bounded by the
+  // flag-wait timeout), and raise if the ranks' offsets differ.
+  const cudaError_t err = cuda_ipc::agree_registered_ipc(c, bytes, off, stream.stream());
+  if (err == cudaSuccess) C10_CUDA_CHECK(cudaStreamSynchronize(stream.stream()));
+  try {
+    C10_CUDA_CHECK(err);
+    link_->throw_if_failed("registered_empty", getRank(), timeout_);
+  } catch (...) {
+    registered_->free(off);
+    throw;
+  }
+  TORCH_CHECK_VALUE(off >= 0, "fastpar.registered_empty: ", bytes, " bytes do not fit in the free space of the "
+                    "CUDA IPC registered arena of ", registered_->bytes(), " bytes (raise "
+                    "FASTPAR_CUDA_IPC_REGISTERED_BYTES)");
+  std::shared_ptr<RegisteredArena> arena = registered_;
+  return at::from_blob(
+      cuda_ipc::registered_of(c.bases[c.rank], c.slot_bytes) + off, sizes, [arena, off](void*) { arena->free(off); },
+      at::TensorOptions().dtype(dtype).device(at::Device(at::kCUDA, c10::DeviceIndex(device_))));
+}
+
+int64_t CudaBackend::registered_offset(const at::Tensor& t) const {
+  if (!link_ || !t.is_cuda() || t.get_device() != device_ || !t.is_contiguous()) return -1;
+  const cuda_ipc::IpcComm& c = link_->ep->comm();
+  return registered_->offset_of(t.data_ptr(), int64_t(t.nbytes()), cuda_ipc::registered_of(c.bases[c.rank],
+                                                                                          c.slot_bytes));
+}
+
+bool CudaBackend::is_registered(const at::Tensor& t) const {
+  std::lock_guard<std::mutex> g(mu_);
+  return registered_offset(t) >= 0;
 }
 
 void CudaBackend::refuse_on_shared_gpu(const char* op) const {
@@ -269,6 +331,11 @@ ShmBackend, which forwards CUDA tensors to it.)")
       .def("_connect", &CudaBackend::connect, py::arg("device"), "Sets CUDA IPC up now on cuda:`device` "
            "(collective; otherwise done at the group's first CUDA collective).",
            py::call_guard<py::gil_scoped_release>())
+      .def("registered_empty", &CudaBackend::registered_empty, py::arg("sizes"), py::arg("dtype"), py::arg("device"),
+           "An uninitialized CUDA tensor in this rank's CUDA IPC arena (collective; see "
+           "fastpar.distributed.registered_empty).", py::call_guard<py::gil_scoped_release>())
+      .def("is_registered", &CudaBackend::is_registered, py::arg("tensor"))
+      .def_property_readonly("registered_bytes", &CudaBackend::registered_bytes)
       .def_property_readonly("ipc_state", &CudaBackend::ipc_state)
       .def("abort", &CudaBackend::abort, "Stops this rank's CUDA IPC kernels now and aborts the fallback; never "
            "blocks. The group is unusable afterwards.", py::call_guard<py::gil_scoped_release>())

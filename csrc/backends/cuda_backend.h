@@ -53,6 +53,7 @@
 #include "../transport/cuda_ipc/ipc_endpoint.h"
 #include "../transport/cuda_ipc/ipc_failure.h"
 #include "../transport/cuda_ipc/route.h"
+#include "../transport/registered_arena.h"
 #include "cuda_ipc_work.h"
 
 namespace fastpar {
@@ -123,6 +124,16 @@ class CudaBackend : public c10d::Backend {
   // send/recv before any collective runs over IPC too.
   void connect(int device);
 
+  // An uninitialized CUDA tensor on cuda:`device` inside this rank's IPC
+  // arena (FASTPAR_CUDA_IPC_REGISTERED_BYTES of it): all_reduce on it, whole
+  // and past the one-shot sizes, reads it where the peers wrote it, without
+  // the copy-in (allreduce_registered). Collective: every rank calls it with
+  // the same sizes in the same order (one phase checks the offsets agree; it
+  // waits for the peers). Sets IPC up if the group has not yet.
+  at::Tensor registered_empty(const std::vector<int64_t>& sizes, at::ScalarType dtype, int device);
+  bool is_registered(const at::Tensor& t) const;
+  int64_t registered_bytes() const { return registered_->bytes(); }
+
   // Diagnostics (Python properties): "not set up", "ipc on cuda:N" (plus
   // "; <GPU-sharing note>" when ranks share a GPU), or "fallback: <reason>";
   // how many CUDA calls took each route.
@@ -157,6 +168,10 @@ class CudaBackend : public c10d::Backend {
   // `capturable`; sets the flag-wait timeout, counts the call; the stream to use.
   c10::cuda::CUDAStream begin_ipc(const char* op, const at::Tensor& t, std::chrono::milliseconds timeout,
                                   bool capturable = false);
+  c10::cuda::CUDAStream begin_ipc(const char* op, int device, std::chrono::milliseconds timeout,
+                                  bool capturable = false);
+  // The offset of `t` (whole) in this rank's registered region, or -1.
+  int64_t registered_offset(const at::Tensor& t) const;
   c10::intrusive_ptr<c10d::Work> ipc_work(c10d::OpType type, const char* op, std::vector<at::Tensor> outputs,
                                           const c10::cuda::CUDAStream& stream, std::chrono::milliseconds timeout);
   // send / recv over the IPC rings (p2p_ipc.h) where set up and routed, else the fallback.
@@ -186,6 +201,8 @@ class CudaBackend : public c10d::Backend {
   int64_t max_ipc_bytes_;
   int64_t slot_bytes_;
   bool blocking_wait_;
+  // Registered buffers' bookkeeping; shared with the tensors' deleters.
+  std::shared_ptr<RegisteredArena> registered_;
 
   mutable std::mutex mu_;      // setup and the IPC communicator's state (phase numbers, slots)
   bool set_up_ = false;

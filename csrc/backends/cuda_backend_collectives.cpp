@@ -54,8 +54,13 @@ c10::intrusive_ptr<c10d::Work> CudaBackend::allreduce(std::vector<at::Tensor>& t
                                                  t.data_ptr(), t.numel(), stream));
   } else if (t.numel() > 0 && getSize() > 1) {
     const ReduceOp rop = ReduceOp(int(opts.reduceOp.op_));
+    const int64_t reg = registered_offset(t);
     if (cuda_ipc::prefer_one_shot(q.nbytes, c)) {
       C10_CUDA_CHECK(cuda_ipc::allreduce_one_shot(c, *dt, rop, t.const_data_ptr(), t.data_ptr(), t.numel(), stream));
+    } else if (reg >= 0) {
+      // A registered tensor (registered_empty): no copy-in. Every rank's must
+      // be; the offset in the descriptor makes a mix fail on every rank.
+      C10_CUDA_CHECK(cuda_ipc::allreduce_registered(c, *dt, rop, reg, t.numel(), stream));
     } else {
       C10_CUDA_CHECK(cuda_ipc::allreduce_two_shot(c, *dt, rop, t.const_data_ptr(), t.data_ptr(), t.numel(), stream));
     }

@@ -86,24 +86,26 @@ std::string probe_peer(int device, const std::string& my_bus, int q, const std::
 }  // namespace
 
 IpcRendezvous ipc_rendezvous(c10d::Store& store, int rank, int size, int device, int64_t max_ipc_bytes,
-                             int64_t slot_bytes, std::chrono::milliseconds timeout) {
+                             int64_t slot_bytes, int64_t registered_bytes, std::chrono::milliseconds timeout) {
   IpcRendezvous out;
   const std::string my_bus = bus_id(device);
 
   // cfg: the knobs must match, or ranks would route the same call differently.
   std::ostringstream cfg;
-  cfg << max_ipc_bytes << " " << slot_bytes << " " << my_bus << " " << int64_t(getpid());
+  cfg << max_ipc_bytes << " " << slot_bytes << " " << registered_bytes << " " << my_bus << " " << int64_t(getpid());
   const std::vector<std::string> cfgs = exchange(store, "cfg", rank, size, cfg.str(), timeout);
   std::vector<std::string> buses(static_cast<size_t>(size));
   out.pids.assign(size_t(size), -1);
   for (int q = 0; q < size; ++q) {
     std::istringstream in(cfgs[size_t(q)]);
-    int64_t max_q = -1, slot_q = -1;
-    in >> max_q >> slot_q >> buses[size_t(q)] >> out.pids[size_t(q)];
+    int64_t max_q = -1, slot_q = -1, reg_q = -1;
+    in >> max_q >> slot_q >> reg_q >> buses[size_t(q)] >> out.pids[size_t(q)];
     TORCH_CHECK_VALUE(max_q == max_ipc_bytes, "fastpar: FASTPAR_CUDA_IPC_MAX_BYTES is ", max_q, " on rank ", q, " but ",
                 max_ipc_bytes, " on rank ", rank, "; it must be equal on every rank (it picks each call's route)");
     TORCH_CHECK_VALUE(slot_q == slot_bytes, "fastpar: FASTPAR_CUDA_IPC_SLOT_BYTES is ", slot_q, " on rank ", q, " but ",
                 slot_bytes, " on rank ", rank, "; it must be equal on every rank");
+    TORCH_CHECK_VALUE(reg_q == registered_bytes, "fastpar: FASTPAR_CUDA_IPC_REGISTERED_BYTES is ", reg_q, " on rank ",
+                q, " but ", registered_bytes, " on rank ", rank, "; it must be equal on every rank (the arenas' layout)");
   }
   // Decided from the cfg round only, so every rank gets the same answer: it
   // picks routes (NCCL refuses ranks that share a GPU).
@@ -126,7 +128,7 @@ IpcRendezvous ipc_rendezvous(c10d::Store& store, int rank, int size, int device,
   // handle: a rank that cannot allocate still publishes (its error), so nobody waits in vain.
   auto ep = std::make_shared<cuda_ipc::IpcEndpoint>();
   cudaIpcMemHandle_t h{};
-  cudaError_t err = ep->create(rank, size, device, size_t(slot_bytes));
+  cudaError_t err = ep->create(rank, size, device, size_t(slot_bytes), size_t(registered_bytes));
   if (err == cudaSuccess) err = ep->export_handle(&h);
   // "H" + the 64 handle bytes, or "E" + the error: a tag, since an error text could be 64 bytes long.
   std::string mine = err == cudaSuccess ? "H" + std::string(reinterpret_cast<const char*>(&h), sizeof(h))

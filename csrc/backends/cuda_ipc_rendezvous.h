@@ -26,7 +26,7 @@ struct IpcRendezvous {
 };
 
 // Rounds (each: every rank publishes one key, then reads all ranks' keys):
-//   cfg     max_ipc_bytes, slot_bytes, PCI bus id, pid  (differing knobs: an
+//   cfg     max_ipc_bytes, slot_bytes, registered_bytes, PCI bus id, pid (differing knobs: an
 //           error on every rank)
 //   probe   "can I map every peer": the peer's bus id is visible here
 //           (cudaDeviceGetByPCIBusId), and it is this rank's own GPU (a peer
@@ -39,7 +39,7 @@ struct IpcRendezvous {
 // A rank that does not publish a round within `timeout` makes the others
 // raise DistBackendError naming it.
 IpcRendezvous ipc_rendezvous(c10d::Store& store, int rank, int size, int device, int64_t max_ipc_bytes,
-                             int64_t slot_bytes, std::chrono::milliseconds timeout);
+                             int64_t slot_bytes, int64_t registered_bytes, std::chrono::milliseconds timeout);
 
 // Teardown barrier ("bye" round) before the arena is freed: peers read it
 // until they finish their last collective. Returns false (never throws) when

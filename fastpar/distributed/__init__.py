@@ -8,15 +8,17 @@ works under torchrun, and DistributedDataParallel, dist.all_reduce and other
 torch.distributed calls run on fastpar:
 
 - CPU tensors: fastpar's shared-memory collectives (gloo between hosts);
-- CUDA tensors (CUDA builds with a GPU, see cuda_supported()): all_reduce over
-  CUDA IPC when every rank can map every peer's GPU and the tensor is at most
-  FASTPAR_CUDA_IPC_MAX_BYTES (8 MiB); larger tensors, every other collective
-  and ranks on several hosts go to NCCL. Without CUDA support, CUDA tensors
-  get an error (use "cpu:fastpar,cuda:nccl"). Details: docs/cuda.md.
+- CUDA tensors (CUDA builds with a GPU, see cuda_supported()): every
+  collective and send/recv over CUDA IPC among the ranks of one host (ranks
+  may share a GPU), NCCL above FASTPAR_CUDA_IPC_MAX_BYTES on distinct GPUs,
+  and NCCL between hosts' leaders when the group spans hosts. Without CUDA
+  support, CUDA tensors get an error (use "cpu:fastpar,cuda:nccl"). Details:
+  docs/cuda.md.
 
-registered_empty(shape, dtype, group) allocates a tensor inside this rank's
-shared segment: all_reduce on it (16 MiB or more, FASTPAR_SHM_REGISTERED_MIN_BYTES)
-skips the copy into shared memory.
+registered_empty(shape, dtype, group, device) allocates a tensor inside memory
+every peer maps (the shared segment on the CPU, the CUDA IPC arena on a GPU):
+all_reduce on it skips the copy into shared memory (CPU: 16 MiB or more,
+FASTPAR_SHM_REGISTERED_MIN_BYTES; CUDA: above the one-shot sizes).
 
 all_reduce / broadcast / all_gather_into_tensor (direct.py): the same
 collectives as dist.*, synchronous, without torch.distributed's per-call path.

@@ -241,15 +241,41 @@ def get_fastpar_backend(group=None) -> _C.ShmBackend:
     return backend
 
 
-def registered_empty(shape, dtype: torch.dtype = torch.float32, group=None) -> torch.Tensor:
-    """An uninitialized CPU tensor allocated in this rank's shared segment.
+def registered_empty(shape, dtype: torch.dtype = torch.float32, group=None, device=None) -> torch.Tensor:
+    """An uninitialized tensor in memory every peer of `group` maps.
 
-    Collective: every rank of `group` must call it with the same shape and
-    dtype, in the same order. all_reduce on such a tensor (whole, in place)
-    of 16 MiB or more (FASTPAR_SHM_REGISTERED_MIN_BYTES) reduces straight out of
-    shared memory without the copy-in; smaller ones run the copying schedule. The memory
-    returns to the arena when the tensor is freed.
+    Collective: every rank of `group` must call it with the same shape, dtype
+    and kind of device, in the same order. The memory returns when the tensor
+    is freed.
+
+    CPU (`device` None or "cpu"): in this rank's shared segment
+    (FASTPAR_SHM_REGISTERED_BYTES). all_reduce on such a tensor (whole, in
+    place) of 16 MiB or more (FASTPAR_SHM_REGISTERED_MIN_BYTES) reduces
+    straight out of shared memory without the copy-in; smaller ones run the
+    copying schedule.
+
+    CUDA (`device` "cuda" or "cuda:N", default the current device): in this
+    rank's CUDA IPC arena, whose registered region is
+    FASTPAR_CUDA_IPC_REGISTERED_BYTES (0 by default: set it, equal on every
+    rank, before the group's first CUDA collective). all_reduce on it above the
+    one-shot sizes (256 KiB) runs the two-shot without the copy-in. Groups on
+    one host only.
     """
     if isinstance(shape, int):
         shape = (shape,)
-    return get_fastpar_backend(group).registered_empty([int(s) for s in shape], dtype)
+    sizes = [int(s) for s in shape]
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    backend = get_fastpar_backend(group)
+    if dev.type == "cpu":
+        return backend.registered_empty(sizes, dtype)
+    if dev.type != "cuda":
+        raise ValueError(f"fastpar.registered_empty: device is '{dev}' but registered tensors are CPU or CUDA")
+    cuda = backend.cuda_backend
+    cuda_backend_type = getattr(_C, "CudaBackend", None)  # CUDA builds only
+    if cuda_backend_type is None or not isinstance(cuda, cuda_backend_type):
+        why = ("this group's ranks are on several hosts" if cuda is not None
+               else "this group has no fastpar CUDA backend (see fastpar.distributed.cuda_supported())")
+        raise ValueError(f"fastpar.registered_empty: device is '{dev}' but {why}; registered CUDA tensors live in "
+                         "one host's CUDA IPC arena")
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    return cuda.registered_empty(sizes, dtype, index)

@@ -738,5 +738,54 @@ def sc_p2p_mismatch():
     os._exit(0)
 
 
+def sc_registered():
+    """registered_empty on CUDA (FASTPAR_CUDA_IPC_REGISTERED_BYTES set by the
+    test): tensors in the IPC arena, all_reduce on them above the one-shot
+    sizes without the copy-in (several slot-sized chunks with the test's
+    small slot), bitwise against the in-rank-order reference; buffers freed
+    and reused in the same order on every rank; an arena too small on every
+    rank raises ValueError and leaves the group usable; a registered tensor on
+    one rank against a plain one on another fails on every rank with both
+    calls named."""
+    init()
+    cb = cuda_backend()
+    seed = 900
+    for dtype in (torch.float32, torch.bfloat16, torch.int32):
+        for op in ops_for(dtype):
+            for n in (1, 70_001, 300_000):
+                seed += 1
+                t = fd.registered_empty((n,), dtype, device=DEV)
+                assert t.device == DEV and cb.is_registered(t), (t.device, cb.is_registered(t))
+                xs = [exact_data(q, n, dtype, seed) for q in range(WORLD)]
+                t.copy_(xs[RANK].to(DEV))
+                dist.all_reduce(t, op=op)
+                check_equal(t, in_rank_order(xs, op, dtype), f"registered all_reduce {dtype} {op} n={n}", True)
+                del t
+    assert not cb.is_registered(torch.ones(4, device=DEV))
+    try:
+        fd.registered_empty((cb.registered_bytes,), torch.float32, device=DEV)
+        raise AssertionError("a registered tensor larger than the arena was allocated")
+    except ValueError as e:
+        assert "do not fit in the free space of the CUDA IPC registered arena" in str(e), str(e)
+    t = torch.ones(1000, device=DEV)
+    dist.all_reduce(t)
+    check_equal(t, torch.full((1000,), float(WORLD)), "all_reduce after a refused registration", True)
+    big = 300_000  # above the one-shot sizes: rank 0's goes registered, the others' two-shot
+    t = fd.registered_empty((big,), torch.float32, device=DEV) if RANK == 0 else torch.ones(big, device=DEV)
+    try:
+        dist.all_reduce(t)
+        torch.cuda.synchronize()
+        dist.all_reduce(torch.ones(1, device=DEV))
+        raise AssertionError("registered on one rank, plain on another, did not raise")
+    except dist.DistBackendError as e:
+        msg = str(e)
+        assert "collective mismatch" in msg or "aborted" in msg, msg
+        if "collective mismatch" in msg:
+            assert "registered offset=" in msg and "schedule=two_shot" in msg, msg
+    torch.cuda.synchronize()
+    dist.destroy_process_group()
+    print(f"registered rank {RANK} ok", flush=True)
+
+
 if __name__ == "__main__":
     globals()["sc_" + SCENARIO]()

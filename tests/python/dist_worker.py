@@ -217,6 +217,15 @@ def sc_registered():
     plain = torch.ones(5)
     dist.all_reduce(plain)
     assert torch.all(plain == WORLD)
+    # No room on any rank: every rank raises ValueError (the ranks agreed on
+    # that), and the group stays usable.
+    try:
+        fd.registered_empty((1 << 40,), torch.float32)
+        raise AssertionError("a registered tensor larger than the arena was allocated")
+    except ValueError as e:
+        assert "do not fit in the registered arena" in str(e), str(e)
+    dist.all_reduce(plain)
+    assert torch.all(plain == WORLD * WORLD)
     finish()
 
 
@@ -254,6 +263,12 @@ def sc_bad_input():
     expect(lambda: dist.all_to_all_single(torch.empty(WORLD + 1), torch.ones(WORLD + 1)),
            f"has {WORLD + 1} rows, which do not split evenly over {WORLD} ranks")
     expect(lambda: fd.registered_empty((-1,), torch.float32), "shape[0] is -1")
+    expect(lambda: fd.registered_empty((3,), torch.float32, device="meta"),
+           "fastpar.registered_empty: device is 'meta' but registered tensors are CPU or CUDA")
+    no_cuda_backend = fd.get_fastpar_backend().cuda_backend is None
+    if no_cuda_backend:
+        expect(lambda: fd.registered_empty((3,), torch.float32, device="cuda"),
+               "device is 'cuda' but this group has no fastpar CUDA backend")
     # gather's / scatter's per-rank lists: the root passes one tensor per rank
     # (every rank is the root of its own call here), the others none.
     three = torch.ones(3)
@@ -268,7 +283,7 @@ def sc_bad_input():
            f"fastpar.gather: rank {RANK} is not the root ({other}) and must pass no output tensors, got 1 lists")
     expect(lambda: be.scatter([torch.empty(3)], [[three] * WORLD], sopts),
            f"fastpar.scatter: rank {RANK} is not the root ({other}) and must pass no input tensors, got 1 lists")
-    assert len(errors) == 14
+    assert len(errors) == 15 + no_cuda_backend
     t = torch.full((5,), float(RANK))
     dist.all_reduce(t)
     assert torch.all(t == sum(range(WORLD)))

@@ -105,6 +105,15 @@ def test_all_reduce_captured_in_a_cuda_graph(layout, world):
     assert all(f"graph rank {r.rank} ok" in r.out for r in results)
 
 
+@pytest.mark.parametrize("layout,world", LAYOUTS)
+def test_registered_cuda_tensors_all_reduce_without_copy_in(layout, world):
+    env = {"FASTPAR_CUDA_IPC_REGISTERED_BYTES": str(8 << 20), "FASTPAR_CUDA_IPC_SLOT_BYTES": "65536",
+           "FASTPAR_TEST_TIMEOUT_S": "30"}
+    results = run_cuda("registered", world, layout, env=env)
+    assert_ok(results)
+    assert all(f"registered rank {r.rank} ok" in r.out for r in results)
+
+
 @pytest.mark.parametrize("variant", ["tag", "size"])
 def test_a_receive_that_does_not_match_the_next_message_fails(variant):
     results = run_cuda("p2p_mismatch", 2, "shared", env={"FASTPAR_BLOCKING_WAIT": "1"}, args=(variant,))

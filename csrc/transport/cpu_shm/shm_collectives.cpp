@@ -184,23 +184,16 @@ void barrier(ShmComm& c) {
 int64_t register_alloc(ShmComm& c, int64_t bytes) {
   c.begin(Coll::kRegister, c.timeout());
   const int64_t off = c.arena_alloc(bytes);
-  if (off < 0) {
-    // Still meet the peers (with a descriptor that cannot match) so they fail
-    // now rather than at some later collective.
-    try {
-      c.phase(CollCall{Coll::kRegister, bytes, DType::U8, -1, -1, c.arena_bytes() + 1});
-    } catch (const std::exception&) {
-    }
-    c.fail("fastpar: registered_empty on rank " + std::to_string(c.global_rank(c.rank())) + ": " +
-           std::to_string(bytes) + " bytes do not fit in the registered arena of " +
-           std::to_string(c.arena_bytes()) + " bytes (raise FASTPAR_SHM_REGISTERED_BYTES)");
-  }
   try {
-    c.phase(CollCall{Coll::kRegister, bytes, DType::U8, -1, -1, off});
+    agree_registered(c, bytes, off);  // also when it did not fit: peers learn it now
   } catch (...) {
     c.arena_free(off);
     throw;
   }
+  if (off < 0)
+    throw std::invalid_argument("fastpar: registered_empty on rank " + std::to_string(c.global_rank(c.rank())) +
+                                ": " + std::to_string(bytes) + " bytes do not fit in the registered arena of " +
+                                std::to_string(c.arena_bytes()) + " bytes (raise FASTPAR_SHM_REGISTERED_BYTES)");
   return off;
 }
 

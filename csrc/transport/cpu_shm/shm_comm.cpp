@@ -166,7 +166,6 @@ ShmComm::ShmComm(int rank, int size, std::vector<int> global_ranks, const Rendez
     // our /proc: never call it dead, rely on the timeout for it.
     watch_[q] = q != rank_ && liveness::process_alive(h->pid);
   }
-  if (opts_.arena_bytes > 0) arena_free_[0] = opts_.arena_bytes;
 }
 
 ShmComm::~ShmComm() = default;
@@ -261,50 +260,6 @@ void ShmComm::phase(const CollCall& call) {
         fail(me + ": unexpected wait status");
     }
   }
-}
-
-int64_t ShmComm::arena_alloc(int64_t bytes) {
-  std::lock_guard<std::mutex> g(arena_mu_);
-  const int64_t need = std::max<int64_t>(256, (bytes + 255) / 256 * 256);  // 256-byte aligned blocks
-  for (auto it = arena_free_.begin(); it != arena_free_.end(); ++it) {
-    if (it->second < need) continue;
-    const int64_t off = it->first, len = it->second;
-    arena_free_.erase(it);
-    if (len > need) arena_free_[off + need] = len - need;
-    arena_used_[off] = need;
-    return off;
-  }
-  return -1;
-}
-
-void ShmComm::arena_free(int64_t offset) {
-  std::lock_guard<std::mutex> g(arena_mu_);
-  auto it = arena_used_.find(offset);
-  if (it == arena_used_.end()) return;
-  int64_t off = it->first, len = it->second;
-  arena_used_.erase(it);
-  auto next = arena_free_.lower_bound(off);
-  if (next != arena_free_.end() && next->first == off + len) {
-    len += next->second;
-    arena_free_.erase(next);
-  }
-  auto prev = arena_free_.lower_bound(off);
-  if (prev != arena_free_.begin()) {
-    --prev;
-    if (prev->first + prev->second == off) {
-      off = prev->first;
-      len += prev->second;
-      arena_free_.erase(prev);
-    }
-  }
-  arena_free_[off] = len;
-}
-
-int64_t ShmComm::arena_offset(const void* p, int64_t bytes) const {
-  const char* c = static_cast<const char*>(p);
-  const char* a = arena(rank_);
-  if (opts_.arena_bytes == 0 || c < a || c + bytes > a + opts_.arena_bytes) return -1;
-  return int64_t(c - a);
 }
 
 }  // namespace cpu_shm

@@ -17,13 +17,12 @@
 #include <cstring>
 #include <cstdint>
 #include <functional>
-#include <map>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "../../algorithms/collective_call.h"
 #include "../../algorithms/flag_protocol.h"
+#include "../registered_arena.h"
 #include "shm_segment.h"
 
 namespace fastpar {
@@ -95,12 +94,11 @@ class ShmComm {
     if (bytes > 0 && dst != src) std::memcpy(dst, src, size_t(bytes));
   }
 
-  // Registered buffers: local first-fit bookkeeping. Ranks that allocate and
-  // free in the same order get the same offsets; registered_empty verifies it.
-  int64_t arena_alloc(int64_t bytes);
-  void arena_free(int64_t offset);
+  // Registered buffers: the arena's bookkeeping (registered_arena.h).
+  int64_t arena_alloc(int64_t bytes) { return registered_.alloc(bytes); }
+  void arena_free(int64_t offset) { registered_.free(offset); }
   // Offset of [p, p+bytes) in this rank's arena, or -1 if it is not inside.
-  int64_t arena_offset(const void* p, int64_t bytes) const;
+  int64_t arena_offset(const void* p, int64_t bytes) const { return registered_.offset_of(p, bytes, arena(rank_)); }
 
   uint64_t phases() const { return seq_; }
 
@@ -135,9 +133,7 @@ class ShmComm {
   uint64_t deadline_ns_ = 0;
   std::string broken_;  // non-empty once a collective failed
 
-  std::mutex arena_mu_;  // deleters of registered tensors may run on any thread
-  std::map<int64_t, int64_t> arena_free_;  // offset -> bytes
-  std::map<int64_t, int64_t> arena_used_;
+  RegisteredArena registered_{opts_.arena_bytes};
 };
 
 }  // namespace cpu_shm

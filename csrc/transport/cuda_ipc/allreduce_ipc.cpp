@@ -5,6 +5,8 @@
 // with one thread per rank.
 #include "allreduce_ipc.h"
 
+#include <algorithm>
+
 #include "../../algorithms/allreduce_slots.h"
 #include "fused_one_shot.h"
 #include "ipc_steps.h"
@@ -50,6 +52,20 @@ cudaError_t allreduce_two_shot(IpcComm& c, DType dt, ReduceOp op, const void* in
                                 static_cast<const char*>(in), static_cast<char*>(out), count, dtype_size(dt),
                                 s.reducer(dt, op));
   });
+}
+
+cudaError_t allreduce_registered(IpcComm& c, DType dt, ReduceOp op, int64_t offset, int64_t count,
+                                 cudaStream_t stream) {
+  const int64_t es = dtype_size(dt);
+  if (offset < 0 || count < 0 || offset + count * es > int64_t(c.registered_bytes)) return cudaErrorInvalidValue;
+  return run_schedule(c, stream, [&](IpcSteps& s) {
+    fastpar::allreduce_registered(s, CollCall{Coll::kAllreduce, count, dt, -1, int(op), offset}, offset, count, es,
+                                  std::max<int64_t>(1, int64_t(c.slot_bytes) / es), s.reducer(dt, op));
+  });
+}
+
+cudaError_t agree_registered_ipc(IpcComm& c, int64_t bytes, int64_t offset, cudaStream_t stream) {
+  return run_schedule(c, stream, [&](IpcSteps& s) { agree_registered(s, bytes, offset); });
 }
 
 cudaError_t allreduce_graphed(IpcComm& c, DType dt, ReduceOp op, const void* in, void* out, int64_t count,

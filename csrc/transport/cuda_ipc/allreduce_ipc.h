@@ -30,6 +30,7 @@ struct IpcComm {
   int device = 0;  // this rank's GPU (the arena's and the stream's)
   void* bases[kMaxIpcRanks] = {};
   size_t slot_bytes = 0;
+  size_t registered_bytes = 0;  // the registered buffers' region (ipc_arena.h), equal on every rank
   uint64_t timeout_ns = 120ull * 1000 * 1000 * 1000;  // a wait this long means a peer is gone
   // Optional device pointer to a host-mapped (pinned) mirror of the status
   // word: a failed phase writes it too, so the host can see the failure
@@ -96,6 +97,18 @@ cudaError_t allreduce_two_shot(IpcComm& c, DType dt, ReduceOp op, const void* in
 // may be `in`.
 cudaError_t allreduce_graphed(IpcComm& c, DType dt, ReduceOp op, const void* in, void* out, int64_t count,
                               cudaStream_t stream);
+
+// The two-shot on a registered buffer: `count` elements at `offset` of every
+// rank's registered region (registered_of), reduced in place with no copy-in
+// (allreduce_slots.h, allreduce_registered: m slot-sized chunks take m + 2
+// phases; the last keeps a peer from reading the buffer after the call).
+// Every rank passes the same offset (the descriptor checks it).
+cudaError_t allreduce_registered(IpcComm& c, DType dt, ReduceOp op, int64_t offset, int64_t count,
+                                 cudaStream_t stream);
+
+// registered_empty's agreement (allreduce_slots.h, agree_registered): one
+// phase comparing `bytes` and `offset` (< 0: this rank had no room).
+cudaError_t agree_registered_ipc(IpcComm& c, int64_t bytes, int64_t offset, cudaStream_t stream);
 
 // Copies the status word to the host (synchronizes `stream`): 0, or the
 // flags::WaitStatus of the first failed phase.

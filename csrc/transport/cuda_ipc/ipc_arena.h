@@ -8,6 +8,8 @@
 //   [ p2p rings: per destination kP2PChunks ]    kMaxIpcRanks * kP2PChunks * kP2PChunkBytes
 //   [ GraphControl | pad ]                       kGraphControlBytes
 //   [ graph slot ]                               slot_bytes (rounded to 512)
+//   [ registered buffers ]                       registered_bytes (rounded to 512;
+//                                                FASTPAR_CUDA_IPC_REGISTERED_BYTES)
 //
 // The p2p region (send/recv, p2p_ring.h) is apart from the collective slots so
 // that point-to-point traffic on its own streams never touches a slot a
@@ -15,6 +17,11 @@
 // capture, fused_one_shot.h) is apart for the same reason: a replayed kernel's
 // pointers were fixed at capture, so it cannot take its turn in the eager
 // slots' rotation.
+//
+// Registered buffers (registered_empty on CUDA) are tensors the caller
+// allocates inside the arena: peers read them where the caller wrote them, so
+// the allreduce on them needs no copy-in (allreduce_slots.h,
+// allreduce_registered).
 //
 // Only the owner writes its arena (the protocol's single-writer rule); peers
 // read the control block and the slots through their mapping. The status word
@@ -114,8 +121,14 @@ FASTPAR_HD char* graph_slot_of(void* base, size_t slot_bytes) {
   return reinterpret_cast<char*>(graph_control_of(base, slot_bytes)) + kGraphControlBytes;
 }
 
-FASTPAR_HD size_t arena_bytes(size_t slot_bytes) {
-  return collective_bytes(slot_bytes) + kP2PRegionBytes + kGraphControlBytes + slot_stride(slot_bytes);
+// The registered buffers' region: after the graph slot.
+FASTPAR_HD char* registered_of(void* base, size_t slot_bytes) {
+  return graph_slot_of(base, slot_bytes) + slot_stride(slot_bytes);
+}
+
+FASTPAR_HD size_t arena_bytes(size_t slot_bytes, size_t registered_bytes) {
+  return collective_bytes(slot_bytes) + kP2PRegionBytes + kGraphControlBytes + slot_stride(slot_bytes) +
+         slot_stride(registered_bytes);
 }
 
 FASTPAR_HD flags::ControlBlock* control_of(void* base) { return static_cast<flags::ControlBlock*>(base); }

@@ -21,7 +21,7 @@ IpcEndpoint::~IpcEndpoint() {
   free_arena();
 }
 
-cudaError_t IpcEndpoint::create(int rank, int size, int device, size_t slot_bytes) {
+cudaError_t IpcEndpoint::create(int rank, int size, int device, size_t slot_bytes, size_t registered_bytes) {
   if (created() || size < 1 || size > kMaxIpcRanks || rank < 0 || rank >= size || device < 0 || slot_bytes < 64)
     return cudaErrorInvalidValue;
   cuda_p2p::DeviceRestore restore;
@@ -35,7 +35,7 @@ cudaError_t IpcEndpoint::create(int rank, int size, int device, size_t slot_byte
   void* dev_view = nullptr;
   void* base = nullptr;
   cudaError_t err = cudaHostGetDevicePointer(&dev_view, host, 0);
-  if (err == cudaSuccess) err = arena_alloc(slot_bytes, &base);
+  if (err == cudaSuccess) err = arena_alloc(slot_bytes, registered_bytes, &base);
   if (err != cudaSuccess) {
     cudaFreeHost(host);
     return err;
@@ -48,6 +48,7 @@ cudaError_t IpcEndpoint::create(int rank, int size, int device, size_t slot_byte
   c_.size = size;
   c_.device = device;
   c_.slot_bytes = slot_bytes;
+  c_.registered_bytes = registered_bytes;
   c_.bases[rank] = base;
   c_.host_status = static_cast<uint32_t*>(dev_view);
   c_.host_abort = reinterpret_cast<const uint64_t*>(static_cast<char*>(dev_view) + kHostAbortOffset);

@@ -35,9 +35,10 @@ class IpcEndpoint {
   IpcEndpoint(const IpcEndpoint&) = delete;
   IpcEndpoint& operator=(const IpcEndpoint&) = delete;
 
-  // Allocates the arena (slot_bytes per slot) on `device` and the pinned
-  // host status mirror. rank/size as in IpcComm; size <= kMaxIpcRanks.
-  cudaError_t create(int rank, int size, int device, size_t slot_bytes);
+  // Allocates the arena (slot_bytes per slot, registered_bytes of registered
+  // buffers) on `device` and the pinned host words. rank/size as in IpcComm;
+  // size <= kMaxIpcRanks.
+  cudaError_t create(int rank, int size, int device, size_t slot_bytes, size_t registered_bytes = 0);
   cudaError_t export_handle(cudaIpcMemHandle_t* handle) const;
   // Maps every peer's arena; handles[q] is rank q's (handles[rank] is not
   // read). On failure the mappings made so far are undone.

@@ -6,10 +6,10 @@
 namespace fastpar {
 namespace cuda_ipc {
 
-cudaError_t arena_alloc(size_t slot_bytes, void** base) {
+cudaError_t arena_alloc(size_t slot_bytes, size_t registered_bytes, void** base) {
   *base = nullptr;
   void* p = nullptr;
-  FASTPAR_CUDA_TRY(cudaMalloc(&p, arena_bytes(slot_bytes)));
+  FASTPAR_CUDA_TRY(cudaMalloc(&p, arena_bytes(slot_bytes, registered_bytes)));
   // Synchronous on purpose: the header must read as zero before the handle is
   // handed to any peer, whose first wait reads our flag.
   // The p2p counters too: a peer's first credit/wait reads them.

@@ -10,11 +10,12 @@
 namespace fastpar {
 namespace cuda_ipc {
 
-// cudaMalloc an arena for `slot_bytes` per slot on the current device and zero
-// its header (flag 0 = no phase posted yet, abort 0, status 0). A dedicated
-// cudaMalloc, not a caching-allocator block: an IPC handle names a whole
-// allocation, and the arena must outlive any tensor.
-cudaError_t arena_alloc(size_t slot_bytes, void** base);
+// cudaMalloc an arena for `slot_bytes` per slot and `registered_bytes` of
+// registered buffers on the current device and zero its header (flag 0 = no
+// phase posted yet, abort 0, status 0). A dedicated cudaMalloc, not a
+// caching-allocator block: an IPC handle names a whole allocation, and the
+// arena must outlive any tensor.
+cudaError_t arena_alloc(size_t slot_bytes, size_t registered_bytes, void** base);
 cudaError_t arena_free(void* base);
 
 cudaError_t export_handle(void* base, cudaIpcMemHandle_t* handle);

@@ -98,6 +98,8 @@ class IpcSteps {
   int size() const { return c_.size; }
   int64_t slot_bytes() const { return int64_t(c_.slot_bytes); }
   char* slot(int q, int k) const { return slot_of(c_.bases[q], c_.slot_bytes, k); }
+  // Rank q's registered buffers (ipc_arena.h), as mapped here.
+  char* arena(int q) const { return registered_of(c_.bases[q], c_.slot_bytes); }
   int next_round() { return int(c_.rounds++ % flags::kSlots); }
 
   void phase(const CollCall& call) { enqueue(launch_phase(ipc_steps::phase_args(c_, call), stream_)); }

@@ -104,9 +104,10 @@ namespace emulated {
 struct Arenas {
   std::vector<std::vector<uint4>> store;
   std::vector<void*> bases;
-  Arenas(int n, size_t slot_bytes) {
+  size_t registered_bytes;
+  Arenas(int n, size_t slot_bytes, size_t registered = 0) : registered_bytes(registered) {
     for (int r = 0; r < n; ++r) {
-      store.emplace_back(fastpar::cuda_ipc::arena_bytes(slot_bytes) / 16 + 1, uint4{});  // zeroed header
+      store.emplace_back(fastpar::cuda_ipc::arena_bytes(slot_bytes, registered) / 16 + 1, uint4{});  // zeroed header
       bases.push_back(store.back().data());
     }
   }
@@ -125,6 +126,7 @@ inline fastpar::cuda_ipc::IpcComm comm_for(const Arenas& a, int rank, size_t slo
   c.device = rank;
   for (int q = 0; q < c.size; ++q) c.bases[q] = a.bases[size_t(q)];
   c.slot_bytes = slot_bytes;
+  c.registered_bytes = a.registered_bytes;
   c.timeout_ns = 20ull * 1000 * 1000 * 1000;
   return c;
 }

@@ -28,6 +28,7 @@
 
 #include "emulated_ipc.h"
 #include "csrc/kernels/cpu_reduce.h"
+#include "csrc/transport/registered_arena.h"
 
 #include "csrc/transport/cuda_ipc/allreduce_ipc.cpp"
 
@@ -201,6 +202,76 @@ void check_mismatch(int n) {
   }
 }
 
+// Registered buffers: every rank allocates the same sequence of buffers in
+// its registered region (RegisteredArena, as the c10d backend does), agrees
+// on each (agree_registered_ipc), writes its data where the peers read it and
+// runs the zero-copy two-shot in place; checked bit for bit against the
+// in-order reduction, with slots small enough that a buffer spans several
+// chunks. Then ranks whose offsets differ fail (kMismatch or kPeerAborted),
+// and an arena every rank has outgrown agrees (the caller raises, the
+// communicator stays usable).
+void check_registered(int n, size_t slot_bytes) {
+  const size_t reg_bytes = 64 * 1024;
+  Arenas arenas(n, slot_bytes, reg_bytes);
+  const int64_t counts[] = {1, 17, 100, 1000, 5000};
+  std::vector<std::vector<std::vector<float>>> got(static_cast<size_t>(n));
+  std::vector<uint32_t> status(size_t(n), 0), after_desync(size_t(n), 0);
+  std::vector<int> refused(size_t(n), 0);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      cuda_ipc::IpcComm c = comm_for(arenas, r, slot_bytes);
+      RegisteredArena reg{int64_t(reg_bytes)};
+      char* mine = cuda_ipc::registered_of(c.bases[r], c.slot_bytes);
+      int index = 0;
+      for (int64_t count : counts) {
+        const int64_t off = reg.alloc(count * int64_t(sizeof(float)));
+        expect(cuda_ipc::agree_registered_ipc(c, count * int64_t(sizeof(float)), off, nullptr) == cudaSuccess,
+               "registered: the agreement was enqueued");
+        float* buf = reinterpret_cast<float*>(mine + off);
+        for (int64_t i = 0; i < count; ++i) buf[i] = value(r, 100 + index, i);
+        const ReduceOp op = ReduceOp(index % 5);
+        expect(cuda_ipc::allreduce_registered(c, DType::F32, op, off, count, nullptr) == cudaSuccess,
+               "registered: the schedule was enqueued");
+        got[size_t(r)].emplace_back(buf, buf + count);
+        if (index % 2) reg.free(off);  // freed and reused in the same order on every rank
+        ++index;
+      }
+      // Nothing fits on any rank: the agreement passes (the same descriptor).
+      expect(reg.alloc(int64_t(reg_bytes) + 1) < 0, "registered: an oversized buffer does not fit");
+      cuda_ipc::agree_registered_ipc(c, int64_t(reg_bytes) + 1, -1, nullptr);
+      cuda_ipc::read_status(c, nullptr, &status[size_t(r)]);
+      expect(cuda_ipc::allreduce_registered(c, DType::F32, ReduceOp::SUM, int64_t(reg_bytes) - 4, 2, nullptr) ==
+                 cudaErrorInvalidValue,
+             "registered: a buffer past the region is refused");
+      refused[size_t(r)] = 1;
+      c.timeout_ns = 2ull * 1000 * 1000 * 1000;
+      cuda_ipc::allreduce_registered(c, DType::F32, ReduceOp::SUM, r == 0 ? 0 : 256, 16, nullptr);
+      cuda_ipc::read_status(c, nullptr, &after_desync[size_t(r)]);
+    });
+  }
+  for (auto& t : threads) t.join();
+  char what[160];
+  for (int r = 0; r < n; ++r) {
+    std::snprintf(what, sizeof(what), "registered: rank %d of %d (slot %zu) status %u", r, n, slot_bytes,
+                  status[size_t(r)]);
+    expect(status[size_t(r)] == 0, what);
+    for (size_t i = 0; i < std::size(counts); ++i) {
+      const Call call{true, true, counts[i], ReduceOp(i % 5)};
+      const auto e = expected<float>(n, call, 100 + int(i));
+      std::snprintf(what, sizeof(what), "registered: rank %d of %d (slot %zu) buffer %zu of %ld", r, n, slot_bytes, i,
+                    long(counts[i]));
+      expect(got[size_t(r)][i].size() == e.size() &&
+                 std::memcmp(got[size_t(r)][i].data(), e.data(), e.size() * sizeof(float)) == 0,
+             what);
+    }
+    const auto s = flags::WaitStatus(after_desync[size_t(r)]);
+    std::snprintf(what, sizeof(what), "registered: rank %d of %d with another offset ended with status %u", r, n,
+                  after_desync[size_t(r)]);
+    expect(n == 1 || s == flags::WaitStatus::kMismatch || s == flags::WaitStatus::kPeerAborted, what);
+  }
+}
+
 // The graphed all_reduce as a CUDA graph replays it: per rank one `in` and
 // one `out` buffer (the addresses fixed at capture), refilled before each
 // call; calls of several sizes (several captured graphs), an eager one-shot
@@ -313,6 +384,8 @@ int main() {
   for (int n = 1; n <= 4; ++n) check_graphed(n);
   expect(cuda_ipc::g_graph_launches > 0, "the graphed kernel ran");
   for (int n = 2; n <= 4; ++n) check_graphed_mismatch(n);
+  for (int n = 2; n <= 4; ++n)
+    for (size_t slot_bytes : {size_t(256), size_t(4096)}) check_registered(n, slot_bytes);
   std::printf("%ld checks, %ld failures\n", long(checks.load()), long(failures.load()));
   return failures == 0 ? 0 : 1;
 }
