@@ -12,7 +12,8 @@ figures (gpu_summary.py holds the rows, targets, tables, CSV and plots).
   ipc    dist.all_reduce on a "fastpar" group, 2 ranks as processes sharing
          cuda:0 (start an MPS daemon first, or they time-slice), and on
          distinct GPUs beside an NCCL group when there are 2+; up to 256 KiB
-         also captured in a CUDA graph (one all_reduce per replay)
+         also captured in a CUDA graph (one all_reduce per replay), above it
+         also on registered tensors (registered_empty: no copy-in)
 
   python benchmarks/bench_cuda.py                      # all parts, ~3 minutes on one H100
   python benchmarks/bench_cuda.py --part lists --quick
@@ -208,6 +209,7 @@ def ipc_worker(args) -> None:
     import torch.distributed as dist
 
     import fastpar  # noqa: F401  (registers "fastpar")
+    import fastpar.distributed as fd
 
     rank, n = args.rank, args.ranks
     ngpu = torch.cuda.device_count()
@@ -251,6 +253,20 @@ def ipc_worker(args) -> None:
                 if rank == 0:
                     traceback.print_exc()
                 break
+    # The same all_reduce on registered tensors (registered_empty: no
+    # copy-in) at the two-shot sizes, where that schedule runs.
+    for size in [s for s in args.ipc_sizes if s > 256 * KiB]:
+        try:
+            t = fd.registered_empty((size // 4,), torch.float32, device="cuda").fill_(1)
+            dist.barrier(group=gloo)
+            sec = slowest(event_time(lambda: dist.all_reduce(t), reps=3))
+            keep(gs.ipc_row("fastpar registered", placement, n, size, sec, None))
+            del t
+        except Exception as e:
+            keep(gs.ipc_row("fastpar registered", placement, n, size, None, None, _err(e)))
+            if rank == 0:
+                traceback.print_exc()
+            break
     # The same all_reduce captured in a CUDA graph (fastpar's graphed kernel):
     # one all_reduce per graph, so host time per replay is per call.
     for size in [s for s in args.ipc_sizes if s <= 256 * KiB]:
@@ -279,8 +295,10 @@ def ipc_rows(args) -> list:
 
     rows = []
     placements = ["shared"] + (["distinct"] if torch.cuda.device_count() >= args.ranks else [])
-    # every size over fastpar's own path (the default sends 8+ MiB to NCCL)
+    # every size over fastpar's own path (the default sends 8+ MiB to NCCL),
+    # and room for the registered rows' largest tensor
     os.environ.setdefault("FASTPAR_CUDA_IPC_MAX_BYTES", str(max(args.ipc_sizes)))
+    os.environ.setdefault("FASTPAR_CUDA_IPC_REGISTERED_BYTES", str(max(args.ipc_sizes)))
     for placement in placements:
         with tempfile.TemporaryDirectory(prefix="fastpar-bench-") as d:
             out = os.path.join(d, "rows.json")
@@ -317,6 +335,8 @@ def synthetic_rows(args) -> list:
                                9e-6 if size <= 256 * KiB else None))
         if size <= 256 * KiB:
             rows.append(gs.ipc_row("fastpar graph", "shared cuda:0", 2, size, 8e-6 + size / 500e9, 3e-6))
+        else:
+            rows.append(gs.ipc_row("fastpar registered", "shared cuda:0", 2, size, 10e-6 + size / 600e9))
     return rows
 
 

@@ -28,6 +28,7 @@ def test_dry_run_writes_csv_summary_and_plots(tmp_path, capsys):
     assert "MISSED" in by_name["4 KiB list allreduce, k=8, host us/call"]  # synthetic 14 us > 12
     assert "not measured" in by_name["distinct GPUs, busbw / NCCL from 64 MiB (worst)"]
     assert "error: host: RuntimeError: synthetic failure" in summary
+    assert " met " in by_name["registered / plain all_reduce time from 1 MiB (worst)"]  # synthetic: faster
     out = capsys.readouterr().out
     assert "Targets (the issues') and measured" in out
     try:
