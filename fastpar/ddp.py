@@ -16,7 +16,9 @@ static_graph, join() for uneven numbers of batches, comm hooks of its own
   (roughly the order backward produces them), into flat buckets: the first
   of 1 MiB so communication starts early, the rest of ``bucket_cap_mb``.
   Bucket memory comes from fastpar.bucket_storage.allocate_bucket_storage:
-  registered shared memory on the fastpar backend, torch.zeros elsewhere.
+  registered memory on the fastpar backend (CPU shared memory; the CUDA IPC
+  arena when FASTPAR_CUDA_IPC_REGISTERED_BYTES gives it room), torch.zeros
+  elsewhere.
 * A post-accumulate-grad hook copies each gradient into its bucket slot
   (nothing to copy when .grad already is that slot); when a bucket is full
   its all_reduce is launched asynchronously, in bucket order on every rank,

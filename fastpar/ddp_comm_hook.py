@@ -8,12 +8,13 @@ Each bucket stock DDP hands over is averaged over the ranks of ``state`` (a
 ProcessGroup; None means the default group):
 
 * fastpar backend with registered buffers (``fastpar.distributed.registered_empty``):
-  the bucket is copied into a registered shared-memory buffer kept per
+  CPU buckets are copied into a registered shared-memory buffer kept per
   bucket, all_reduced there in place, and that buffer is returned; DDP reads
   the averaged gradients from it.
-* any other backend (gloo, NCCL), or no registered buffers: the bucket itself
-  is all_reduced in place and divided by the world size, exactly what torch's
-  default allreduce hook does, so registering the hook never changes results.
+* CUDA buckets, any other backend (gloo, NCCL), or no registered buffers:
+  the bucket itself is all_reduced in place and divided by the world size,
+  exactly what torch's default allreduce hook does, so registering the hook
+  never changes results.
 """
 
 from typing import Dict, Optional, Tuple
@@ -45,7 +46,9 @@ def comm_hook(state: object, bucket: dist.GradBucket) -> torch.futures.Future[to
     world = dist.get_world_size(group)
     buf = bucket.buffer()
     target = buf
-    if storage_kind(group, buf.device) == "registered":
+    # CPU only: on CUDA the copy into a registered buffer would cost what the
+    # zero-copy schedule saves (the IPC schedules copy the bucket in anyway).
+    if buf.device.type == "cpu" and storage_kind(group, buf.device) == "registered":
         key = (id(group), bucket.index(), buf.numel(), buf.dtype)
         staged = _staging.get(key)
         if staged is None:

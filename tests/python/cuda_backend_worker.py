@@ -449,6 +449,9 @@ def sc_ddp():
         assert cuda_backend().ipc_calls >= 10, cuda_backend().ipc_calls
     if SHARED:
         assert cuda_backend().fallback_calls == 0, cuda_backend().fallback_calls
+    registered = int(os.environ.get("FASTPAR_CUDA_IPC_REGISTERED_BYTES", "0")) > 0
+    from fastpar.bucket_storage import storage_kind
+    assert storage_kind(None, DEV) == ("registered" if registered else "torch.empty"), storage_kind(None, DEV)
     dist.destroy_process_group()
     print(f"ddp rank {RANK} ok", flush=True)
 

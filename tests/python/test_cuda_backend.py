@@ -138,8 +138,11 @@ def test_async_op_wait_and_future_then():
 
 
 @pytest.mark.parametrize("layout,world", [p for p in LAYOUTS if p[1] in (2, 3)])
-def test_stock_and_fastpar_ddp_match_a_reference(layout, world):
-    assert_ok(run_cuda("ddp", world, layout))
+@pytest.mark.parametrize("buckets", ["plain", "registered"])
+def test_stock_and_fastpar_ddp_match_a_reference(layout, world, buckets):
+    # "registered": fastpar DDP's CUDA buckets live in the IPC arena (bucket_storage.py).
+    env = {"FASTPAR_CUDA_IPC_REGISTERED_BYTES": str(16 << 20)} if buckets == "registered" else {}
+    assert_ok(run_cuda("ddp", world, layout, env=env))
 
 
 @pytest.mark.parametrize("layout,world", [("shared", 2), ("shared", 3)] +
