@@ -85,9 +85,10 @@ void allreduce_two_shot(Comm& c, const CollCall& call, const char* in, char* out
   copy_out(m - 1, prev);
 }
 
-// Two-shot on registered buffers (cpu_shm only: it needs Comm::arena(q), the
-// registered-buffer region of rank q): the data already sits at `offset` in
-// every rank's arena, so there is no copy-in. Pipelined over chunks of `chunk`
+// Two-shot on registered buffers (Comm::arena(q): rank q's registered region,
+// as mapped here; the cpu_shm segment's arena, the CUDA IPC arena's registered
+// region): the data already sits at `offset` in every rank's region, so there
+// is no copy-in. Pipelined over chunks of `chunk`
 // elements like allreduce_two_shot: after phase P(k) a rank copies chunk k-1's
 // final shards from their owners and reduces its shard of chunk k in place
 // (only rank r ever reads or writes shard r of any arena before its reduce).

@@ -26,6 +26,8 @@
 //                                step does nothing once a phase has failed, so
 //                                no output is written from a slot a peer never
 //                                filled
+//   char* arena(int q)           rank q's registered buffers (only
+//                                allreduce_registered uses it)
 // Reductions also take a Reducer, the transport's element math for the call's
 // dtype and op:
 //   reduce(const void* const* srcs, int nsrc, void* const* dsts, int ndst, int64_t count)
