@@ -19,13 +19,13 @@
 namespace fastpar {
 
 // One-shot: per slot-sized chunk, copy in, one phase, every rank reduces all
-// n slots (reduce_slots.h's reduce with every rank a root). Latency: one flag
+// n slots (reduce_slots with every rank a root, root < 0). Latency: one flag
 // round trip per chunk (the front ends pick it for messages that fit one
 // slot). `out` may be `in`.
 template <class Comm, class Reducer>
 void allreduce_one_shot(Comm& c, const CollCall& call, const char* in, char* out, int64_t count, int64_t es,
                         Reducer&& reduce) {
-  reduce_to_root(c, call, in, out, count, es, /*root=*/-1, reduce);
+  reduce_slots(c, call, in, out, count, es, /*root=*/-1, reduce);
 }
 
 // Two-shot (reduce-scatter then allgather) in chunks of a slot, pipelined over

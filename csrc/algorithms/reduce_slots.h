@@ -1,7 +1,7 @@
 // Reduce and reduce-scatter over a slot transport (slot_transport.h; cpu_shm
 // and cuda_ipc run these same schedules). Buffers are bytes, `es` the element
-// size, counts in elements. One phase per piece each, the "publish, post,
-// read" shape of allreduce_slots.h's one-shot.
+// size, counts in elements. One phase per piece each: publish, post, read
+// (the one-shot allreduce is reduce_slots with every rank a root).
 #pragma once
 
 #include <algorithm>
@@ -19,8 +19,8 @@ namespace fastpar {
 // round trip per piece. Outputs of ranks that do not receive are never
 // written; `out` may be `in`.
 template <class Comm, class Reducer>
-void reduce_to_root(Comm& c, const CollCall& call, const char* in, char* out, int64_t count, int64_t es, int root,
-                    Reducer&& reduce) {
+void reduce_slots(Comm& c, const CollCall& call, const char* in, char* out, int64_t count, int64_t es, int root,
+                  Reducer&& reduce) {
   const int n = c.size(), r = c.rank();
   const bool all = root < 0;
   const int64_t chunk = std::max<int64_t>(1, c.slot_bytes() / es);

@@ -123,7 +123,7 @@ void reduce(ShmComm& c, const void* in, void* out, int64_t count, DType dt, Redu
   CollCall call{Coll::kReduce, count, dt, root, int(op)};
   c.begin(Coll::kReduce, c.timeout());
   with_reducer(dt, op, [&](auto reduce, int64_t es) {
-    reduce_to_root(c, call, static_cast<const char*>(in), static_cast<char*>(out), count, es, root, reduce);
+    reduce_slots(c, call, static_cast<const char*>(in), static_cast<char*>(out), count, es, root, reduce);
   });
 }
 

@@ -79,8 +79,8 @@ cudaError_t reduce_ipc(IpcComm& c, DType dt, ReduceOp op, const void* in, void* 
                        cudaStream_t stream) {
   if (bad_root(c, root) || count < 0) return cudaErrorInvalidValue;
   return run_schedule(c, stream, [&](IpcSteps& s) {
-    reduce_to_root(s, CollCall{Coll::kReduce, count, dt, root, int(op)}, static_cast<const char*>(in),
-                   static_cast<char*>(out), count, dtype_size(dt), root, s.reducer(dt, op));
+    reduce_slots(s, CollCall{Coll::kReduce, count, dt, root, int(op)}, static_cast<const char*>(in),
+                 static_cast<char*>(out), count, dtype_size(dt), root, s.reducer(dt, op));
   });
 }
 
