@@ -5,6 +5,7 @@
 #include "cuda_backend.h"
 
 #include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/utils/pybind.h>
 
@@ -129,6 +130,7 @@ void CudaBackend::release_ipc(bool farewell) noexcept {
 
 void CudaBackend::set_up(int device) {
   device_ = device;
+  events_ = std::make_shared<EventPool>(c10::DeviceIndex(device));
   // Once, even if it throws: the Store keys of a setup are used only once, and
   // a failed setup (a rank missing, knobs differing) leaves the group on the
   // fallback rather than retrying against stale keys.
@@ -250,7 +252,7 @@ c10::intrusive_ptr<c10d::Work> CudaBackend::ipc_work(c10d::OpType type, const ch
                                                      std::vector<at::Tensor> outputs,
                                                      const c10::cuda::CUDAStream& stream,
                                                      std::chrono::milliseconds timeout) {
-  return c10::make_intrusive<IpcWork>(type, op, std::move(outputs), stream, link_, getRank(), timeout,
+  return c10::make_intrusive<IpcWork>(type, op, std::move(outputs), stream, events_->get(), link_, getRank(), timeout,
                                       blocking_wait_);
 }
 

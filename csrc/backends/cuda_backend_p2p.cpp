@@ -2,7 +2,6 @@
 // without split sizes runs the phase-protocol schedule; with split sizes, and
 // the list form, every pair's message goes over the per-pair p2p rings
 // (transport/cuda_ipc/p2p_ipc.h), on a stream per peer and direction.
-#include <c10/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -157,7 +156,7 @@ c10::intrusive_ptr<c10d::Work> CudaBackend::all_to_all_pairs(const char* op, c10
   c10::cuda::CUDAGuard guard(like.device());
   const c10::cuda::CUDAStream current = begin_ipc(op, like, timeout);
   cuda_ipc::IpcComm& c = link_->ep->comm();
-  c10::cuda::CUDAEvent ready;
+  PooledEvent ready = events_->get();
   ready.record(current);
   std::vector<c10::cuda::CUDAStream> used;
   for (int q = 0; q < n; ++q) {
@@ -179,7 +178,7 @@ c10::intrusive_ptr<c10d::Work> CudaBackend::all_to_all_pairs(const char* op, c10
                                    cudaMemcpyDeviceToDevice, current));
   // The call completes on the caller's stream, like every other collective.
   for (const c10::cuda::CUDAStream& side : used) {
-    c10::cuda::CUDAEvent done;
+    PooledEvent done = events_->get();
     done.record(side);
     done.block(current);
   }
@@ -246,7 +245,7 @@ c10::intrusive_ptr<c10d::Work> CudaBackend::point_to_point(const char* op, std::
   // and a large send waiting for its receiver to drain the ring never holds
   // up this rank's receives or its traffic with other peers.
   const c10::cuda::CUDAStream side = p2p_stream(peer, is_send);
-  c10::cuda::CUDAEvent ready;
+  PooledEvent ready = events_->get();
   ready.record(current);
   ready.block(side);
   // The caching allocator must not reuse the tensor's memory before the side

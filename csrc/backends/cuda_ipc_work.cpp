@@ -33,12 +33,13 @@ void IpcLink::throw_if_failed(const char* op, int rank, std::chrono::millisecond
 }
 
 IpcWork::IpcWork(c10d::OpType type, const char* op_name, std::vector<at::Tensor> outputs,
-                 c10::cuda::CUDAStream stream, std::shared_ptr<const IpcLink> link, int rank,
+                 c10::cuda::CUDAStream stream, PooledEvent done, std::shared_ptr<const IpcLink> link, int rank,
                  std::chrono::milliseconds timeout, bool blocking_wait)
     : Work(rank, type),
       op_name_(op_name),
       outputs_(std::move(outputs)),
       stream_(stream),
+      done_(std::move(done)),
       link_(std::move(link)),
       rank_(rank),
       timeout_(timeout),

@@ -4,7 +4,9 @@
 // The kernels were enqueued on the caller's current stream of the tensor's
 // device (as vLLM's custom allreduce does), so the host never blocks:
 //   wait()         makes the caller's current stream wait on an event recorded
-//                  after the kernels (a no-op when it is the same stream),
+//                  after the kernels (a no-op when it is the same stream; the
+//                  event comes from the backend's EventPool, so no call
+//                  creates or destroys one),
 //                  then raises if this rank's kernels recorded a failure so
 //                  far (read from the host-mapped status mirror: no
 //                  synchronization). With FASTPAR_BLOCKING_WAIT=1 it
@@ -23,7 +25,6 @@
 // (cuda_ipc/ipc_failure.h words it).
 #pragma once
 
-#include <c10/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
@@ -37,6 +38,7 @@
 #include "../transport/cuda_ipc/ipc_endpoint.h"
 #include "../transport/cuda_ipc/ipc_failure.h"
 #include "../transport/liveness/peer_watcher.h"
+#include "cuda_event_pool.h"
 
 namespace fastpar {
 namespace ops {
@@ -68,9 +70,11 @@ struct IpcLink {
 
 class IpcWork : public c10d::Work {
  public:
-  // Records the completion event on `stream` (where the kernels were enqueued).
+  // Records the completion event `done` (from the backend's pool) on
+  // `stream`, where the kernels were enqueued.
   IpcWork(c10d::OpType type, const char* op_name, std::vector<at::Tensor> outputs, c10::cuda::CUDAStream stream,
-          std::shared_ptr<const IpcLink> link, int rank, std::chrono::milliseconds timeout, bool blocking_wait);
+          PooledEvent done, std::shared_ptr<const IpcLink> link, int rank, std::chrono::milliseconds timeout,
+          bool blocking_wait);
 
   bool isCompleted() override;
   bool isSuccess() const override;
@@ -83,7 +87,7 @@ class IpcWork : public c10d::Work {
   const char* op_name_;
   std::vector<at::Tensor> outputs_;
   c10::cuda::CUDAStream stream_;
-  c10::cuda::CUDAEvent done_;
+  PooledEvent done_;
   std::shared_ptr<const IpcLink> link_;
   int rank_;
   std::chrono::milliseconds timeout_;

@@ -1,0 +1,70 @@
+// CUDA events reused from call to call. A c10::cuda::CUDAEvent per call
+// creates its event at the first record and destroys it with the Work: two
+// driver calls on every collective's host path, whose budget is a few
+// microseconds (issue 8: 4 KiB all_reduce <= 8 us of host time; torch's NCCL
+// process group caches its events for the same reason). A pool holds the
+// disable-timing events of one device; a PooledEvent takes one and gives it
+// back when it dies, on whatever thread that is.
+#pragma once
+
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+
+#include <memory>
+#include <mutex>
+#include <vector>
+
+namespace fastpar {
+namespace ops {
+
+class EventPool;
+
+// One event from a pool, held while this object lives (movable, not
+// copyable). The same operations as c10::cuda::CUDAEvent's, on its device.
+class PooledEvent {
+ public:
+  PooledEvent() = default;
+  PooledEvent(std::shared_ptr<EventPool> pool, cudaEvent_t event) : pool_(std::move(pool)), event_(event) {}
+  ~PooledEvent();
+  PooledEvent(PooledEvent&& o) noexcept : pool_(std::move(o.pool_)), event_(o.event_), recorded_on_(o.recorded_on_) {
+    o.event_ = nullptr;
+  }
+  PooledEvent& operator=(PooledEvent&& o) noexcept;
+  PooledEvent(const PooledEvent&) = delete;
+  PooledEvent& operator=(const PooledEvent&) = delete;
+
+  void record(const c10::cuda::CUDAStream& stream);
+  // `stream` waits for the work recorded: nothing to enqueue when it is the
+  // stream the event was recorded on (stream order already says so).
+  void block(const c10::cuda::CUDAStream& stream) const;
+  bool query() const;  // true when the recorded work has finished
+  void synchronize() const;
+
+ private:
+  std::shared_ptr<EventPool> pool_;
+  cudaEvent_t event_ = nullptr;
+  cudaStream_t recorded_on_ = nullptr;
+};
+
+class EventPool : public std::enable_shared_from_this<EventPool> {
+ public:
+  explicit EventPool(c10::DeviceIndex device) : device_(device) {}
+  ~EventPool();  // destroys the events it holds (those out in PooledEvents keep the pool alive)
+  EventPool(const EventPool&) = delete;
+  EventPool& operator=(const EventPool&) = delete;
+
+  c10::DeviceIndex device() const { return device_; }
+  // A free event, or a new one (created on the pool's device).
+  PooledEvent get();
+
+ private:
+  friend class PooledEvent;
+  void give_back(cudaEvent_t event);
+
+  const c10::DeviceIndex device_;
+  std::mutex mu_;
+  std::vector<cudaEvent_t> free_;
+};
+
+}  // namespace ops
+}  // namespace fastpar
