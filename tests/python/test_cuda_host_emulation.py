@@ -1,10 +1,12 @@
 """The GPU code compiled for the host against a fake CUDA runtime
-(tests/cpp/cuda_host_emulation) and checked bit for bit against the CPU code,
-on any machine with a C++20 compiler, GPU or not:
+(tests/cpp/cuda_host_emulation), under AddressSanitizer and UBSan, and checked
+bit for bit against the CPU code, on any machine with a C++20 compiler, GPU or
+not:
   * the reduce and ring-step kernels, run thread by thread (index math,
     16-byte and scalar paths, aliasing) and the cuda_p2p ring executor;
-  * the CUDA IPC allreduce schedules with one thread per rank over the shared
-    flag protocol (slot rotation, chunking, mismatch handling);
+  * the CUDA IPC allreduce schedules (the shared algorithms/*_slots.h over
+    IpcSteps) with one thread per rank over the shared flag protocol (slot
+    rotation, chunking, registered buffers, mismatch records);
   * the CUDA IPC broadcast / all_gather / reduce / reduce_scatter schedules,
     interleaved with allreduce, desynced calls, and the host abort word that
     the peer watcher raises when a peer process dies;
@@ -21,6 +23,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HERE = os.path.join(ROOT, "tests", "cpp", "cuda_host_emulation")
+SANITIZE = ["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined", "-fno-omit-frame-pointer"]
 
 
 @pytest.mark.parametrize("program", ["kernels_and_ring_test", "ipc_schedules_test", "ipc_collectives_test", "ipc_p2p_test"])
@@ -29,11 +32,15 @@ def test_cuda_code_on_host(program, tmp_path):
     if not cxx:
         pytest.skip("no C++ compiler")
     exe = str(tmp_path / program)
-    build = subprocess.run(
-        [cxx, "-std=c++20", "-O1", "-pthread", "-I", os.path.join(HERE, "fake_cuda"), "-I", ROOT, "-I", HERE,
-         os.path.join(HERE, program + ".cpp"), "-o", exe],
-        capture_output=True, text=True,
-    )
+    base = [cxx, "-std=c++20", "-O1", "-pthread", "-I", os.path.join(HERE, "fake_cuda"), "-I", ROOT, "-I", HERE,
+            os.path.join(HERE, program + ".cpp"), "-o", exe]
+    # Under AddressSanitizer and UBSan (any undefined behaviour is fatal): the
+    # schedules index peers' slots and regions with computed offsets, which a
+    # bitwise check alone would only catch when the stray access changes data.
+    # A compiler without the sanitizer runtimes still runs the checks.
+    build = subprocess.run(base + SANITIZE, capture_output=True, text=True)
+    if build.returncode != 0 and ("asan" in build.stderr or "ubsan" in build.stderr):
+        build = subprocess.run(base, capture_output=True, text=True)
     assert build.returncode == 0, build.stderr[-4000:]
     run = subprocess.run([exe], capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout + run.stderr[-4000:]
