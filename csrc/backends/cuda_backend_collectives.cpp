@@ -12,6 +12,7 @@
 #include "../transport/cuda_ipc/allreduce_ipc.h"
 #include "../transport/cuda_ipc/collectives_ipc.h"
 #include "../transport/cuda_ipc/route.h"
+#include "c10d_compat.h"
 #include "call_timeout.h"
 #include "cuda_backend.h"
 #include "cuda_backend_args.h"
@@ -211,7 +212,7 @@ c10::intrusive_ptr<c10d::Work> CudaBackend::allgather_into_tensor_coalesced(std:
     C10_CUDA_CHECK(cuda_ipc::allgather_ipc(link_->ep->comm(), descriptor_dtype(inputs[i]), inputs[i].numel(),
                                            inputs[i].const_data_ptr(), outs, b, stream));
   }
-  return ipc_work(c10d::OpType::ALLGATHER_INTO_TENSOR_COALESCED, "all_gather_into_tensor_coalesced", outputs, stream, timeout);
+  return ipc_work(kAllgatherIntoTensorCoalesced, "all_gather_into_tensor_coalesced", outputs, stream, timeout);
 }
 
 c10::intrusive_ptr<c10d::Work> CudaBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
@@ -316,7 +317,7 @@ c10::intrusive_ptr<c10d::Work> CudaBackend::reduce_scatter_tensor_coalesced(std:
                                                 ReduceOp(int(opts.reduceOp.op_)), ins, outputs[i].data_ptr(),
                                                 outputs[i].numel(), stream));
   }
-  return ipc_work(c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED, "reduce_scatter_tensor_coalesced", outputs, stream, timeout);
+  return ipc_work(kReduceScatterTensorCoalesced, "reduce_scatter_tensor_coalesced", outputs, stream, timeout);
 }
 
 c10::intrusive_ptr<c10d::Work> CudaBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
