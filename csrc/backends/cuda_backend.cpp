@@ -273,7 +273,7 @@ at::Tensor CudaBackend::registered_empty(const std::vector<int64_t>& sizes, at::
   TORCH_CHECK_VALUE(registered_->bytes() > 0, "fastpar.registered_empty: FASTPAR_CUDA_IPC_REGISTERED_BYTES is 0, "
                     "so the CUDA IPC arena has no room for registered tensors; set it (equal on every rank) before "
                     "the group's first CUDA collective");
-  c10::cuda::CUDAGuard guard(c10::DeviceIndex(device_));
+  c10::cuda::CUDAGuard guard{c10::DeviceIndex(device_)};
   const c10::cuda::CUDAStream stream = begin_ipc("registered_empty", device_, timeout_);
   const int64_t off = registered_->alloc(bytes);
   cuda_ipc::IpcComm& c = link_->ep->comm();
