@@ -111,7 +111,7 @@ void broadcast_cpu(const at::Tensor& src, at::TensorList outputs) {
   check_numel("broadcast", "outputs[0]", outputs[0], src.numel(), "the numel of tensor");
   check_no_overlap("broadcast", "outputs", outputs);
   std::vector<cpu_local::CopyJob> jobs;
-  for (const auto& out : outputs) jobs.push_back({out.data_ptr(), src.data_ptr(), src.nbytes()});
+  for (const auto& out : outputs) jobs.push_back({out.data_ptr(), src.data_ptr(), static_cast<int64_t>(src.nbytes())});
   cpu_local::parallel_copy(torch_parallel_for(), jobs);
 }
 
@@ -120,7 +120,7 @@ void copy_many_cpu(at::TensorList srcs, at::TensorList dsts) {
   std::vector<cpu_local::CopyJob> jobs;
   for (size_t i = 0; i < srcs.size(); ++i) {
     if (srcs[i].is_contiguous() && dsts[i].is_contiguous()) {
-      jobs.push_back({dsts[i].data_ptr(), srcs[i].data_ptr(), srcs[i].nbytes()});
+      jobs.push_back({dsts[i].data_ptr(), srcs[i].data_ptr(), static_cast<int64_t>(srcs[i].nbytes())});
     } else {
       dsts[i].copy_(srcs[i]);  // strided views (gather along dim != 0): torch's copy kernel
     }
