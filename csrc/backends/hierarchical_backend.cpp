@@ -6,6 +6,7 @@
 #include <ATen/core/ivalue.h>
 
 #include <algorithm>
+#include <numeric>
 
 namespace fastpar {
 namespace ops {
@@ -443,10 +444,35 @@ c10::intrusive_ptr<c10d::Work> HierarchicalBackend::alltoall_base(at::Tensor& ou
   return world_->alltoall_base(output, input, output_split_sizes, input_split_sizes, opts);
 }
 
+// The list form as the world's alltoall_base over packed copies: gloo has the
+// list form only since torch 2.12 (the GPU machine's 2.11 lacks it), while
+// every world backend has alltoall_base. Lists it cannot pack go to the world
+// backend, which gives their semantics or their error.
 c10::intrusive_ptr<c10d::Work> HierarchicalBackend::alltoall(std::vector<at::Tensor>& outputs,
                                                              std::vector<at::Tensor>& inputs,
                                                              const c10d::AllToAllOptions& opts) {
-  return world_->alltoall(outputs, inputs, opts);
+  if (int(inputs.size()) != getSize() || int(outputs.size()) != getSize() || !dense(inputs) || !dense(outputs))
+    return world_->alltoall(outputs, inputs, opts);
+  std::vector<int64_t> send, recv;
+  for (int r = 0; r < getSize(); ++r) {
+    if (inputs[r].scalar_type() != inputs[0].scalar_type() || outputs[r].scalar_type() != inputs[0].scalar_type())
+      return world_->alltoall(outputs, inputs, opts);
+    send.push_back(inputs[r].numel());
+    recv.push_back(outputs[r].numel());
+  }
+  std::vector<at::Tensor> flat_in;
+  for (const auto& t : inputs) flat_in.push_back(t.reshape({-1}));
+  at::Tensor packed_in = at::cat(flat_in);
+  at::Tensor packed_out = at::empty({std::accumulate(recv.begin(), recv.end(), int64_t(0))}, packed_in.options());
+  // copies: gloo leaves the split vectors it is given moved-from (a segfault here with torch 2.11)
+  std::vector<int64_t> recv_arg = recv, send_arg = send;
+  world_->alltoall_base(packed_out, packed_in, recv_arg, send_arg, opts)->wait();
+  int64_t off = 0;
+  for (int r = 0; r < getSize(); ++r) {
+    outputs[r].view({-1}).copy_(packed_out.narrow(0, off, recv[r]));
+    off += recv[r];
+  }
+  return enqueued_work(outputs);
 }
 
 c10::intrusive_ptr<c10d::Work> HierarchicalBackend::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {

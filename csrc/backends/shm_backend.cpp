@@ -362,7 +362,7 @@ c10::intrusive_ptr<c10d::Work> ShmBackend::alltoall(std::vector<at::Tensor>& out
     check_like("all_to_all", indexed("input_tensor_list", q), inputs[q], "input_tensor_list[0]", inputs[0]);
     check_like("all_to_all", indexed("output_tensor_list", q), outputs[q], "input_tensor_list[0]", inputs[0]);
   }
-  if (world_) return world_->alltoall(outputs, inputs, opts);
+  if (hier_) return hier_->alltoall(outputs, inputs, opts);  // several hosts: world's alltoall_base, packed
   std::vector<at::Tensor> flat_in, flat_out;
   for (int q = 0; q < n; ++q) {
     flat_in.push_back(inputs[q].reshape({-1}));
