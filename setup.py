@@ -19,7 +19,6 @@ against the torch you will import (its C++ ABI must match).
 """
 import glob
 import os
-import shutil
 import sys
 
 from setuptools import setup
@@ -27,28 +26,11 @@ from setuptools import setup
 ROOT = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import cuda_archs  # noqa: E402
+import cuda_toolkit  # noqa: E402
 import toolchain_guard  # noqa: E402
 
 
-def _find_cuda_home():
-    """torch guesses CUDA_HOME from `which nvcc`, which fails when nvcc is a
-    wrapper script outside the toolkit (as on our CI machines): prefer a real
-    toolkit directory that holds bin/nvcc and include/cuda_runtime.h."""
-    if os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH"):
-        return os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
-    candidates = ["/usr/local/cuda"] + sorted(glob.glob("/usr/local/cuda-*"), reverse=True)
-    nvcc = shutil.which("nvcc")
-    if nvcc:
-        candidates.insert(0, os.path.dirname(os.path.dirname(os.path.realpath(nvcc))))
-    for c in candidates:
-        if os.path.exists(os.path.join(c, "bin", "nvcc")) and os.path.exists(
-            os.path.join(c, "include", "cuda_runtime.h")
-        ):
-            return c
-    return None
-
-
-_cuda_home = _find_cuda_home()
+_cuda_home = cuda_toolkit.find_cuda_home()
 if _cuda_home:
     os.environ["CUDA_HOME"] = _cuda_home
 # torch reads the list itself (suffixes such as 9.0a and +PTX included) but
@@ -82,16 +64,6 @@ def _want_cuda():
     return possible
 
 
-def _nvidia_wheel_includes():
-    """CUDA builds of torch from PyPI ship some headers they include (cusparse.h,
-    cublas_v2.h, ...) inside the nvidia-* wheels, not in the toolkit."""
-    out = []
-    for p in sys.path:
-        out += glob.glob(os.path.join(p, "nvidia", "cu*", "include"))
-        out += glob.glob(os.path.join(p, "nvidia", "*", "include"))
-    return sorted(set(d for d in out if os.path.isdir(d)))
-
-
 def _sources(cuda):
     """Every .cpp under csrc/ is torch glue or CPU code; files whose path says
     "cuda" (csrc/ops/cuda_*.cpp, csrc/backends/cuda_*.cpp, csrc/transport/cuda_*/)
@@ -116,7 +88,7 @@ def _extension():
     return CUDAExtension(
         "fastpar._C",
         _sources(True),
-        include_dirs=_nvidia_wheel_includes(),
+        include_dirs=cuda_toolkit.nvidia_wheel_includes(),
         define_macros=[("FASTPAR_WITH_CUDA", "1")],
         extra_compile_args={"cxx": cxx + ["-DFASTPAR_WITH_CUDA=1"], "nvcc": nvcc},
     )

@@ -1,0 +1,34 @@
+"""Where the CUDA toolkit is, for setup.py and scripts/check_torch_compat.py."""
+import glob
+import os
+import shutil
+import sys
+
+
+def find_cuda_home():
+    """CUDA_HOME / CUDA_PATH if set, else a toolkit directory holding bin/nvcc and
+    include/cuda_runtime.h. torch guesses CUDA_HOME from `which nvcc`, which fails
+    when nvcc is a wrapper script outside the toolkit (as on our CI machines), so
+    the real toolkit behind the nvcc on the PATH comes first."""
+    if os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH"):
+        return os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    candidates = ["/usr/local/cuda"] + sorted(glob.glob("/usr/local/cuda-*"), reverse=True)
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        candidates.insert(0, os.path.dirname(os.path.dirname(os.path.realpath(nvcc))))
+    for c in candidates:
+        if os.path.exists(os.path.join(c, "bin", "nvcc")) and os.path.exists(
+            os.path.join(c, "include", "cuda_runtime.h")
+        ):
+            return c
+    return None
+
+
+def nvidia_wheel_includes():
+    """CUDA builds of torch from PyPI ship some headers they include (cusparse.h,
+    cublas_v2.h, ...) inside the nvidia-* wheels, not in the toolkit."""
+    out = []
+    for p in sys.path:
+        out += glob.glob(os.path.join(p, "nvidia", "cu*", "include"))
+        out += glob.glob(os.path.join(p, "nvidia", "*", "include"))
+    return sorted(set(d for d in out if os.path.isdir(d)))
