@@ -2,6 +2,7 @@
 build of torch are present (no GPU needed), for every requested architecture,
 suffixed ones included (TORCH_CUDA_ARCH_LIST="9.0a;10.0", "8.0+PTX")."""
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -99,3 +100,17 @@ def test_fatbin_reader_on_what_nvcc_builds(tmp_path):
                "-gencode=arch=compute_80,code=compute_80"]
     subprocess.run(["nvcc", "-c", *gencode, str(src), "-o", str(out)], check=True, capture_output=True)
     assert cuda_archs.library_entries(str(out)) == {"sm_90a", "sm_80", "compute_80"}
+
+
+BUILD_LOG = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), ".venv",
+                         "fastpar-build.log")
+
+
+@pytest.mark.skipif(not os.path.exists(BUILD_LOG), reason="no scripts/setup.sh build log (.venv/fastpar-build.log)")
+def test_fastpar_sources_compile_without_warnings():
+    """A warning in our own code has meant a bug: `CUDAGuard guard(c10::DeviceIndex(d));`
+    was a function declaration (-Wvexing-parse), so no device guard was active."""
+    with open(BUILD_LOG, errors="replace") as f:
+        # gcc: ".../csrc/a.cpp:276:29: warning: ...", nvcc: ".../csrc/k.cu(12): warning #177-D: ..."
+        ours = [line.strip() for line in f if re.search(r"(^|/)csrc/\S+(:\d+:\d+:|\(\d+\):) warning", line)]
+    assert not ours, "compiler warnings in csrc/:\n" + "\n".join(ours[:20])
