@@ -12,8 +12,13 @@
 #include <algorithm>
 #include <cstdlib>
 
+#include "../kernels/cuda_reduce_launch.h"
 #include "../transport/cuda_ipc/allreduce_ipc.h"
+#include "../transport/cuda_ipc/fused_one_shot.h"
+#include "../transport/cuda_ipc/p2p_ring.h"
+#include "../transport/cuda_ipc/phase_launch.h"
 #include "../transport/cuda_ipc/route.h"
+#include "call_timeout.h"
 #include "cuda_ipc_rendezvous.h"
 #include "cuda_ipc_work.h"
 
@@ -113,6 +118,11 @@ void CudaBackend::release_ipc(bool farewell) noexcept {
   // (the watcher, still running here, raised the host abort word).
   const bool disconnected = link->ep->disconnect() == cudaSuccess;
   link->watcher.stop();
+  // The p2p streams (destroying a stream with work pending lets that work finish).
+  for (cudaStream_t s : own_streams_) cudaStreamDestroy(s);
+  own_streams_.clear();
+  send_streams_.clear();
+  recv_streams_.clear();
   // A dead or aborted group has no farewell to wait for: peers that are
   // still alive may read our arena, so it is abandoned, not freed.
   const bool healthy = link->watcher.dead_rank() < 0 && !link->aborted.load() && link->ep->host_status() == 0;
@@ -130,6 +140,10 @@ void CudaBackend::release_ipc(bool farewell) noexcept {
 
 void CudaBackend::set_up(int device) {
   device_ = device;
+  // The transport saves and restores the current device around its CUDA
+  // calls: with the IPC device current, restoring never makes a context on
+  // another GPU (cudaSetDevice creates the primary context since CUDA 12).
+  c10::cuda::CUDAGuard guard{c10::DeviceIndex(device)};
   events_ = std::make_shared<EventPool>(c10::DeviceIndex(device));
   // Once, even if it throws: the Store keys of a setup are used only once, and
   // a failed setup (a rank missing, knobs differing) leaves the group on the
@@ -155,6 +169,12 @@ void CudaBackend::set_up(int device) {
   }
   why_not_ = std::move(rv.why_not);
   if (rv.endpoint) {
+    // Every kernel an IPC call can launch, loaded before the first of them
+    // waits on a peer (cuda_kernels::preload_reduce_kernels says why).
+    C10_CUDA_CHECK(cuda_kernels::preload_reduce_kernels());
+    C10_CUDA_CHECK(cuda_ipc::preload_phase_kernel());
+    C10_CUDA_CHECK(cuda_ipc::preload_p2p_kernel());
+    C10_CUDA_CHECK(cuda_ipc::preload_fused_kernels());
     auto link = std::make_shared<IpcLink>();
     link->ep = std::move(rv.endpoint);
     link->watch(std::move(rv.pids), getRank());
@@ -243,8 +263,25 @@ c10::cuda::CUDAStream CudaBackend::begin_ipc(const char* op, int device, std::ch
                     "CUDA IPC (its steps are numbered by the host at enqueue; of fastpar's IPC calls, only "
                     "all_reduce up to FASTPAR_CUDA_IPC_SLOT_BYTES = ", slot_bytes_, " bytes can be captured); "
                     "run it outside the capture");
+  // The host numbers every IPC call (phase sequence, slot rounds) in the
+  // order it enqueues them, and the protocol needs the GPU to run them in that
+  // order: a rank posts phase p+1 only after its reads of phase p. One stream
+  // gives that; calls on two streams (FSDP's all_gather and reduce_scatter
+  // streams, a collective under `with torch.cuda.stream(s)`) could overlap or
+  // swap, so the new stream first waits for everything the last one has
+  // enqueued. A graphed all_reduce needs no order: it has its own slot and
+  // device-side epochs, and a capturing stream may not wait on an event
+  // recorded outside the capture.
+  if (!capturing(stream)) {
+    if (last_ipc_stream_ && *last_ipc_stream_ != stream) {
+      PooledEvent e = events_->get();
+      e.record(*last_ipc_stream_);
+      e.block(stream);
+    }
+    last_ipc_stream_ = stream;
+  }
   ++ipc_calls_;
-  link_->ep->comm().timeout_ns = uint64_t(timeout.count()) * 1000 * 1000;
+  link_->ep->comm().timeout_ns = timeout_ns(timeout);
   return stream;
 }
 

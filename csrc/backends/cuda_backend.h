@@ -166,7 +166,8 @@ class CudaBackend : public c10d::Backend {
   void to_fallback(const char* op, const cuda_ipc::RouteQuery& q);
   // The common start of an IPC call (mu_ held): raises if the communicator
   // failed, or if the stream is capturing a CUDA graph and the call is not
-  // `capturable`; sets the flag-wait timeout, counts the call; the stream to use.
+  // `capturable`; orders the stream after the last IPC call's; sets the
+  // flag-wait timeout, counts the call; the stream to use.
   c10::cuda::CUDAStream begin_ipc(const char* op, const at::Tensor& t, std::chrono::milliseconds timeout,
                                   bool capturable = false);
   c10::cuda::CUDAStream begin_ipc(const char* op, int device, std::chrono::milliseconds timeout,
@@ -217,6 +218,10 @@ class CudaBackend : public c10d::Backend {
   cuda_ipc::Mps mps_ = cuda_ipc::Mps::kUnknown;
   std::atomic<int64_t> ipc_calls_{0}, fallback_calls_{0};
   std::vector<std::optional<c10::cuda::CUDAStream>> send_streams_, recv_streams_;  // per peer, made at first use
+  std::vector<cudaStream_t> own_streams_;  // those streams, destroyed by release_ipc
+  // The stream of the last IPC call (begin_ipc): a call on another stream
+  // waits for it, so the GPU runs the calls in the order the host numbered them.
+  std::optional<c10::cuda::CUDAStream> last_ipc_stream_;
 };
 
 // Adds fastpar._C.CudaBackend (CUDA builds only).

@@ -207,7 +207,17 @@ c10::intrusive_ptr<c10d::Work> CudaBackend::recvAnysource(std::vector<at::Tensor
 c10::cuda::CUDAStream CudaBackend::p2p_stream(int peer, bool is_send) {
   std::vector<std::optional<c10::cuda::CUDAStream>>& v = is_send ? send_streams_ : recv_streams_;
   if (v.empty()) v.resize(size_t(getSize()));
-  if (!v[size_t(peer)]) v[size_t(peer)] = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device_);
+  if (!v[size_t(peer)]) {
+    // A stream of our own, not one of torch's pool: the pool hands its 32
+    // streams round-robin to everyone (torch.cuda.Stream(), DDP's callbacks,
+    // the other direction's p2p stream), and a step that waits for the peer
+    // must never queue behind, or hold up, work it does not order with.
+    c10::cuda::CUDAGuard guard{c10::DeviceIndex(device_)};
+    cudaStream_t s = nullptr;
+    C10_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    own_streams_.push_back(s);
+    v[size_t(peer)] = c10::cuda::getStreamFromExternal(s, c10::DeviceIndex(device_));
+  }
   return *v[size_t(peer)];
 }
 

@@ -43,11 +43,17 @@ IpcWork::IpcWork(c10d::OpType type, const char* op_name, std::vector<at::Tensor>
       link_(std::move(link)),
       rank_(rank),
       timeout_(timeout),
-      blocking_wait_(blocking_wait) {
+      blocking_wait_(blocking_wait),
+      captured_(capturing(stream)) {
   done_.record(stream_);
 }
 
-bool IpcWork::isCompleted() { return done_.query(); }
+bool IpcWork::isCompleted() { return captured_ || done_.query(); }
+
+void IpcWork::block_current_stream() const {
+  const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(stream_.device_index());
+  if (!captured_ || capturing(current)) done_.block(current);
+}
 
 bool IpcWork::isSuccess() const { return link_->ep->host_status() == 0; }
 
@@ -57,7 +63,7 @@ bool IpcWork::wait(std::chrono::milliseconds timeout) {
   // synchronizing is bounded and lets the failure surface here, in seconds.
   // Never inside a CUDA graph capture, where synchronizing is an error (the
   // captured kernels have not run; a replay's failure shows at the next wait).
-  const bool sync = (blocking_wait_ || link_->watcher.dead_rank() >= 0 || link_->aborted.load()) &&
+  const bool sync = (blocking_wait_ || link_->watcher.dead_rank() >= 0 || link_->aborted.load()) && !captured_ &&
                     !capturing(c10::cuda::getCurrentCUDAStream(stream_.device_index()));
   if (sync) {
     if (timeout <= ::kNoTimeout) {
@@ -73,13 +79,13 @@ bool IpcWork::wait(std::chrono::milliseconds timeout) {
       }
     }
   } else {
-    done_.block(c10::cuda::getCurrentCUDAStream(stream_.device_index()));
+    block_current_stream();
   }
   link_->throw_if_failed(op_name_, rank_, timeout_);
   return true;
 }
 
-void IpcWork::synchronize() { done_.block(c10::cuda::getCurrentCUDAStream(stream_.device_index())); }
+void IpcWork::synchronize() { block_current_stream(); }
 
 c10::intrusive_ptr<c10::ivalue::Future> IpcWork::getFuture() {
   std::lock_guard<std::mutex> g(future_mu_);

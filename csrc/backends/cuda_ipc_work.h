@@ -84,6 +84,7 @@ class IpcWork : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
 
  private:
+  void block_current_stream() const;  // the caller's current stream waits for the kernels
   const char* op_name_;
   std::vector<at::Tensor> outputs_;
   c10::cuda::CUDAStream stream_;
@@ -92,6 +93,10 @@ class IpcWork : public c10d::Work {
   int rank_;
   std::chrono::milliseconds timeout_;
   bool blocking_wait_;
+  // Made inside a CUDA graph capture: done_ was recorded in the capture, so
+  // it may be waited on only by a stream still capturing, and never queried
+  // or synchronized (a replay is ordered by the stream it is replayed on).
+  bool captured_;
   std::mutex future_mu_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };

@@ -33,6 +33,13 @@ struct ReduceLaunch {
 
 cudaError_t launch_reduce(DType dt, ReduceOp op, const ReduceLaunch& args, cudaStream_t stream);
 
+// Loads every launch_reduce kernel now (CUDA loads kernels lazily by default,
+// at their first launch, and a load may wait for the running kernels: a
+// flag-waiting kernel of ours that needs a peer's later kernels could then
+// wait on a load that waits on it). Called at the CUDA IPC setup, as NCCL
+// loads its kernels at communicator init.
+cudaError_t preload_reduce_kernels();
+
 // Ring fold: out_acc[i] = (prev_acc ? prev_acc[i] : prev_data[i]) (+) mine[i],
 // out_acc in the accumulator type (float for float16/bfloat16).
 cudaError_t launch_ring_fold(DType dt, ReduceOp op, const void* prev_acc, const void* prev_data,

@@ -87,6 +87,13 @@ class CudaIpcComm : public torch::CustomClassHolder {
         algorithm == "one_shot" || (algorithm == "auto" && cuda_ipc::prefer_one_shot(int64_t(t.nbytes()), c));
     c10::cuda::CUDAGuard guard(t.device());
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(t.get_device()).stream();
+    // Its phase numbers and slots come from host counters at enqueue, which a
+    // replay would repeat (the process group's graphed all_reduce has none).
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+    TORCH_CHECK_VALUE(capture == cudaStreamCaptureStatusNone, "fastpar.CudaIpcComm.allreduce_: cannot be captured in "
+                      "a CUDA graph (its steps are numbered by the host at enqueue); dist.all_reduce on a fastpar "
+                      "group can be");
     if (one_shot) {
       C10_CUDA_CHECK(cuda_ipc::allreduce_one_shot(c, dt, rop, t.const_data_ptr(), t.data_ptr(), t.numel(), stream));
     } else {

@@ -11,15 +11,23 @@ namespace {
 
 constexpr int kFusedThreads = 512;
 
+// Whether an earlier call failed on this rank (its status word is set), read
+// once per block by thread 0 and shared: a kernel on another stream may set
+// the word mid-launch, and threads that saw different values would leave the
+// block's __syncthreads() divergent. Thread 0 of block 0 then tells the peers.
+__device__ bool block_sees_failure(const PhaseArgs& p, int* shared_status) {
+  if (threadIdx.x == 0) *shared_status = int(*static_cast<volatile const uint32_t*>(p.status));
+  __syncthreads();
+  if (*shared_status == 0) return false;
+  if (blockIdx.x == 0 && threadIdx.x == 0) flags::abort_rank<DeviceMemory>(p.self, uint64_t(*shared_status));
+  return true;
+}
+
 template <typename T, ReduceOp OP>
 __global__ void __launch_bounds__(kFusedThreads) fused_one_shot_kernel(FusedArgs a) {
   __shared__ int failed;
-  const PhaseArgs& p = a.phase;
-  if (*p.status != 0) {
-    // An earlier call failed here: tell the peers, write nothing.
-    if (blockIdx.x == 0 && threadIdx.x == 0) flags::abort_rank<DeviceMemory>(p.self, *p.status);
-    return;
-  }
+  __shared__ int status;
+  if (block_sees_failure(a.phase, &status)) return;  // an earlier call failed here: write nothing
   const int b = int(blockIdx.x), t = int(threadIdx.x), nt = int(blockDim.x);
   fused_copy_in<T>(a, b, t, nt);
   // Every thread's slot writes happen before thread 0's system-scope release.
@@ -34,12 +42,9 @@ __global__ void __launch_bounds__(kFusedThreads) fused_one_shot_kernel(FusedArgs
 template <typename T, ReduceOp OP>
 __global__ void __launch_bounds__(kFusedThreads) fused_graph_kernel(GraphArgs a) {
   __shared__ int failed;
+  __shared__ int status;
   __shared__ uint64_t epoch;
-  const PhaseArgs& p = a.f.phase;
-  if (*p.status != 0) {
-    if (blockIdx.x == 0 && threadIdx.x == 0) flags::abort_rank<DeviceMemory>(p.self, *p.status);
-    return;
-  }
+  if (block_sees_failure(a.f.phase, &status)) return;
   const int b = int(blockIdx.x), t = int(threadIdx.x), nt = int(blockDim.x);
   if (t == 0) epoch = graph_epoch(a, b);
   fused_copy_in<T>(a.f, b, t, nt);
@@ -86,7 +91,34 @@ struct LaunchGraph {
   }
 };
 
+// A template, so that the kernels of ops a dtype cannot reduce are never
+// instantiated (a discarded `if constexpr` branch is, outside a template).
+template <typename T, ReduceOp OP>
+cudaError_t load_fused_kernels() {
+  if constexpr (op_supports<T, OP>()) {
+    cudaFuncAttributes attr;
+    const cudaError_t e = cudaFuncGetAttributes(&attr, fused_one_shot_kernel<T, OP>);
+    return e != cudaSuccess ? e : cudaFuncGetAttributes(&attr, fused_graph_kernel<T, OP>);
+  } else {
+    return cudaSuccess;
+  }
+}
+
 }  // namespace
+
+cudaError_t preload_fused_kernels() {
+  cudaError_t result = cudaSuccess;
+  for (int d = 0; d <= int(DType::I64); ++d) {
+    for (int o = 0; o <= int(ReduceOp::MAX); ++o) {
+      FASTPAR_DISPATCH_DTYPE(DType(d), [&] {
+        FASTPAR_DISPATCH_OP(ReduceOp(o), [&] {
+          if (result == cudaSuccess) result = load_fused_kernels<scalar_t, kOp>();
+        });
+      });
+    }
+  }
+  return result;
+}
 
 cudaError_t launch_fused_graph(DType dt, ReduceOp op, const GraphArgs& a, cudaStream_t stream) {
   return dispatch_fused<LaunchGraph>(dt, op, a, a.f.nblocks, a.f.phase.size, stream);

@@ -109,7 +109,7 @@ FASTPAR_HD flags::WaitStatus fused_block_barrier(const FusedArgs& a, int b) {
   const PhaseArgs& p = a.phase;
   Mem::store_release(&a.self_blocks[b], p.desc.seq);
   if (b == 0) flags::post<Mem>(p.self, p.desc);
-  const uint64_t deadline = Mem::now_ns() + p.timeout_ns;
+  const uint64_t deadline = flags::deadline_after(Mem::now_ns(), p.timeout_ns);
   const PhasePoll<Mem> poll{&p};
   flags::WaitStatus s = flags::WaitStatus::kOk;
   flags::OpDesc theirs{};
@@ -197,7 +197,7 @@ FASTPAR_HD flags::WaitStatus graph_block_barrier(const GraphArgs& a, int b, uint
   mine.seq = e;
   if (is_start && b == 0) a.self->desc = mine;  // published by the release below
   Mem::store_release(is_start ? &a.self->start[b].value : &a.self->end[b].value, e);
-  const uint64_t deadline = Mem::now_ns() + p.timeout_ns;
+  const uint64_t deadline = flags::deadline_after(Mem::now_ns(), p.timeout_ns);
   const PhasePoll<Mem> poll{&p};
   flags::WaitStatus s = flags::WaitStatus::kOk;
   flags::OpDesc theirs{};
@@ -223,6 +223,9 @@ FASTPAR_HD void graph_done(const GraphArgs& a, int b, uint64_t e) { a.self->epoc
 
 // Enqueues the graphed kernel (fused_one_shot.cu): a.f.nblocks blocks.
 cudaError_t launch_fused_graph(DType dt, ReduceOp op, const GraphArgs& a, cudaStream_t stream);
+
+// Loads every fused and graphed kernel now (see cuda_kernels::preload_reduce_kernels).
+cudaError_t preload_fused_kernels();
 
 }  // namespace cuda_ipc
 }  // namespace fastpar

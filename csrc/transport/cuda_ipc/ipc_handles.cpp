@@ -10,12 +10,19 @@ cudaError_t arena_alloc(size_t slot_bytes, size_t registered_bytes, void** base)
   *base = nullptr;
   void* p = nullptr;
   FASTPAR_CUDA_TRY(cudaMalloc(&p, arena_bytes(slot_bytes, registered_bytes)));
-  // Synchronous on purpose: the header must read as zero before the handle is
-  // handed to any peer, whose first wait reads our flag.
-  // The p2p counters too: a peer's first credit/wait reads them.
-  cudaError_t err = cudaMemset(p, 0, kHeaderBytes);
-  if (err == cudaSuccess) err = cudaMemset(p2p_control_of(p, slot_bytes), 0, kP2PControlBytes);
-  if (err == cudaSuccess) err = cudaMemset(graph_control_of(p, slot_bytes), 0, kGraphControlBytes);
+  // The header, the p2p counters and the graph flags must read as zero before
+  // the handle is handed to any peer, whose first waits read them (memory a
+  // destroyed group freed can come back holding its flags). cudaMemset is
+  // asynchronous to the host and would queue behind whatever the legacy
+  // stream has (a backward pass, at a lazy setup): a stream of our own,
+  // synchronized before returning.
+  cudaStream_t s = nullptr;
+  cudaError_t err = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  if (err == cudaSuccess) err = cudaMemsetAsync(p, 0, kHeaderBytes, s);
+  if (err == cudaSuccess) err = cudaMemsetAsync(p2p_control_of(p, slot_bytes), 0, kP2PControlBytes, s);
+  if (err == cudaSuccess) err = cudaMemsetAsync(graph_control_of(p, slot_bytes), 0, kGraphControlBytes, s);
+  if (err == cudaSuccess) err = cudaStreamSynchronize(s);
+  if (s) cudaStreamDestroy(s);
   if (err != cudaSuccess) {
     cudaFree(p);
     return err;

@@ -1,7 +1,7 @@
 // The steps every CUDA IPC schedule is made of, and IpcSteps: the slot
 // transport (algorithms/slot_transport.h) that runs the shared schedules of
 // algorithms/*_slots.h on the GPU by enqueueing each step on one stream:
-//   publish  cudaMemcpyAsync into this rank's slot
+//   publish  the guarded copy into this rank's slot
 //   phase    the one-thread phase kernel (post our flag with the call's
 //            descriptor, wait for every peer's, compare)
 //   copy     the byte copy kernel, guarded by the status word
@@ -103,9 +103,9 @@ class IpcSteps {
   int next_round() { return int(c_.rounds++ % flags::kSlots); }
 
   void phase(const CollCall& call) { enqueue(launch_phase(ipc_steps::phase_args(c_, call), stream_)); }
-  void publish(char* dst, const void* src, int64_t bytes) {
-    if (bytes > 0) enqueue(cudaMemcpyAsync(dst, src, size_t(bytes), cudaMemcpyDeviceToDevice, stream_));
-  }
+  // Guarded as the copies are: calls the host enqueued after a failed phase
+  // must not rewrite a slot a peer that passed that phase may still read.
+  void publish(char* dst, const void* src, int64_t bytes) { copy(dst, src, bytes); }
   void copy(void* dst, const void* src, int64_t bytes) {
     enqueue(ipc_steps::guarded_copy(c_, dst, src, bytes, stream_));
   }

@@ -9,6 +9,11 @@ namespace cuda_ipc {
 
 __global__ void p2p_step_kernel(P2PArgs a) { p2p_step<DeviceMemory>(a); }
 
+cudaError_t preload_p2p_kernel() {
+  cudaFuncAttributes attr;
+  return cudaFuncGetAttributes(&attr, p2p_step_kernel);
+}
+
 cudaError_t launch_p2p_step(const P2PArgs& a, cudaStream_t stream) {
   p2p_step_kernel<<<1, 1, 0, stream>>>(a);
   return cudaGetLastError();

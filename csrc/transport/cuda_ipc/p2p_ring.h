@@ -84,7 +84,7 @@ FASTPAR_HD void p2p_fail(const P2PArgs& a, flags::WaitStatus s) {
 // abort word every kPollSpins spins (the phase kernel's PhasePoll rule).
 template <class Mem>
 FASTPAR_HD flags::WaitStatus p2p_wait_for(const P2PArgs& a, const uint64_t* word, uint64_t target) {
-  const uint64_t deadline = Mem::now_ns() + a.timeout_ns;
+  const uint64_t deadline = flags::deadline_after(Mem::now_ns(), a.timeout_ns);
   for (;;) {
     for (int i = 0; i < flags::kPollSpins; ++i) {
       if (Mem::load_acquire(word) >= target) return flags::WaitStatus::kOk;
@@ -147,6 +147,8 @@ FASTPAR_HD void p2p_step(const P2PArgs& a) {
 
 // Enqueues p2p_step(a) as a one-thread kernel on `stream` (p2p_kernel.cu).
 cudaError_t launch_p2p_step(const P2PArgs& a, cudaStream_t stream);
+// Loads the p2p step kernel now (see cuda_kernels::preload_reduce_kernels).
+cudaError_t preload_p2p_kernel();
 
 }  // namespace cuda_ipc
 }  // namespace fastpar

@@ -43,5 +43,9 @@ struct PhaseArgs {
 // peer's abort, a mismatch, or the code the host wrote to *host_abort).
 cudaError_t launch_phase(const PhaseArgs& a, cudaStream_t stream);
 
+// Loads the phase kernel now rather than at its first launch (see
+// cuda_kernels::preload_reduce_kernels).
+cudaError_t preload_phase_kernel();
+
 }  // namespace cuda_ipc
 }  // namespace fastpar

@@ -72,7 +72,7 @@ FASTPAR_HD void phase_step(const PhaseArgs& a) {
     return;
   }
   flags::post<Mem>(a.self, a.desc);
-  const uint64_t deadline = Mem::now_ns() + a.timeout_ns;
+  const uint64_t deadline = flags::deadline_after(Mem::now_ns(), a.timeout_ns);
   const PhasePoll<Mem> poll{&a};
   for (int q = 0; q < a.size; ++q) {
     if (q == a.rank) continue;
