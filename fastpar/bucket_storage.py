@@ -22,22 +22,31 @@ import torch
 import torch.distributed as dist
 
 from . import _C
-from .distributed import get_fastpar_backend, registered_empty
+from .distributed import registered_empty
 
 
-def uses_fastpar_backend(process_group: Optional[dist.ProcessGroup]) -> bool:
+def _backend_for(process_group: Optional[dist.ProcessGroup], device_type: str):
+    """The group's backend object for tensors on `device_type`, or None."""
+    pg = process_group if process_group is not None else dist.group.WORLD
     try:
-        return str(dist.get_backend(process_group)).lower() == "fastpar"
-    except (RuntimeError, ValueError):
-        return False
+        return pg._get_backend(torch.device(device_type))
+    except (AttributeError, RuntimeError, ValueError):  # no group, or none for that device
+        return None
+
+
+def uses_fastpar_backend(process_group: Optional[dist.ProcessGroup], device_type: str = "cpu") -> bool:
+    """Whether the group runs fastpar for tensors on `device_type`: "fastpar",
+    and mixed strings such as "cpu:fastpar,cuda:fastpar" or "cpu:fastpar,cuda:nccl"
+    (dist.get_backend gives the whole string for those)."""
+    return isinstance(_backend_for(process_group, device_type), _C.ShmBackend)
 
 
 def _registered_cuda(process_group: Optional[dist.ProcessGroup]) -> bool:
     """Whether the group's CUDA tensors can be registered: a one-host fastpar
     CUDA backend whose arena has a registered region."""
-    if not uses_fastpar_backend(process_group):
+    if not uses_fastpar_backend(process_group, "cuda"):
         return False
-    cuda = get_fastpar_backend(process_group).cuda_backend
+    cuda = _backend_for(process_group, "cuda").cuda_backend
     cuda_backend_type = getattr(_C, "CudaBackend", None)  # CUDA builds only
     return cuda_backend_type is not None and isinstance(cuda, cuda_backend_type) and cuda.registered_bytes > 0
 
@@ -48,7 +57,7 @@ def allocate_bucket_storage(numel: int, dtype: torch.dtype, device: torch.device
     registered storage where the fastpar backend has it (see the module's
     docstring), ``torch.zeros`` otherwise."""
     # Collective where registered: every rank allocates its buckets in the same order (same model, same bucketing).
-    if device.type == "cpu" and uses_fastpar_backend(process_group):
+    if device.type == "cpu" and uses_fastpar_backend(process_group, "cpu"):
         return registered_empty((numel,), dtype, group=process_group).zero_()
     if device.type == "cuda" and _registered_cuda(process_group):
         try:
@@ -63,7 +72,7 @@ def allocate_bucket_storage(numel: int, dtype: torch.dtype, device: torch.device
 def storage_kind(process_group: Optional[dist.ProcessGroup], device: torch.device) -> str:
     """'registered' or 'torch.empty': what allocate_bucket_storage gives here
     (for reports; a CUDA arena that runs out still gives ordinary tensors)."""
-    if device.type == "cpu" and uses_fastpar_backend(process_group):
+    if device.type == "cpu" and uses_fastpar_backend(process_group, "cpu"):
         return "registered"
     if device.type == "cuda" and _registered_cuda(process_group):
         return "registered"

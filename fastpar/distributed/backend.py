@@ -28,6 +28,7 @@ way the object returned serves CPU and CUDA tensors.
 from __future__ import annotations
 
 import datetime
+import sys
 import os
 import socket
 
@@ -204,6 +205,20 @@ def create_backend(store, rank: int, size: int, timeout: datetime.timedelta, glo
     return _C.ShmBackend(node_store, rank, size, ms, local, global_ranks, leader_pg, world_pg, host_index, cuda=cuda)
 
 
+def _bound_device(dist_opts):
+    """The device `init_process_group(device_id=...)` bound the group to, or None.
+    torch 2.14 hands the group over as dist_opts.process_group; older torch
+    (2.11, the GPU machine's) does not, and the device is then the `device_id`
+    of the torch function that calls the creator (_new_process_group_helper,
+    which new_group also reaches with the default group's device)."""
+    if hasattr(dist_opts, "process_group"):
+        return getattr(dist_opts.process_group, "bound_device_id", None)
+    caller = sys._getframe(2)  # 0: here, 1: _create_from_options, 2: torch
+    if caller.f_code.co_name == "_new_process_group_helper":
+        return caller.f_locals.get("device_id")
+    return None
+
+
 def _create_from_options(dist_opts, backend_options=None):
     """The extended-API creator torch calls from init_process_group / new_group."""
     return create_backend(
@@ -214,7 +229,7 @@ def _create_from_options(dist_opts, backend_options=None):
         getattr(dist_opts, "global_ranks_in_group", None),
         backend_options,
         getattr(dist_opts, "group_id", None),
-        getattr(getattr(dist_opts, "process_group", None), "bound_device_id", None),
+        _bound_device(dist_opts),
     )
 
 
@@ -227,15 +242,17 @@ def register() -> None:
     dist.Backend.register_backend(BACKEND_NAME, _create_from_options, extended_api=True, devices=["cpu", "cuda"])
 
 
-def get_fastpar_backend(group=None) -> _C.ShmBackend:
-    """The fastpar backend object of `group` (default: the world group)."""
+def get_fastpar_backend(group=None, device_type: str = "cpu") -> _C.ShmBackend:
+    """The fastpar backend object of `group` (default: the world group) for
+    tensors on `device_type` ("cpu" or "cuda": one object serves both when the
+    group runs fastpar for both)."""
     pg = group if group is not None else dist.group.WORLD
     if pg is None:
         raise RuntimeError("fastpar: no default process group; call dist.init_process_group('fastpar') first")
-    backend = pg._get_backend(torch.device("cpu"))
+    backend = pg._get_backend(torch.device(device_type))
     if not isinstance(backend, _C.ShmBackend):
         raise TypeError(
-            f"fastpar: group's CPU backend is {type(backend).__name__}, not fastpar; "
+            f"fastpar: group's {device_type.upper()} backend is {type(backend).__name__}, not fastpar; "
             "initialize it with backend 'fastpar' (or 'cpu:fastpar,...')"
         )
     return backend
@@ -265,11 +282,11 @@ def registered_empty(shape, dtype: torch.dtype = torch.float32, group=None, devi
         shape = (shape,)
     sizes = [int(s) for s in shape]
     dev = torch.device(device) if device is not None else torch.device("cpu")
-    backend = get_fastpar_backend(group)
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"fastpar.registered_empty: device is '{dev}' but registered tensors are CPU or CUDA")
+    backend = get_fastpar_backend(group, dev.type)
     if dev.type == "cpu":
         return backend.registered_empty(sizes, dtype)
-    if dev.type != "cuda":
-        raise ValueError(f"fastpar.registered_empty: device is '{dev}' but registered tensors are CPU or CUDA")
     cuda = backend.cuda_backend
     cuda_backend_type = getattr(_C, "CudaBackend", None)  # CUDA builds only
     if cuda_backend_type is None or not isinstance(cuda, cuda_backend_type):

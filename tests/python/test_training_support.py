@@ -57,3 +57,14 @@ def test_table_shows_ratios_to_both_baselines():
 def test_unknown_mode_is_refused():
     with pytest.raises(ValueError, match="mode is 'nccl_ddp'"):
         tb.run_modes(["fastpar_ddp", "nccl_ddp"], tb.Config(), "unused")
+
+
+@pytest.mark.parametrize("backend", ["fastpar", "cpu:fastpar", "cpu:fastpar,cuda:gloo"])
+def test_buckets_are_registered_whenever_cpu_tensors_run_on_fastpar(backend):
+    # dist.get_backend gives the whole string for mixed backends; the CPU
+    # backend object is what decides (CUDA groups are tested on a GPU).
+    dist.init_process_group(backend, store=dist.FileStore(tempfile.mktemp(), 1), rank=0, world_size=1)
+    try:
+        assert fastpar.DistributedDataParallel(nn.Linear(2, 2)).bucket_storage_kind == "registered"
+    finally:
+        dist.destroy_process_group()
