@@ -398,6 +398,32 @@ def sc_async():
         work = dist.all_reduce(t2, async_op=True)
     work.wait()  # the current (default) stream now waits for the side stream's kernels
     assert torch.equal((t2 + 0).cpu(), want)
+    # Calls on two streams, neither told to wait for the other (as FSDP's
+    # all-gather and reduce-scatter streams): the backend runs them in the
+    # order they were enqueued. With the first stream kept busy, the second
+    # call would otherwise run first and the ranks' phase numbers would cross.
+    xs3 = [x * 3 for x in xs]
+    want3 = in_rank_order(xs3, dist.ReduceOp.SUM, torch.float32)
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    a, b = xs[RANK].to(DEV), xs3[RANK].to(DEV)
+    torch.cuda.synchronize()
+    for i in range(3):
+        with torch.cuda.stream(s1):
+            torch.cuda._sleep(20_000_000)
+            dist.all_reduce(a if i == 0 else a.zero_())
+        with torch.cuda.stream(s2):
+            dist.all_reduce(b if i == 0 else b.zero_())
+    torch.cuda.synchronize()
+    assert torch.equal(a.cpu(), torch.zeros_like(want)) and torch.equal(b.cpu(), torch.zeros_like(want3))
+    a, b = xs[RANK].to(DEV), xs3[RANK].to(DEV)
+    torch.cuda.synchronize()
+    with torch.cuda.stream(s1):
+        torch.cuda._sleep(20_000_000)
+        dist.all_reduce(a)
+    with torch.cuda.stream(s2):
+        dist.all_reduce(b)
+    torch.cuda.synchronize()
+    assert torch.equal(a.cpu(), want) and torch.equal(b.cpu(), want3)
     dist.destroy_process_group()
     print(f"async rank {RANK} ok", flush=True)
 
@@ -694,6 +720,19 @@ def sc_graph():
         e = torch.full((17,), float(RANK), device=DEV)
         dist.all_reduce(e)  # eager, between replays
         check_equal(e, torch.full((17,), float(sum(range(WORLD)))), f"eager call after replay {i}", True)
+    # A Work made inside the capture: waited on there (the capturing stream
+    # waits on a captured event), then asked about after the capture, where
+    # querying or waiting on that event would be a CUDA error.
+    g3 = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g3):
+        work = dist.all_reduce(x, async_op=True)
+        work.wait()
+    assert work.is_completed()
+    work.wait()
+    xs = [random_data(q, 1000, torch.float32, 900) for q in range(WORLD)]
+    x.copy_(xs[RANK].to(DEV))
+    g3.replay()
+    check_equal(x, in_rank_order(xs, SUM, torch.float32), "replay of a graph holding an async all_reduce", ipc)
     if ipc:
         big = torch.zeros(65536 // 4 + 1, device=DEV)
         for what, call, words in [
