@@ -81,33 +81,17 @@ cudaError_t launch_reduce(DType dt, ReduceOp op, const ReduceLaunch& a, cudaStre
 
 namespace {
 
-// A template, so that the kernels of ops a dtype cannot reduce are never
-// instantiated (a discarded `if constexpr` branch is, outside a template).
 template <typename T, ReduceOp OP>
-cudaError_t load_reduce_kernel() {
-  if constexpr (op_supports<T, OP>()) {
+struct LoadReduceKernel {
+  static cudaError_t run() {
     cudaFuncAttributes attr;
     return cudaFuncGetAttributes(&attr, reduce_kernel<T, OP>);
-  } else {
-    return cudaSuccess;
   }
-}
+};
 
 }  // namespace
 
-cudaError_t preload_reduce_kernels() {
-  cudaError_t result = cudaSuccess;
-  for (int d = 0; d <= int(DType::I64); ++d) {
-    for (int o = 0; o <= int(ReduceOp::MAX); ++o) {
-      FASTPAR_DISPATCH_DTYPE(DType(d), [&] {
-        FASTPAR_DISPATCH_OP(ReduceOp(o), [&] {
-          if (result == cudaSuccess) result = load_reduce_kernel<scalar_t, kOp>();
-        });
-      });
-    }
-  }
-  return result;
-}
+cudaError_t preload_reduce_kernels() { return for_each_supported<LoadReduceKernel>(cudaSuccess); }
 
 namespace {
 

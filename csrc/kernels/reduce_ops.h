@@ -136,3 +136,28 @@ inline const char* dtype_name(DType dt) {
       case ::fastpar::ReduceOp::MAX: { constexpr auto kOp = ::fastpar::ReduceOp::MAX; return __VA_ARGS__(); }         \
     }                                                                                         \
   }()
+
+namespace fastpar {
+
+// Load<T, OP>::run() for every dtype T and every op OP that T can reduce (no
+// kernel of another pair is instantiated), stopping at the first result
+// other than `ok`: that result, else `ok`. How the CUDA IPC setup loads every
+// instance of a kernel (cuda_reduce.cu, fused_one_shot.cu).
+template <template <typename, ReduceOp> class Load, class R>
+R for_each_supported(R ok) {
+  R result = ok;
+  for (int d = 0; d <= int(DType::I64); ++d) {
+    for (int o = 0; o <= int(ReduceOp::MAX); ++o) {
+      FASTPAR_DISPATCH_DTYPE(DType(d), [&] {
+        FASTPAR_DISPATCH_OP(ReduceOp(o), [&] {
+          if constexpr (op_supports<scalar_t, kOp>()) {
+            if (result == ok) result = Load<scalar_t, kOp>::run();
+          }
+        });
+      });
+    }
+  }
+  return result;
+}
+
+}  // namespace fastpar

@@ -91,34 +91,18 @@ struct LaunchGraph {
   }
 };
 
-// A template, so that the kernels of ops a dtype cannot reduce are never
-// instantiated (a discarded `if constexpr` branch is, outside a template).
 template <typename T, ReduceOp OP>
-cudaError_t load_fused_kernels() {
-  if constexpr (op_supports<T, OP>()) {
+struct LoadFusedKernels {
+  static cudaError_t run() {
     cudaFuncAttributes attr;
     const cudaError_t e = cudaFuncGetAttributes(&attr, fused_one_shot_kernel<T, OP>);
     return e != cudaSuccess ? e : cudaFuncGetAttributes(&attr, fused_graph_kernel<T, OP>);
-  } else {
-    return cudaSuccess;
   }
-}
+};
 
 }  // namespace
 
-cudaError_t preload_fused_kernels() {
-  cudaError_t result = cudaSuccess;
-  for (int d = 0; d <= int(DType::I64); ++d) {
-    for (int o = 0; o <= int(ReduceOp::MAX); ++o) {
-      FASTPAR_DISPATCH_DTYPE(DType(d), [&] {
-        FASTPAR_DISPATCH_OP(ReduceOp(o), [&] {
-          if (result == cudaSuccess) result = load_fused_kernels<scalar_t, kOp>();
-        });
-      });
-    }
-  }
-  return result;
-}
+cudaError_t preload_fused_kernels() { return for_each_supported<LoadFusedKernels>(cudaSuccess); }
 
 cudaError_t launch_fused_graph(DType dt, ReduceOp op, const GraphArgs& a, cudaStream_t stream) {
   return dispatch_fused<LaunchGraph>(dt, op, a, a.f.nblocks, a.f.phase.size, stream);
