@@ -31,6 +31,8 @@ import tempfile
 import time
 import traceback
 
+_STARTED = time.monotonic()
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpu_summary as gs  # noqa: E402
 from launch import run_ranks  # noqa: E402
@@ -48,9 +50,12 @@ def sizes(lo: int, hi: int, step: int) -> list:
     return out
 
 
-def event_time(fn, target_s: float = 0.02, reps: int = 5) -> float:
+def event_time(fn, target_s: float = 0.02, reps: int = 5, agree=None) -> float:
     """Seconds per call on the current stream: median of `reps` runs of
-    enough calls to last about target_s, timed with CUDA events."""
+    enough calls to last about target_s, timed with CUDA events. `agree`
+    maps this process's call count to the one every rank uses (collectives:
+    each rank's estimate differs, and a rank making fewer calls would leave
+    its peers waiting for calls that never come)."""
     import torch
 
     fn()
@@ -60,6 +65,8 @@ def event_time(fn, target_s: float = 0.02, reps: int = 5) -> float:
     end.record()
     end.synchronize()
     iters = max(1, min(500, int(target_s / max(start.elapsed_time(end) / 1e3, 1e-6))))
+    if agree is not None:
+        iters = agree(iters)
     samples = []
     for _ in range(reps):
         start.record()
@@ -229,64 +236,70 @@ def ipc_worker(args) -> None:
         stuck after a failure) and the kill that ends it lose nothing."""
         rows.append(row)
         if rank == 0:
-            with open(args.ipc_out, "w") as f:
-                json.dump(rows, f)
+            write_rows(rows, args.ipc_out)
 
-    def slowest(sec: float) -> float:
-        t = torch.tensor([sec], dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=gloo)
+    def over_gloo(value, op):
+        t = torch.tensor([value], dtype=torch.float64)
+        dist.all_reduce(t, op=op, group=gloo)
         return t.item()
 
-    for name, group in groups:
-        for size in args.ipc_sizes:
+    def slowest(sec: float) -> float:
+        return over_gloo(sec, dist.ReduceOp.MAX)
+
+    def agreed_calls(k: int) -> int:
+        return int(over_gloo(k, dist.ReduceOp.MIN))
+
+    def series(name: str, sizes_: list, measure) -> None:
+        """measure(size) -> (seconds, host seconds) for each size, the ranks
+        in step: a failure on any rank (its exception, or a peer's) ends the
+        series on every rank, which then go on to the next one together."""
+        for size in sizes_:
+            err, sec, host = None, None, None
             try:
-                t = torch.ones(size // 4, device="cuda")
-                host = None
-                if size <= 256 * KiB:
-                    dist.barrier(group=gloo)
-                    host = slowest(host_time(lambda: dist.all_reduce(t, group=group), args.host_calls))
-                dist.barrier(group=gloo)
-                sec = slowest(event_time(lambda: dist.all_reduce(t, group=group), reps=3))
-                keep(gs.ipc_row(name, placement, n, size, sec, host))
+                sec, host = measure(size)
             except Exception as e:  # e.g. a refused shared GPU: report it, keep the others
-                keep(gs.ipc_row(name, placement, n, size, None, None, _err(e)))
+                err = _err(e)
                 if rank == 0:
                     traceback.print_exc()
-                break
+            if over_gloo(0.0 if err else 1.0, dist.ReduceOp.MIN) == 0.0:
+                keep(gs.ipc_row(name, placement, n, size, None, None, err or "failed on another rank"))
+                return
+            keep(gs.ipc_row(name, placement, n, size, sec, host))
+
+    def plain(group, size):
+        t = torch.ones(size // 4, device="cuda")
+        host = None
+        if size <= 256 * KiB:
+            dist.barrier(group=gloo)
+            host = slowest(host_time(lambda: dist.all_reduce(t, group=group), args.host_calls))
+        dist.barrier(group=gloo)
+        return slowest(event_time(lambda: dist.all_reduce(t, group=group), reps=3, agree=agreed_calls)), host
+
+    def registered(size):
+        t = fd.registered_empty((size // 4,), torch.float32, device="cuda").fill_(1)
+        dist.barrier(group=gloo)
+        return slowest(event_time(lambda: dist.all_reduce(t), reps=3, agree=agreed_calls)), None
+
+    def graphed(size):
+        t = torch.ones(size // 4, device="cuda")
+        dist.all_reduce(t)  # IPC is set up outside the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            dist.all_reduce(t)
+        dist.barrier(group=gloo)
+        host = slowest(host_time(graph.replay, args.host_calls))
+        dist.barrier(group=gloo)
+        return slowest(event_time(graph.replay, reps=3, agree=agreed_calls)), host
+
+    for name, group in groups:
+        series(name, args.ipc_sizes, lambda size: plain(group, size))
     # The same all_reduce on registered tensors (registered_empty: no
     # copy-in) at the two-shot sizes, where that schedule runs.
-    for size in [s for s in args.ipc_sizes if s > 256 * KiB]:
-        try:
-            t = fd.registered_empty((size // 4,), torch.float32, device="cuda").fill_(1)
-            dist.barrier(group=gloo)
-            sec = slowest(event_time(lambda: dist.all_reduce(t), reps=3))
-            keep(gs.ipc_row("fastpar registered", placement, n, size, sec, None))
-            del t
-        except Exception as e:
-            keep(gs.ipc_row("fastpar registered", placement, n, size, None, None, _err(e)))
-            if rank == 0:
-                traceback.print_exc()
-            break
+    series("fastpar registered", [s for s in args.ipc_sizes if s > 256 * KiB], registered)
     # The same all_reduce captured in a CUDA graph (fastpar's graphed kernel):
     # one all_reduce per graph, so host time per replay is per call.
-    for size in [s for s in args.ipc_sizes if s <= 256 * KiB]:
-        try:
-            t = torch.ones(size // 4, device="cuda")
-            dist.all_reduce(t)  # IPC is set up outside the capture
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                dist.all_reduce(t)
-            dist.barrier(group=gloo)
-            host = slowest(host_time(graph.replay, args.host_calls))
-            dist.barrier(group=gloo)
-            sec = slowest(event_time(graph.replay, reps=3))
-            keep(gs.ipc_row("fastpar graph", placement, n, size, sec, host))
-        except Exception as e:
-            keep(gs.ipc_row("fastpar graph", placement, n, size, None, None, _err(e)))
-            if rank == 0:
-                traceback.print_exc()
-            break
+    series("fastpar graph", [s for s in args.ipc_sizes if s <= 256 * KiB], graphed)
     dist.destroy_process_group()
 
 
@@ -299,17 +312,20 @@ def ipc_rows(args) -> list:
     # and room for the registered rows' largest tensor
     os.environ.setdefault("FASTPAR_CUDA_IPC_MAX_BYTES", str(max(args.ipc_sizes)))
     os.environ.setdefault("FASTPAR_CUDA_IPC_REGISTERED_BYTES", str(max(args.ipc_sizes)))
-    for placement in placements:
+    for i, placement in enumerate(placements):
+        # what is left of --ipc-timeout (counted from this process's start:
+        # the caller's `timeout` is) for this placement and those after it
+        budget = (args.ipc_timeout - (time.monotonic() - _STARTED)) / (len(placements) - i)
         with tempfile.TemporaryDirectory(prefix="fastpar-bench-") as d:
             out = os.path.join(d, "rows.json")
             argv = ["--ipc-worker", "--placement", placement, "--ipc-out", out, "--ranks", str(args.ranks),
                     "--host-calls", str(args.host_calls), "--ipc-sizes", ",".join(map(str, args.ipc_sizes))]
             try:
-                run_ranks(os.path.abspath(__file__), argv, args.ranks, timeout=args.ipc_timeout / len(placements))
+                run_ranks(os.path.abspath(__file__), argv, args.ranks, timeout=max(budget, 1.0))
             except SystemExit as e:  # run_ranks exits when a rank fails
                 rows.append(gs.ipc_row("fastpar", f"{placement} (ranks failed)", args.ranks, 0, None, None,
                                        str(e)))
-            if os.path.exists(out):
+            if os.path.exists(out):  # whole: rank 0 renames a finished file over it
                 with open(out) as f:
                     rows += json.load(f)
     return rows
@@ -401,6 +417,14 @@ def parse_args(argv=None):
     return args
 
 
+def write_rows(rows: list, path: str) -> None:
+    """The rows as JSON at `path` (none: nothing), whole: a temporary file renamed over it."""
+    if path:
+        with open(path + ".tmp", "w") as f:
+            json.dump(rows, f)
+        os.replace(path + ".tmp", path)
+
+
 def main(argv=None) -> list:
     args = parse_args(argv)
     if args.ipc_worker:
@@ -425,11 +449,14 @@ def main(argv=None) -> list:
         measure = {"lists": list_rows, "host": host_rows, "ipc": ipc_rows}
         for part in args.parts:
             t0 = time.time()
-            rows += measure[part](args)
+            try:
+                rows += measure[part](args)
+            except Exception as e:  # a CUDA error or out of memory ends this part, not the others' rows
+                traceback.print_exc()
+                rows.append({"part": "failed", "error": f"{part} part: {_err(e)}"})
             print(f"{part}: {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
-    if args.rows_out:
-        with open(args.rows_out, "w") as f:
-            json.dump(rows, f)
+            write_rows(rows, args.rows_out)  # after each part: a kill during the next loses nothing
+    write_rows(rows, args.rows_out)
     gs.report(rows, args.out, head)
     return rows
 

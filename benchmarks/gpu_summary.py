@@ -63,7 +63,10 @@ def _target(name: str, target: str, values: List[float], better: str, bound: flo
         return {"target": name, "goal": target, "measured": "not measured", "status": "-", "how": how}
     worst = max(vals) if better == "lower" else min(vals)
     met = worst <= bound if better == "lower" else worst >= bound
-    return {"target": name, "goal": target, "measured": worst, "status": "met" if met else "MISSED", "how": how}
+    status = "met" if met else "MISSED"
+    if len(vals) < len(values):  # some rows of this target failed or were cut by a time limit
+        status += f" ({len(vals)} of {len(values)} rows)"
+    return {"target": name, "goal": target, "measured": worst, "status": status, "how": how}
 
 
 def targets(rows: List[Dict]) -> List[Dict]:
@@ -150,7 +153,7 @@ def report(rows: List[Dict], out_dir: str, header: str = "") -> List[Dict]:
         f.write(header)
         for t in lines:
             m = t["measured"]
-            f.write(f"{t['target']:<58} {t['goal']:>7}  {m if isinstance(m, str) else f'{m:.3g}':>12}  "
+            f.write(f"{t['target']:<70} {t['goal']:>7}  {m if isinstance(m, str) else f'{m:.3g}':>12}  "
                     f"{t['status']:<6}  {t['how']}\n")
         for e in errs:
             f.write(f"error: {e}\n")

@@ -25,6 +25,7 @@ mkdir -p "$RESULTS"
 LOG=$RESULTS/gpu_check.log
 : > "$LOG"
 exec > >(tee -a "$LOG") 2>&1
+TEE_PID=$!
 
 if [ -n "${PYTHON:-}" ]; then PY=$PYTHON
 elif [ -x .venv/bin/python ]; then PY=.venv/bin/python
@@ -56,6 +57,9 @@ stop_mps() {
 }
 finish() {
   stop_mps
+  # tee writes the log asynchronously: let it take the last lines before the copy
+  exec >&- 2>&-
+  wait "$TEE_PID" 2>/dev/null
   copy_out
 }
 trap finish EXIT
@@ -138,7 +142,7 @@ if want lists; then
   LIMIT=$(phase_limit 150 "$(reserve_after lists 150)")
   echo "== benchmarks: list ops and host time (at most $LIMIT s)"
   # the sweep stops starting new sizes 30 s before the limit, so its rows are kept
-  timeout "$LIMIT" "$PY" benchmarks/bench_cuda.py --part lists,host --time-limit $((LIMIT > 40 ? LIMIT - 30 : LIMIT / 2)) \
+  timeout "$LIMIT" "$PY" benchmarks/bench_cuda.py --part host,lists --time-limit $((LIMIT > 40 ? LIMIT - 30 : LIMIT / 2)) \
     --rows-out "$ROWS_LISTS" --out "$RESULTS" >> "$RESULTS/bench.log" 2>&1 \
     || echo "benchmark lists/host: exit $? (log $RESULTS/bench.log)"
 fi
@@ -154,7 +158,14 @@ elif command -v nvidia-cuda-mps-control > /dev/null; then
   mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
   if nvidia-cuda-mps-control -d; then
     STARTED_MPS=1
-    echo "== MPS: daemon started (pipes in $CUDA_MPS_PIPE_DIRECTORY)"
+    # The daemon starts even where its server cannot serve clients (some
+    # containers): then every process sharing the GPU would fail. Check one.
+    if timeout 60 "$PY" -c 'import torch; torch.zeros(1, device="cuda"); torch.cuda.synchronize()'; then
+      echo "== MPS: daemon started (pipes in $CUDA_MPS_PIPE_DIRECTORY)"
+    else
+      echo "== MPS: started but a CUDA client failed under it; stopped (ranks sharing a GPU will time-slice)"
+      stop_mps
+    fi
   else
     echo "== MPS: could not start a daemon; ranks sharing a GPU will time-slice"
   fi
@@ -180,7 +191,7 @@ for f in "$ROWS_LISTS" "$ROWS_IPC"; do
   [ -s "$f" ] && ROWS=${ROWS:+$ROWS,}$f
 done
 if [ -n "$ROWS" ]; then
-  timeout 60 "$PY" benchmarks/bench_cuda.py --report-only --rows-in "$ROWS" --out "$RESULTS"
+  timeout "$(phase_limit 60 0)" "$PY" benchmarks/bench_cuda.py --report-only --rows-in "$ROWS" --out "$RESULTS"
 else
   echo "no benchmark rows; see $RESULTS/bench.log"; tail -20 "$RESULTS/bench.log"
 fi
