@@ -10,7 +10,8 @@
 #   GPU_CHECK_PHASES=multi GPU_CHECK_TESTS='graph or p2p_first' bash scripts/gpu_check.sh
 #       # build + smoke test, then only the named phases (single, lists, multi, ipc; default all),
 #       # only the tests a pytest -k expression picks; a phase left alone gets the whole budget
-#   GPU_CHECK_SINGLE_S / GPU_CHECK_MULTI_S    # the test phases' caps (150 s each by default)
+#   GPU_CHECK_SINGLE_S / GPU_CHECK_MULTI_S    # the test phases' caps (150 s each while a later
+#       # phase waits; the last selected phase gets what is left of the budget)
 #
 # Logs, CSV, PNG and summary.txt go to benchmarks/results/gpu/ and, when $OUT
 # is set (the device runner returns files under it), are copied there too.
@@ -131,7 +132,8 @@ run_tests() {  # run_tests LABEL CAP RESERVE VERBOSITY FILES...
   echo "$label tests: exit $rc in $((SECONDS - t0)) s"
 }
 if [ "${#SINGLE[@]}" -gt 0 ] && want single; then
-  run_tests single-process "${GPU_CHECK_SINGLE_S:-150}" "$(reserve_after single 280)" -q "${SINGLE[@]}"
+  run_tests single-process "${GPU_CHECK_SINGLE_S:-$(phase_cap single 150)}" "$(reserve_after single 280)" -v \
+    "${SINGLE[@]}"
 fi
 
 # --- single-process benchmarks (no MPS: one process owns the GPU)
@@ -174,7 +176,7 @@ else
 fi
 if [ "${#MULTI[@]}" -gt 0 ] && want multi; then
   # -v: one line per test, so a run cut off by its cap still shows what passed
-  run_tests multi-process "${GPU_CHECK_MULTI_S:-150}" "$(reserve_after multi 80)" -v "${MULTI[@]}"
+  run_tests multi-process "${GPU_CHECK_MULTI_S:-$(phase_cap multi 150)}" "$(reserve_after multi 80)" -v "${MULTI[@]}"
 fi
 if want ipc; then
   LIMIT=$(phase_limit 90 20)

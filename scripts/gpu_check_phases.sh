@@ -19,6 +19,12 @@ reserve_after() {
   if [ "$later" = 1 ]; then echo "$2"; else echo 0; fi
 }
 
+# phase_cap PHASE DEFAULT: DEFAULT when a later phase is selected, else the
+# whole budget (the last selected phase may use what is left).
+phase_cap() {
+  if [ "$(reserve_after "$1" 1)" = 1 ]; then echo "$2"; else echo "$BUDGET"; fi
+}
+
 left() { echo $((BUDGET - (SECONDS - START))); }
 # phase_limit CAP RESERVE: seconds a phase may take: CAP, or what is left of
 # the budget minus RESERVE (kept for the phases after it), at least 10.

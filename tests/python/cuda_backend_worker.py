@@ -41,6 +41,7 @@ def init(backend="cpu:fastpar,cuda:fastpar", timeout_s=TIMEOUT_S, device_id=None
                           wait_for_workers=False)
     dist.init_process_group(backend, store=store, rank=RANK, world_size=WORLD,
                             timeout=datetime.timedelta(seconds=timeout_s), device_id=device_id)
+    return store
 
 
 def cuda_backend(group=None):
@@ -327,7 +328,7 @@ def sc_root_and_alltoall():
     out_splits = [q + 1 for q in range(WORLD)]
     o = torch.empty(sum(out_splits), device=DEV)
     dist.all_to_all_single(o, inp, out_splits, [RANK + 1] * WORLD)
-    want = torch.cat([torch.full((RANK + 1,), float(q)) for q in range(WORLD)])
+    want = torch.cat([torch.full((q + 1,), float(q)) for q in range(WORLD)])  # rank q sends q+1 to each
     check_equal(o, want, "uneven all_to_all_single", True)
     outs = [torch.empty(q * 1000 + 3, device=DEV) for q in range(WORLD)]
     dist.all_to_all(outs, [torch.full((RANK * 1000 + 3,), float(RANK * 10 + q), device=DEV) for q in range(WORLD)])
@@ -761,12 +762,14 @@ def sc_p2p_mismatch():
     (or 50 elements, ARGS[0] = "size"): rank 1's receive fails with
     DistBackendError naming recv (FASTPAR_BLOCKING_WAIT=1 raises it at wait())
     and never writes its buffer; rank 0's send completes (it fits the ring)."""
-    init()
+    store = init()
     dist.all_reduce(torch.ones(1, device=DEV))
     by_size = ARGS and ARGS[0] == "size"
     if RANK == 0:
         dist.send(torch.ones(100, device=DEV), dst=1, tag=1)
         torch.cuda.synchronize()
+        # Rank 1's receive reads our ring: our arena must outlive its checks.
+        store.wait(["mismatch checked"], datetime.timedelta(seconds=2 * TIMEOUT_S))
     elif RANK == 1:
         t = torch.full((50 if by_size else 100,), 3.0, device=DEV)
         try:
@@ -776,6 +779,7 @@ def sc_p2p_mismatch():
             assert "recv over CUDA IPC failed on rank 1" in str(e), str(e)
             assert "tag or size" in str(e), str(e)
         assert bool((t.cpu() == 3.0).all()), "mismatched receive wrote its buffer"
+        store.set("mismatch checked", "1")
     time.sleep(1)
     os._exit(0)
 

@@ -133,3 +133,6 @@ def test_gpu_check_phase_selection_gives_the_last_phase_the_rest_of_the_budget()
     assert got == ["multi", "0"], got
     got = _phases("reserve_after single 280; reserve_after multi 80", {"GPU_CHECK_PHASES": "single,multi"})
     assert got == ["280", "0"], got
+    # a phase's cap: its default while a later phase waits, the whole budget when last
+    got = _phases("phase_cap single 150; phase_cap multi 150", {"GPU_CHECK_PHASES": "single,multi"})
+    assert got == ["150", "570"], got

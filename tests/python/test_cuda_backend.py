@@ -43,7 +43,7 @@ if NGPU >= 2:
 needs_two_gpus = pytest.mark.skipif(NGPU < 2, reason="the distinct-GPU layout needs at least 2 CUDA devices")
 
 
-def run_cuda(scenario, world, layout, env=None, args=(), timeout=600):
+def run_cuda(scenario, world, layout, env=None, args=(), timeout=150):  # a hang must not eat the phase
     before = shm_entries()
     env = dict(env or {}, FASTPAR_TEST_GPU_LAYOUT=layout)
     results = run(scenario, world, env=env, args=args, timeout=timeout, worker=WORKER)
