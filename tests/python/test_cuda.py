@@ -36,9 +36,10 @@ OPS = [SUM, AVG, PRODUCT, MIN, MAX]
 FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 INTS = [torch.int8, torch.uint8, torch.int32, torch.int64]
 DTYPES = FLOATS + INTS
-# 2**18 + 3: 1 MiB of float32, many blocks and a ragged tail; 2**20 + 3 made
-# the CPU references alone take minutes of the GPU check's budget.
-SIZES = [0, 1, 3, 7, 8, 15, 16, 17, 1000, 2**18 + 3]
+# BIG: 1 MiB of float32, many blocks and a ragged tail; 2**20 + 3 made the
+# CPU references alone take minutes of the GPU check's budget.
+BIG = 2**18 + 3
+SIZES = [0, 1, 3, 7, 8, 15, 16, 17, 1000, BIG]
 ALGORITHMS = ["auto", "direct", "ring"]
 # List lengths worth covering: 2 (the ring's finish step reads raw data), an
 # odd count, and 8 (the direct kernel's source limit) or every GPU when more.
@@ -199,7 +200,7 @@ def test_allreduce_exact(n, dtype, op, size, algorithm, offset):
 @needs_gpu
 @pytest.mark.parametrize("n", NS)
 @pytest.mark.parametrize("dtype,op", combos())
-@pytest.mark.parametrize("size", [17, 1000, 2**20 + 3])
+@pytest.mark.parametrize("size", [17, 1000, BIG])
 @pytest.mark.parametrize("offset", OFFSETS)
 def test_allreduce_direct_random_is_in_order(n, dtype, op, size, offset):
     devices = devs(n)
