@@ -22,23 +22,18 @@ import torch
 import torch.distributed as dist
 
 from . import _C
-from .distributed import registered_empty
-
-
-def _backend_for(process_group: Optional[dist.ProcessGroup], device_type: str):
-    """The group's backend object for tensors on `device_type`, or None."""
-    pg = process_group if process_group is not None else dist.group.WORLD
-    try:
-        return pg._get_backend(torch.device(device_type))
-    except (AttributeError, RuntimeError, ValueError):  # no group, or none for that device
-        return None
+from .distributed import get_fastpar_backend, registered_empty
 
 
 def uses_fastpar_backend(process_group: Optional[dist.ProcessGroup], device_type: str = "cpu") -> bool:
     """Whether the group runs fastpar for tensors on `device_type`: "fastpar",
     and mixed strings such as "cpu:fastpar,cuda:fastpar" or "cpu:fastpar,cuda:nccl"
     (dist.get_backend gives the whole string for those)."""
-    return isinstance(_backend_for(process_group, device_type), _C.ShmBackend)
+    try:
+        get_fastpar_backend(process_group, device_type)
+        return True
+    except (RuntimeError, TypeError, ValueError):  # no group, none for that device, or not fastpar
+        return False
 
 
 def _registered_cuda(process_group: Optional[dist.ProcessGroup]) -> bool:
@@ -46,7 +41,7 @@ def _registered_cuda(process_group: Optional[dist.ProcessGroup]) -> bool:
     CUDA backend whose arena has a registered region."""
     if not uses_fastpar_backend(process_group, "cuda"):
         return False
-    cuda = _backend_for(process_group, "cuda").cuda_backend
+    cuda = get_fastpar_backend(process_group, "cuda").cuda_backend
     cuda_backend_type = getattr(_C, "CudaBackend", None)  # CUDA builds only
     return cuda_backend_type is not None and isinstance(cuda, cuda_backend_type) and cuda.registered_bytes > 0
 

@@ -28,9 +28,9 @@ way the object returned serves CPU and CUDA tensors.
 from __future__ import annotations
 
 import datetime
-import sys
 import os
 import socket
+import sys
 
 import torch
 import torch.distributed as dist
