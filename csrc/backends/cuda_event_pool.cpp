@@ -3,6 +3,8 @@
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include "../transport/cuda_p2p/event_cache.h"
+
 namespace fastpar {
 namespace ops {
 
@@ -50,31 +52,13 @@ void PooledEvent::synchronize() const {
   if (event_ != nullptr) C10_CUDA_CHECK(cudaEventSynchronize(event_));
 }
 
-EventPool::~EventPool() {
-  // Perhaps at process exit, after the driver has gone: errors are ignored.
-  for (cudaEvent_t e : free_) cudaEventDestroy(e);
-  (void)cudaGetLastError();
-}
-
 PooledEvent EventPool::get() {
-  {
-    std::lock_guard<std::mutex> g(mu_);
-    if (!free_.empty()) {
-      cudaEvent_t e = free_.back();
-      free_.pop_back();
-      return PooledEvent(shared_from_this(), e);
-    }
-  }
-  c10::cuda::CUDAGuard guard(device_);
   cudaEvent_t e = nullptr;
-  C10_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  C10_CUDA_CHECK(cuda_p2p::take_event(device_, &e));
   return PooledEvent(shared_from_this(), e);
 }
 
-void EventPool::give_back(cudaEvent_t event) {
-  std::lock_guard<std::mutex> g(mu_);
-  free_.push_back(event);
-}
+void EventPool::give_back(cudaEvent_t event) { cuda_p2p::give_back_event(device_, event); }
 
 }  // namespace ops
 }  // namespace fastpar

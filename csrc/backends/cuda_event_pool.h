@@ -1,18 +1,17 @@
-// CUDA events reused from call to call. A c10::cuda::CUDAEvent per call
-// creates its event at the first record and destroys it with the Work: two
-// driver calls on every collective's host path, whose budget is a few
-// microseconds (issue 8: 4 KiB all_reduce <= 8 us of host time; torch's NCCL
-// process group caches its events for the same reason). A pool holds the
-// disable-timing events of one device; a PooledEvent takes one and gives it
-// back when it dies, on whatever thread that is.
+// CUDA events reused from call to call, for the c10d backend's Works and
+// stream orderings. A c10::cuda::CUDAEvent per call creates its event at the
+// first record and destroys it with the Work: two driver calls on every
+// collective's host path, whose budget is a few microseconds (issue 8: 4 KiB
+// all_reduce <= 8 us of host time). The events come from the process-wide
+// cache of transport/cuda_p2p/event_cache.h (shared with the list ops); a
+// PooledEvent takes one and gives it back when it dies, on whatever thread
+// that is.
 #pragma once
 
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 
 #include <memory>
-#include <mutex>
-#include <vector>
 
 namespace fastpar {
 namespace ops {
@@ -46,15 +45,15 @@ class PooledEvent {
   cudaStream_t recorded_on_ = nullptr;
 };
 
+// The cache's events of one device, as PooledEvents.
 class EventPool : public std::enable_shared_from_this<EventPool> {
  public:
   explicit EventPool(c10::DeviceIndex device) : device_(device) {}
-  ~EventPool();  // destroys the events it holds (those out in PooledEvents keep the pool alive)
   EventPool(const EventPool&) = delete;
   EventPool& operator=(const EventPool&) = delete;
 
   c10::DeviceIndex device() const { return device_; }
-  // A free event, or a new one (created on the pool's device).
+  // A free event of the device, or a new one.
   PooledEvent get();
 
  private:
@@ -62,8 +61,6 @@ class EventPool : public std::enable_shared_from_this<EventPool> {
   void give_back(cudaEvent_t event);
 
   const c10::DeviceIndex device_;
-  std::mutex mu_;
-  std::vector<cudaEvent_t> free_;
 };
 
 }  // namespace ops

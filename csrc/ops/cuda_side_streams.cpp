@@ -1,22 +1,32 @@
 #include "cuda_side_streams.h"
 
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 
 #include <algorithm>
+
+#include "../transport/cuda_p2p/event_cache.h"
 
 namespace fastpar {
 namespace ops {
 namespace {
 
 // Each stream in `waiters` waits for the work enqueued so far on every stream
-// in `producers` (one event per producer, recorded once).
+// in `producers` (one cached event per producer, recorded once; the events go
+// back to the cache when the waits are enqueued, which bind to this record).
 void wait_all(const std::vector<c10::cuda::CUDAStream>& waiters,
               const std::vector<c10::cuda::CUDAStream>& producers) {
-  std::vector<c10::cuda::CUDAEvent> events(producers.size());
-  for (size_t i = 0; i < producers.size(); ++i) events[i].record(producers[i]);
-  for (const auto& w : waiters)
+  cuda_p2p::CallEvents events;
+  for (const auto& p : producers) {
+    C10_CUDA_CHECK(events.take(p.device_index()));
+    c10::cuda::CUDAGuard guard(p.device_index());
+    C10_CUDA_CHECK(cudaEventRecord(events[events.size() - 1], p.stream()));
+  }
+  for (const auto& w : waiters) {
+    c10::cuda::CUDAGuard guard(w.device_index());
     for (size_t i = 0; i < producers.size(); ++i)
-      if (producers[i] != w) events[i].block(w);
+      if (producers[i] != w) C10_CUDA_CHECK(cudaStreamWaitEvent(w.stream(), events[i], 0));
+  }
 }
 
 std::vector<c10::cuda::CUDAStream> current_streams(const std::vector<c10::DeviceIndex>& devices) {

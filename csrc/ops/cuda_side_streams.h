@@ -21,7 +21,6 @@
 #pragma once
 
 #include <ATen/ATen.h>
-#include <c10/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAStream.h>
 
 #include <vector>

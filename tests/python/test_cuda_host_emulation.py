@@ -12,7 +12,10 @@ not:
     the peer watcher raises when a peer process dies;
   * the CUDA IPC send/recv rings (p2p_ipc.cpp, p2p_ring.h) with one thread per
     rank, peer and direction: all pairs at once, ring credit, tag and size
-    mismatches, a dead peer.
+    mismatches, a dead peer;
+  * the IPC endpoint's pinned host words (abort word, status mirror): alive
+    until the endpoint itself goes, so abort() and Works racing a shutdown
+    never touch freed memory.
 Streams, events, peer access, IPC mappings and the PTX memory-ordering policy
 still need real GPUs: test_cuda.py, test_cuda_ipc.py."""
 import os
@@ -26,7 +29,8 @@ HERE = os.path.join(ROOT, "tests", "cpp", "cuda_host_emulation")
 SANITIZE = ["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined", "-fno-omit-frame-pointer"]
 
 
-@pytest.mark.parametrize("program", ["kernels_and_ring_test", "ipc_schedules_test", "ipc_collectives_test", "ipc_p2p_test"])
+@pytest.mark.parametrize("program", ["kernels_and_ring_test", "ipc_schedules_test", "ipc_collectives_test", "ipc_p2p_test",
+                                     "ipc_endpoint_test"])
 def test_cuda_code_on_host(program, tmp_path):
     cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
     if not cxx:

@@ -19,10 +19,16 @@ constexpr size_t kHostWordsBytes = kHostMismatchOffset + sizeof(MismatchRecord);
 IpcEndpoint::~IpcEndpoint() {
   disconnect();
   free_arena();
+  // The host words go last: abort() and Works on other threads may read or
+  // raise them until the endpoint itself goes, and they keep it alive (the
+  // backend's IpcLink holds it by shared_ptr). Freed only once the device was
+  // idle after our last kernel; a broken device keeps them (as the arena).
+  if (host_status_ != nullptr && device_idle_) cudaFreeHost(host_status_);
 }
 
 cudaError_t IpcEndpoint::create(int rank, int size, int device, size_t slot_bytes, size_t registered_bytes) {
-  if (created() || size < 1 || size > kMaxIpcRanks || rank < 0 || rank >= size || device < 0 || slot_bytes < 64)
+  // Once per endpoint: the host words outlive free_arena() (see the header).
+  if (host_status_ != nullptr || size < 1 || size > kMaxIpcRanks || rank < 0 || rank >= size || device < 0 || slot_bytes < 64)
     return cudaErrorInvalidValue;
   cuda_p2p::DeviceRestore restore;
   FASTPAR_CUDA_TRY(cudaSetDevice(device));
@@ -109,29 +115,17 @@ cudaError_t IpcEndpoint::free_arena() {
   FASTPAR_CUDA_TRY(cudaDeviceSynchronize());
   void* own = c_.bases[c_.rank];
   c_.bases[c_.rank] = nullptr;
-  const cudaError_t err = arena_free(own);
-  cudaFreeHost(host_status_);
-  forget_host_words();
-  return err;
+  device_idle_ = true;
+  return arena_free(own);
 }
 
 void IpcEndpoint::abandon_arena() {
   if (!created()) return;
   cuda_p2p::DeviceRestore restore;
-  if (cudaSetDevice(c_.device) == cudaSuccess && cudaDeviceSynchronize() == cudaSuccess) {
-    cudaFreeHost(host_status_);
-  }  // else the device is broken: leave the mirror too
+  // Our kernels read the host words: they may be freed (by the destructor)
+  // only after the device has been idle; a broken device keeps them.
+  device_idle_ = cudaSetDevice(c_.device) == cudaSuccess && cudaDeviceSynchronize() == cudaSuccess;
   c_.bases[c_.rank] = nullptr;
-  forget_host_words();
-}
-
-void IpcEndpoint::forget_host_words() {
-  host_status_ = nullptr;
-  host_abort_ = nullptr;
-  host_mismatch_ = nullptr;
-  c_.host_status = nullptr;
-  c_.host_abort = nullptr;
-  c_.host_mismatch = nullptr;
 }
 
 void IpcEndpoint::raise_host_abort(uint32_t code) {

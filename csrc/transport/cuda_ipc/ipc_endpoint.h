@@ -30,14 +30,15 @@ namespace cuda_ipc {
 class IpcEndpoint {
  public:
   IpcEndpoint() = default;
-  // Best effort: disconnect() and free_arena(); errors cannot leave a destructor.
+  // Best effort: disconnect(), free_arena(), then the pinned host words;
+  // errors cannot leave a destructor.
   ~IpcEndpoint();
   IpcEndpoint(const IpcEndpoint&) = delete;
   IpcEndpoint& operator=(const IpcEndpoint&) = delete;
 
   // Allocates the arena (slot_bytes per slot, registered_bytes of registered
   // buffers) on `device` and the pinned host words. rank/size as in IpcComm;
-  // size <= kMaxIpcRanks.
+  // size <= kMaxIpcRanks. Once per endpoint.
   cudaError_t create(int rank, int size, int device, size_t slot_bytes, size_t registered_bytes = 0);
   cudaError_t export_handle(cudaIpcMemHandle_t* handle) const;
   // Maps every peer's arena; handles[q] is rank q's (handles[rank] is not
@@ -46,11 +47,14 @@ class IpcEndpoint {
   // Waits for all work on the device (any stream may still read a mapping),
   // then unmaps the peers' arenas.
   cudaError_t disconnect();
-  // Frees the own arena and the status mirror: only once no peer reads it.
+  // Frees the own arena: only once no peer reads it.
   cudaError_t free_arena();
-  // Forgets the own arena without freeing it (see above); frees the mirror
-  // only after the device is idle.
+  // Forgets the own arena without freeing it (see above).
   void abandon_arena();
+  // Neither frees the host words (status mirror, abort word, mismatch
+  // record): host threads may touch them for as long as the endpoint lives
+  // (abort() racing a shutdown, a Work asking for its status), so only the
+  // destructor frees them.
 
   bool created() const { return c_.bases[c_.rank] != nullptr; }
   bool connected() const { return connected_; }
@@ -71,13 +75,15 @@ class IpcEndpoint {
 
  private:
   IpcComm c_;
-  void forget_host_words();
   // One pinned, host-mapped allocation: the status mirror and the mismatch
   // record (device -> host) and the host abort word (host -> device).
   uint32_t* host_status_ = nullptr;         // host address of c_.host_status
   uint64_t* host_abort_ = nullptr;          // host address of c_.host_abort
   MismatchRecord* host_mismatch_ = nullptr;  // host address of c_.host_mismatch
   bool connected_ = false;
+  // The device was synchronized after our last kernel (free_arena, or an
+  // abandon_arena whose synchronize succeeded): the host words are unused.
+  bool device_idle_ = false;
 };
 
 }  // namespace cuda_ipc

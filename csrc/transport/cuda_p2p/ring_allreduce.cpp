@@ -5,33 +5,12 @@
 #include "../../algorithms/ring_schedule.h"
 #include "../../kernels/cuda_reduce_launch.h"
 #include "cuda_try.h"
+#include "event_cache.h"
 #include "peer_copy.h"
 
 namespace fastpar {
 namespace cuda_p2p {
 namespace {
-
-// One event per rank, destroyed on every path out (destroying an event that is
-// still pending is allowed: the driver releases it once it completes).
-class RankEvents {
- public:
-  ~RankEvents() {
-    for (cudaEvent_t e : events_) cudaEventDestroy(e);
-  }
-  cudaError_t create(const std::vector<RingRank>& ranks) {
-    for (const RingRank& r : ranks) {
-      FASTPAR_CUDA_TRY(cudaSetDevice(r.device));
-      cudaEvent_t e = nullptr;
-      FASTPAR_CUDA_TRY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-      events_.push_back(e);
-    }
-    return cudaSuccess;
-  }
-  cudaEvent_t operator[](size_t i) const { return events_[i]; }
-
- private:
-  std::vector<cudaEvent_t> events_;
-};
 
 char* at_elem(void* base, int64_t index, int64_t elem_bytes) {
   return static_cast<char*>(base) + index * elem_bytes;
@@ -145,8 +124,10 @@ cudaError_t ring_allreduce(const RingOptions& opt, const std::vector<RingRank>& 
   if (one_stream && n <= cuda_kernels::kMaxReducePtrs) return ring_by_segments(opt, ranks);
   // One stream but more ranks than reduce_kernel reads: the schedule itself,
   // in stream order (no events).
-  RankEvents events;
-  if (!one_stream) FASTPAR_CUDA_TRY(events.create(ranks));
+  // One event per rank (on its device), from the process-wide cache.
+  CallEvents events;
+  if (!one_stream)
+    for (const RingRank& r : ranks) FASTPAR_CUDA_TRY(events.take(r.device));
   if (one_stream) FASTPAR_CUDA_TRY(cudaSetDevice(ranks[0].device));
   bool first = true;
   for (int64_t w = 0; w < num_windows(opt.count, window); ++w) {
