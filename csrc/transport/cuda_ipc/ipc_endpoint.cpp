@@ -28,7 +28,8 @@ IpcEndpoint::~IpcEndpoint() {
 
 cudaError_t IpcEndpoint::create(int rank, int size, int device, size_t slot_bytes, size_t registered_bytes) {
   // Once per endpoint: the host words outlive free_arena() (see the header).
-  if (host_status_ != nullptr || size < 1 || size > kMaxIpcRanks || rank < 0 || rank >= size || device < 0 || slot_bytes < 64)
+  if (host_status_ != nullptr || size < 1 || size > kMaxIpcRanks || rank < 0 || rank >= size || device < 0 ||
+      slot_bytes < 64)
     return cudaErrorInvalidValue;
   cuda_p2p::DeviceRestore restore;
   FASTPAR_CUDA_TRY(cudaSetDevice(device));

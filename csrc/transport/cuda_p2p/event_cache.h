@@ -9,8 +9,9 @@
 // is taken for one call and given back when the call no longer records it:
 // a cudaStreamWaitEvent already enqueued is bound to the record current at
 // the time of the wait, so the next taker's records cannot disturb it.
-// The lists are never destroyed (events outlive no driver: at process exit
-// the driver reclaims them). Torch-free; thread-safe.
+// The lists are never destroyed (a destructor at exit could run after the
+// CUDA runtime is gone; the driver reclaims the events with the process).
+// Torch-free; thread-safe.
 #pragma once
 
 #include <cuda_runtime_api.h>
