@@ -144,7 +144,6 @@ void CudaBackend::set_up(int device) {
   // calls: with the IPC device current, restoring never makes a context on
   // another GPU (cudaSetDevice creates the primary context since CUDA 12).
   c10::cuda::CUDAGuard guard{c10::DeviceIndex(device)};
-  events_ = std::make_shared<EventPool>(c10::DeviceIndex(device));
   // Once, even if it throws: the Store keys of a setup are used only once, and
   // a failed setup (a rank missing, knobs differing) leaves the group on the
   // fallback rather than retrying against stale keys.
@@ -274,7 +273,7 @@ c10::cuda::CUDAStream CudaBackend::begin_ipc(const char* op, int device, std::ch
   // recorded outside the capture.
   if (!capturing(stream)) {
     if (last_ipc_stream_ && *last_ipc_stream_ != stream) {
-      PooledEvent e = events_->get();
+      PooledEvent e = PooledEvent::take(c10::DeviceIndex(device_));
       e.record(*last_ipc_stream_);
       e.block(stream);
     }
@@ -289,7 +288,7 @@ c10::intrusive_ptr<c10d::Work> CudaBackend::ipc_work(c10d::OpType type, const ch
                                                      std::vector<at::Tensor> outputs,
                                                      const c10::cuda::CUDAStream& stream,
                                                      std::chrono::milliseconds timeout) {
-  return c10::make_intrusive<IpcWork>(type, op, std::move(outputs), stream, events_->get(), link_, getRank(), timeout,
+  return c10::make_intrusive<IpcWork>(type, op, std::move(outputs), stream, PooledEvent::take(c10::DeviceIndex(device_)), link_, getRank(), timeout,
                                       blocking_wait_);
 }
 

@@ -205,9 +205,6 @@ class CudaBackend : public c10d::Backend {
   bool blocking_wait_;
   // Registered buffers' bookkeeping; shared with the tensors' deleters.
   std::shared_ptr<RegisteredArena> registered_;
-  // Events of this rank's IPC calls (Works, stream hand-offs), reused; made
-  // at setup for the IPC device.
-  std::shared_ptr<EventPool> events_;
 
   mutable std::mutex mu_;      // setup and the IPC communicator's state (phase numbers, slots)
   bool set_up_ = false;

@@ -8,14 +8,23 @@
 namespace fastpar {
 namespace ops {
 
-PooledEvent::~PooledEvent() {
-  if (event_ != nullptr && pool_) pool_->give_back(event_);
+PooledEvent PooledEvent::take(c10::DeviceIndex device) {
+  cudaEvent_t e = nullptr;
+  C10_CUDA_CHECK(cuda_p2p::take_event(device, &e));
+  return PooledEvent(device, e);
 }
+
+void PooledEvent::give_back() {
+  if (event_ != nullptr) cuda_p2p::give_back_event(device_, event_);
+  event_ = nullptr;
+}
+
+PooledEvent::~PooledEvent() { give_back(); }
 
 PooledEvent& PooledEvent::operator=(PooledEvent&& o) noexcept {
   if (this != &o) {
-    if (event_ != nullptr && pool_) pool_->give_back(event_);
-    pool_ = std::move(o.pool_);
+    give_back();
+    device_ = o.device_;
     event_ = o.event_;
     recorded_on_ = o.recorded_on_;
     o.event_ = nullptr;
@@ -24,8 +33,8 @@ PooledEvent& PooledEvent::operator=(PooledEvent&& o) noexcept {
 }
 
 void PooledEvent::record(const c10::cuda::CUDAStream& stream) {
-  TORCH_CHECK(event_ != nullptr && stream.device_index() == pool_->device(), "fastpar: a pooled CUDA event of cuda:",
-              pool_ ? int(pool_->device()) : -1, " recorded on a stream of cuda:", int(stream.device_index()));
+  TORCH_CHECK(event_ != nullptr && stream.device_index() == device_, "fastpar: a pooled CUDA event of cuda:",
+              int(device_), " recorded on a stream of cuda:", int(stream.device_index()));
   c10::cuda::CUDAGuard guard(stream.device_index());
   C10_CUDA_CHECK(cudaEventRecord(event_, stream.stream()));
   recorded_on_ = stream.stream();
@@ -51,14 +60,6 @@ bool PooledEvent::query() const {
 void PooledEvent::synchronize() const {
   if (event_ != nullptr) C10_CUDA_CHECK(cudaEventSynchronize(event_));
 }
-
-PooledEvent EventPool::get() {
-  cudaEvent_t e = nullptr;
-  C10_CUDA_CHECK(cuda_p2p::take_event(device_, &e));
-  return PooledEvent(shared_from_this(), e);
-}
-
-void EventPool::give_back(cudaEvent_t event) { cuda_p2p::give_back_event(device_, event); }
 
 }  // namespace ops
 }  // namespace fastpar

@@ -11,21 +11,19 @@
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 
-#include <memory>
 
 namespace fastpar {
 namespace ops {
 
-class EventPool;
-
-// One event from a pool, held while this object lives (movable, not
+// One event from the cache, held while this object lives (movable, not
 // copyable). The same operations as c10::cuda::CUDAEvent's, on its device.
 class PooledEvent {
  public:
   PooledEvent() = default;
-  PooledEvent(std::shared_ptr<EventPool> pool, cudaEvent_t event) : pool_(std::move(pool)), event_(event) {}
+  // A free event of `device`, or a new one.
+  static PooledEvent take(c10::DeviceIndex device);
   ~PooledEvent();
-  PooledEvent(PooledEvent&& o) noexcept : pool_(std::move(o.pool_)), event_(o.event_), recorded_on_(o.recorded_on_) {
+  PooledEvent(PooledEvent&& o) noexcept : device_(o.device_), event_(o.event_), recorded_on_(o.recorded_on_) {
     o.event_ = nullptr;
   }
   PooledEvent& operator=(PooledEvent&& o) noexcept;
@@ -40,27 +38,12 @@ class PooledEvent {
   void synchronize() const;
 
  private:
-  std::shared_ptr<EventPool> pool_;
+  PooledEvent(c10::DeviceIndex device, cudaEvent_t event) : device_(device), event_(event) {}
+  void give_back();
+
+  c10::DeviceIndex device_ = -1;
   cudaEvent_t event_ = nullptr;
   cudaStream_t recorded_on_ = nullptr;
-};
-
-// The cache's events of one device, as PooledEvents.
-class EventPool : public std::enable_shared_from_this<EventPool> {
- public:
-  explicit EventPool(c10::DeviceIndex device) : device_(device) {}
-  EventPool(const EventPool&) = delete;
-  EventPool& operator=(const EventPool&) = delete;
-
-  c10::DeviceIndex device() const { return device_; }
-  // A free event of the device, or a new one.
-  PooledEvent get();
-
- private:
-  friend class PooledEvent;
-  void give_back(cudaEvent_t event);
-
-  const c10::DeviceIndex device_;
 };
 
 }  // namespace ops

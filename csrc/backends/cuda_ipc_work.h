@@ -5,8 +5,8 @@
 // device (as vLLM's custom allreduce does), so the host never blocks:
 //   wait()         makes the caller's current stream wait on an event recorded
 //                  after the kernels (a no-op when it is the same stream; the
-//                  event comes from the backend's EventPool, so no call
-//                  creates or destroys one),
+//                  event comes from the process-wide event cache, so no
+//                  call creates or destroys one),
 //                  then raises if this rank's kernels recorded a failure so
 //                  far (read from the host-mapped status mirror: no
 //                  synchronization). With FASTPAR_BLOCKING_WAIT=1 it
