@@ -89,6 +89,7 @@ struct alignas(64) ControlBlock {
 };
 
 FASTPAR_HD int slot_of_round(uint64_t round) { return int(round % kSlots); }
+FASTPAR_HD int desc_of_phase(uint64_t seq) { return int(seq % kDescSlots); }
 
 // `timeout_ns` after `now_ns`, saturating: the GPU's clock (%globaltimer)
 // counts from the Unix epoch, so a timeout of centuries (timedelta.max) would
@@ -96,7 +97,6 @@ FASTPAR_HD int slot_of_round(uint64_t round) { return int(round % kSlots); }
 FASTPAR_HD uint64_t deadline_after(uint64_t now_ns, uint64_t timeout_ns) {
   return timeout_ns > ~uint64_t(0) - now_ns ? ~uint64_t(0) : now_ns + timeout_ns;
 }
-FASTPAR_HD int desc_of_phase(uint64_t seq) { return int(seq % kDescSlots); }
 
 // Post phase `seq` with descriptor `d` (d.seq must equal seq): publishes every
 // write this rank made before the call.

@@ -273,7 +273,7 @@ c10::cuda::CUDAStream CudaBackend::begin_ipc(const char* op, int device, std::ch
   // recorded outside the capture.
   if (!capturing(stream)) {
     if (last_ipc_stream_ && *last_ipc_stream_ != stream) {
-      PooledEvent e = PooledEvent::take(c10::DeviceIndex(device_));
+      PooledEvent e = ipc_event();
       e.record(*last_ipc_stream_);
       e.block(stream);
     }
@@ -288,7 +288,7 @@ c10::intrusive_ptr<c10d::Work> CudaBackend::ipc_work(c10d::OpType type, const ch
                                                      std::vector<at::Tensor> outputs,
                                                      const c10::cuda::CUDAStream& stream,
                                                      std::chrono::milliseconds timeout) {
-  return c10::make_intrusive<IpcWork>(type, op, std::move(outputs), stream, PooledEvent::take(c10::DeviceIndex(device_)), link_, getRank(), timeout,
+  return c10::make_intrusive<IpcWork>(type, op, std::move(outputs), stream, ipc_event(), link_, getRank(), timeout,
                                       blocking_wait_);
 }
 

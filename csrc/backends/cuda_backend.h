@@ -170,6 +170,8 @@ class CudaBackend : public c10d::Backend {
   // flag-wait timeout, counts the call; the stream to use.
   c10::cuda::CUDAStream begin_ipc(const char* op, const at::Tensor& t, std::chrono::milliseconds timeout,
                                   bool capturable = false);
+  // An event of the IPC device, from the process-wide cache.
+  PooledEvent ipc_event() const { return PooledEvent::take(c10::DeviceIndex(device_)); }
   c10::cuda::CUDAStream begin_ipc(const char* op, int device, std::chrono::milliseconds timeout,
                                   bool capturable = false);
   // The offset of `t` (whole) in this rank's registered region, or -1.

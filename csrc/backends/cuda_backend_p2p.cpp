@@ -156,7 +156,7 @@ c10::intrusive_ptr<c10d::Work> CudaBackend::all_to_all_pairs(const char* op, c10
   c10::cuda::CUDAGuard guard(like.device());
   const c10::cuda::CUDAStream current = begin_ipc(op, like, timeout);
   cuda_ipc::IpcComm& c = link_->ep->comm();
-  PooledEvent ready = PooledEvent::take(c10::DeviceIndex(device_));
+  PooledEvent ready = ipc_event();
   ready.record(current);
   std::vector<c10::cuda::CUDAStream> used;
   for (int q = 0; q < n; ++q) {
@@ -178,7 +178,7 @@ c10::intrusive_ptr<c10d::Work> CudaBackend::all_to_all_pairs(const char* op, c10
                                    cudaMemcpyDeviceToDevice, current));
   // The call completes on the caller's stream, like every other collective.
   for (const c10::cuda::CUDAStream& side : used) {
-    PooledEvent done = PooledEvent::take(c10::DeviceIndex(device_));
+    PooledEvent done = ipc_event();
     done.record(side);
     done.block(current);
   }
@@ -255,7 +255,7 @@ c10::intrusive_ptr<c10d::Work> CudaBackend::point_to_point(const char* op, std::
   // and a large send waiting for its receiver to drain the ring never holds
   // up this rank's receives or its traffic with other peers.
   const c10::cuda::CUDAStream side = p2p_stream(peer, is_send);
-  PooledEvent ready = PooledEvent::take(c10::DeviceIndex(device_));
+  PooledEvent ready = ipc_event();
   ready.record(current);
   ready.block(side);
   // The caching allocator must not reuse the tensor's memory before the side
