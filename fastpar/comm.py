@@ -98,6 +98,10 @@ def reduce_add(inputs: Sequence[torch.Tensor], destination: Any = None) -> torch
     of inputs[0]; -1 or "cpu" for the CPU), as torch.cuda.comm.reduce_add."""
     ins = _args.tensor_list("reduce_add", "inputs", inputs)
     dev = ins[0].device if destination is None else _args.device("reduce_add", "destination", destination)
+    if dev.type != ins[0].device.type:
+        # The kernels reduce within one kind of device: CUDA inputs to a CPU
+        # destination (or the reverse) are reduced where the inputs are, then copied.
+        return reduce_add(ins, ins[0].device).to(dev)
     out = torch.empty_like(ins[0], device=dev, memory_format=torch.contiguous_format)
     _ops.reduce_(ins, out, 0)
     return out

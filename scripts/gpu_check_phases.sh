@@ -8,21 +8,32 @@
 PHASES=${GPU_CHECK_PHASES:-single,lists,multi,ipc}
 want() { case ",$PHASES," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
 
-# reserve_after PHASE SECONDS: SECONDS when a later phase is selected, else 0
-# (the last selected phase may use what is left of the budget).
-reserve_after() {
-  local later=0 p seen=0
-  for p in single lists multi ipc; do
-    [ "$seen" = 1 ] && want "$p" && later=1
-    [ "$p" = "$1" ] && seen=1
-  done
-  if [ "$later" = 1 ]; then echo "$2"; else echo 0; fi
+# The seconds a phase is given when a later selected phase waits for it to
+# end (the last selected phase gets what is left of the budget instead).
+need() {
+  case $1 in
+    lists) echo 150 ;;
+    multi) echo 150 ;;
+    ipc) echo 110 ;;  # its benchmark's 90 s and 20 s for the report after it
+    *) echo 0 ;;
+  esac
 }
 
-# phase_cap PHASE DEFAULT: DEFAULT when a later phase is selected, else the
-# whole budget (the last selected phase may use what is left).
+# reserve_after PHASE: the seconds kept for the selected phases after PHASE
+# (the sum of their needs; 0 when PHASE is the last selected one).
+reserve_after() {
+  local sum=0 p seen=0
+  for p in single lists multi ipc; do
+    [ "$seen" = 1 ] && want "$p" && sum=$((sum + $(need "$p")))
+    [ "$p" = "$1" ] && seen=1
+  done
+  echo "$sum"
+}
+
+# phase_cap PHASE: its need while a later selected phase waits, else the
+# whole budget (phase_limit then cuts it to what is left).
 phase_cap() {
-  if [ "$(reserve_after "$1" 1)" = 1 ]; then echo "$2"; else echo "$BUDGET"; fi
+  if [ "$(reserve_after "$1")" -gt 0 ]; then need "$1"; else echo "$BUDGET"; fi
 }
 
 left() { echo $((BUDGET - (SECONDS - START))); }

@@ -7,10 +7,12 @@
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <c10/util/safe_numerics.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <algorithm>
 #include <cstdlib>
+#include <optional>
 
 #include "../kernels/cuda_reduce_launch.h"
 #include "../transport/cuda_ipc/allreduce_ipc.h"
@@ -18,6 +20,7 @@
 #include "../transport/cuda_ipc/p2p_ring.h"
 #include "../transport/cuda_ipc/phase_launch.h"
 #include "../transport/cuda_ipc/route.h"
+#include "../transport/cuda_p2p/handle_cache.h"
 #include "call_timeout.h"
 #include "cuda_ipc_rendezvous.h"
 #include "cuda_ipc_work.h"
@@ -113,13 +116,25 @@ void CudaBackend::release_ipc(bool farewell) noexcept {
   std::shared_ptr<IpcLink> link = std::atomic_exchange(&link_, std::shared_ptr<IpcLink>());
   if (!link) return;
   why_not_ = "shut down";
+  // Our device current (from the destructor, shutdown's thread may have none
+  // set): the transport restores the device it finds around its CUDA calls,
+  // and restoring "device 0" on such a thread would create a context there
+  // (cudaSetDevice does since CUDA 12). c10's guard restores only a device
+  // that already has one.
+  std::optional<c10::cuda::CUDAGuard> guard;
+  try {
+    guard.emplace(c10::DeviceIndex(device_));
+  } catch (const std::exception&) {
+    // A broken device: the calls below fail and the arena is abandoned.
+  }
   // After disconnect() our kernels are done: they end when their peers post,
   // at the latest at their flag-wait timeout, and at once when a peer died
   // (the watcher, still running here, raised the host abort word).
   const bool disconnected = link->ep->disconnect() == cudaSuccess;
   link->watcher.stop();
-  // The p2p streams (destroying a stream with work pending lets that work finish).
-  for (cudaStream_t s : own_streams_) cudaStreamDestroy(s);
+  // The p2p streams go back to the process's cache, never destroyed: tensors
+  // recorded on them may outlive the group (cuda_p2p/handle_cache.h).
+  cuda_p2p::give_back_streams(device_, own_streams_);
   own_streams_.clear();
   send_streams_.clear();
   recv_streams_.clear();
@@ -153,6 +168,19 @@ void CudaBackend::set_up(int device) {
                std::to_string(cuda_ipc::kMaxIpcRanks) + " CUDA IPC handles";
     return;
   }
+  // Every kernel an IPC call can launch, loaded before the first of them
+  // waits on a peer (cuda_kernels::preload_reduce_kernels says why), and
+  // before the rendezvous: a rank that cannot load them must not have voted
+  // for IPC (it raises here, and its peers' rendezvous times out).
+  try {
+    C10_CUDA_CHECK(cuda_kernels::preload_reduce_kernels());
+    C10_CUDA_CHECK(cuda_ipc::preload_phase_kernel());
+    C10_CUDA_CHECK(cuda_ipc::preload_p2p_kernel());
+    C10_CUDA_CHECK(cuda_ipc::preload_fused_kernels());
+  } catch (const std::exception& e) {
+    why_not_ = std::string("loading the kernels failed: ") + e.what();
+    throw;
+  }
   IpcRendezvous rv;
   try {
     rv = ipc_rendezvous(*store_, getRank(), getSize(), device, max_ipc_bytes_, slot_bytes_, registered_->bytes(),
@@ -168,12 +196,6 @@ void CudaBackend::set_up(int device) {
   }
   why_not_ = std::move(rv.why_not);
   if (rv.endpoint) {
-    // Every kernel an IPC call can launch, loaded before the first of them
-    // waits on a peer (cuda_kernels::preload_reduce_kernels says why).
-    C10_CUDA_CHECK(cuda_kernels::preload_reduce_kernels());
-    C10_CUDA_CHECK(cuda_ipc::preload_phase_kernel());
-    C10_CUDA_CHECK(cuda_ipc::preload_p2p_kernel());
-    C10_CUDA_CHECK(cuda_ipc::preload_fused_kernels());
     auto link = std::make_shared<IpcLink>();
     link->ep = std::move(rv.endpoint);
     link->watch(std::move(rv.pids), getRank());
@@ -245,14 +267,18 @@ void CudaBackend::to_fallback(const char* op, const cuda_ipc::RouteQuery& q) {
 }
 
 c10::cuda::CUDAStream CudaBackend::begin_ipc(const char* op, const at::Tensor& t, std::chrono::milliseconds timeout,
-                                             bool capturable) {
-  return begin_ipc(op, t.get_device(), timeout, capturable);
+                                             bool capturable, bool phased) {
+  return begin_ipc(op, t.get_device(), timeout, capturable, phased);
 }
 
 c10::cuda::CUDAStream CudaBackend::begin_ipc(const char* op, int device, std::chrono::milliseconds timeout,
-                                             bool capturable) {
+                                             bool capturable, bool phased) {
   // A failure recorded by an earlier call makes the communicator unusable:
-  // its phase numbers no longer match the peers'.
+  // its phase numbers no longer match the peers'. A step this rank could not
+  // enqueue first (its own abort word then makes the status read "aborted").
+  const cudaError_t enqueue = link_->ep->enqueue_error();
+  TORCH_CHECK_WITH(DistBackendError, enqueue == cudaSuccess,
+                   cuda_ipc::enqueue_failure_message(op, getRank(), enqueue, /*earlier=*/true));
   link_->throw_if_failed(op, getRank(), timeout);
   const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream(device);
   // A replay repeats the kernels' arguments as captured; every schedule but
@@ -271,7 +297,7 @@ c10::cuda::CUDAStream CudaBackend::begin_ipc(const char* op, int device, std::ch
   // enqueued. A graphed all_reduce needs no order: it has its own slot and
   // device-side epochs, and a capturing stream may not wait on an event
   // recorded outside the capture.
-  if (!capturing(stream)) {
+  if (phased && !capturing(stream)) {
     if (last_ipc_stream_ && *last_ipc_stream_ != stream) {
       PooledEvent e = ipc_event();
       e.record(*last_ipc_stream_);
@@ -287,9 +313,9 @@ c10::cuda::CUDAStream CudaBackend::begin_ipc(const char* op, int device, std::ch
 c10::intrusive_ptr<c10d::Work> CudaBackend::ipc_work(c10d::OpType type, const char* op,
                                                      std::vector<at::Tensor> outputs,
                                                      const c10::cuda::CUDAStream& stream,
-                                                     std::chrono::milliseconds timeout) {
+                                                     std::chrono::milliseconds timeout, bool host_wait) {
   return c10::make_intrusive<IpcWork>(type, op, std::move(outputs), stream, ipc_event(), link_, getRank(), timeout,
-                                      blocking_wait_);
+                                      blocking_wait_ || host_wait);
 }
 
 at::Tensor CudaBackend::registered_empty(const std::vector<int64_t>& sizes, at::ScalarType dtype, int device) {
@@ -297,9 +323,13 @@ at::Tensor CudaBackend::registered_empty(const std::vector<int64_t>& sizes, at::
   for (size_t i = 0; i < sizes.size(); ++i) {
     TORCH_CHECK_VALUE(sizes[i] >= 0, "fastpar.registered_empty: shape[", i, "] is ", sizes[i],
                       " but sizes must be >= 0");
-    numel *= sizes[i];
+    TORCH_CHECK_VALUE(!c10::mul_overflows(numel, sizes[i], &numel), "fastpar.registered_empty: shape ",
+                      c10::IntArrayRef(sizes), " has more elements than an int64 counts");
   }
-  const int64_t bytes = numel * int64_t(c10::elementSize(dtype));
+  int64_t bytes = 0;
+  TORCH_CHECK_VALUE(!c10::mul_overflows(numel, int64_t(c10::elementSize(dtype)), &bytes),
+                    "fastpar.registered_empty: shape ", c10::IntArrayRef(sizes), " of ", dtype,
+                    " has more bytes than an int64 counts");
   std::lock_guard<std::mutex> g(mu_);
   if (!set_up_) set_up(device);
   TORCH_CHECK_VALUE(link_, "fastpar.registered_empty: registered CUDA tensors live in the group's CUDA IPC arena, "

@@ -166,18 +166,25 @@ class CudaBackend : public c10d::Backend {
   void to_fallback(const char* op, const cuda_ipc::RouteQuery& q);
   // The common start of an IPC call (mu_ held): raises if the communicator
   // failed, or if the stream is capturing a CUDA graph and the call is not
-  // `capturable`; orders the stream after the last IPC call's; sets the
-  // flag-wait timeout, counts the call; the stream to use.
+  // `capturable`; for a `phased` call (every collective: its steps are
+  // numbered by the control block's phase sequence) orders the stream after
+  // the last phased call's; sets the flag-wait timeout, counts the call; the
+  // stream to use. Point to point is not phased: each pair's messages are
+  // ordered by the pair's own stream (p2p_stream), whatever the caller's.
   c10::cuda::CUDAStream begin_ipc(const char* op, const at::Tensor& t, std::chrono::milliseconds timeout,
-                                  bool capturable = false);
+                                  bool capturable = false, bool phased = true);
   // An event of the IPC device, from the process-wide cache.
   PooledEvent ipc_event() const { return PooledEvent::take(c10::DeviceIndex(device_)); }
   c10::cuda::CUDAStream begin_ipc(const char* op, int device, std::chrono::milliseconds timeout,
-                                  bool capturable = false);
+                                  bool capturable = false, bool phased = true);
   // The offset of `t` (whole) in this rank's registered region, or -1.
   int64_t registered_offset(const at::Tensor& t) const;
+  // The Work of an IPC call enqueued on `stream`; `host_wait`: its wait()
+  // blocks the host until the call is done (barrier), as FASTPAR_BLOCKING_WAIT
+  // makes every Work's.
   c10::intrusive_ptr<c10d::Work> ipc_work(c10d::OpType type, const char* op, std::vector<at::Tensor> outputs,
-                                          const c10::cuda::CUDAStream& stream, std::chrono::milliseconds timeout);
+                                          const c10::cuda::CUDAStream& stream, std::chrono::milliseconds timeout,
+                                          bool host_wait = false);
   // send / recv over the IPC rings (p2p_ipc.h) where set up and routed, else the fallback.
   c10::intrusive_ptr<c10d::Work> point_to_point(const char* op, std::vector<at::Tensor>& tensors, int peer, int tag,
                                                 bool is_send);
@@ -216,10 +223,11 @@ class CudaBackend : public c10d::Backend {
   bool group_shares_gpu_ = false;  // from setup, equal on every rank
   cuda_ipc::Mps mps_ = cuda_ipc::Mps::kUnknown;
   std::atomic<int64_t> ipc_calls_{0}, fallback_calls_{0};
-  std::vector<std::optional<c10::cuda::CUDAStream>> send_streams_, recv_streams_;  // per peer, made at first use
-  std::vector<cudaStream_t> own_streams_;  // those streams, destroyed by release_ipc
-  // The stream of the last IPC call (begin_ipc): a call on another stream
-  // waits for it, so the GPU runs the calls in the order the host numbered them.
+  std::vector<std::optional<c10::cuda::CUDAStream>> send_streams_, recv_streams_;  // per peer, taken at first p2p
+  std::vector<cudaStream_t> own_streams_;  // those streams, given back to the cache by release_ipc
+  // The stream of the last phased IPC call (begin_ipc): a call on another
+  // stream waits for it, so the GPU runs the calls in the order the host
+  // numbered them.
   std::optional<c10::cuda::CUDAStream> last_ipc_stream_;
 };
 

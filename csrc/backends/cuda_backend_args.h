@@ -72,6 +72,13 @@ struct StagedOutputs {
   }
 };
 
+// An all-to-all's block to itself: the bytes a rank sends itself must be
+// the bytes it expects from itself (both are its own arguments).
+inline void check_own_block(const char* op, int64_t sends, int64_t expects) {
+  TORCH_CHECK_VALUE(sends == expects, "fastpar.", op, ": this rank sends itself ", sends, " bytes but expects ",
+                    expects, " from itself");
+}
+
 // Whether `op` reduces `dt` on the kernels: the route's op_supported.
 inline bool reduces(const std::optional<DType>& dt, const c10d::ReduceOp& op) {
   const int v = int(op.op_);

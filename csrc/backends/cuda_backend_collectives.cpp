@@ -501,8 +501,25 @@ c10::intrusive_ptr<c10d::Work> CudaBackend::scatter(std::vector<at::Tensor>& out
 }
 
 c10::intrusive_ptr<c10d::Work> CudaBackend::barrier(const c10d::BarrierOptions& opts) {
+  std::unique_lock<std::mutex> g(mu_);
+  if (link_) {
+    // One phase over IPC on this rank's device; like NCCL's barrier, wait()
+    // holds the host until every rank has arrived.
+    const std::chrono::milliseconds timeout = call_timeout(opts.timeout, timeout_);
+    c10::cuda::CUDAGuard guard{c10::DeviceIndex(device_)};
+    const c10::cuda::CUDAStream stream = begin_ipc("barrier", device_, timeout);
+    C10_CUDA_CHECK(cuda_ipc::barrier_ipc(link_->ep->comm(), stream));
+    return ipc_work(c10d::OpType::BARRIER, "barrier", {}, stream, timeout, /*host_wait=*/true);
+  }
+  // Before IPC is set up (it is collective, and a barrier names no device to
+  // set it up on) or without it: NCCL, told our device when we know it
+  // (without device_ids torch 2.11's NCCL barrier guesses rank % GPUs).
+  const int device = device_;
+  g.unlock();
   refuse_on_shared_gpu("barrier");
-  return fallback_->barrier(opts);
+  c10d::BarrierOptions o = opts;
+  if (o.device_ids.empty() && device >= 0) o.device_ids = {device};
+  return fallback_->barrier(o);
 }
 
 }  // namespace ops

@@ -13,6 +13,7 @@
 #include "../transport/cuda_ipc/collectives_ipc.h"
 #include "../transport/cuda_ipc/p2p_ipc.h"
 #include "../transport/cuda_ipc/route.h"
+#include "../transport/cuda_p2p/handle_cache.h"
 #include "call_timeout.h"
 #include "cuda_backend.h"
 #include "cuda_backend_args.h"
@@ -29,11 +30,22 @@ c10::intrusive_ptr<c10d::Work> CudaBackend::alltoall_base(at::Tensor& output, at
   check_cuda("all_to_all_single", "input", input);
   check_like("all_to_all_single", "output", output, input, "input", output.numel());
   const int n = getSize();
+  const bool split = !input_split_sizes.empty() || !output_split_sizes.empty();
+  std::vector<int64_t> in_b, out_b;
+  if (split) {
+    // Checked before the route, as every argument: a rank whose splits are
+    // wrong raises before its peers enter the call.
+    const int64_t in_rows = input.dim() == 0 ? 1 : input.size(0), out_rows = output.dim() == 0 ? 1 : output.size(0);
+    auto row_bytes = [](const at::Tensor& t, int64_t rows) { return rows == 0 ? 0 : int64_t(t.nbytes()) / rows; };
+    in_b = all_to_all_split("input", input_split_sizes, in_rows, row_bytes(input, in_rows), n);
+    out_b = all_to_all_split("output", output_split_sizes, out_rows, row_bytes(output, out_rows), n);
+    check_own_block("all_to_all_single", in_b[size_t(getRank())], out_b[size_t(getRank())]);
+  }
   std::unique_lock<std::mutex> g(mu_);
   cuda_ipc::RouteQuery q = query_for("all_to_all_single", input);
   q.contiguous = input.is_contiguous() && output.is_contiguous();
   q.on_rank_device = q.on_rank_device && output.device() == input.device();
-  if (!input_split_sizes.empty() || !output_split_sizes.empty()) {
+  if (split) {
     // Split sizes given: the per-pair rings (see all_to_all_pairs). The
     // sizes, and whether they happen to be equal, differ by rank, so the
     // route is picked by the call's form, which every rank shares, and not
@@ -44,11 +56,6 @@ c10::intrusive_ptr<c10d::Work> CudaBackend::alltoall_base(at::Tensor& output, at
       g.unlock();
       return fallback_->alltoall_base(output, input, output_split_sizes, input_split_sizes, opts);
     }
-    const int64_t in_rows = input.dim() == 0 ? 1 : input.size(0), out_rows = output.dim() == 0 ? 1 : output.size(0);
-    auto row_bytes = [](const at::Tensor& t, int64_t rows) { return rows == 0 ? 0 : int64_t(t.nbytes()) / rows; };
-    const std::vector<int64_t> in_b = all_to_all_split("input", input_split_sizes, in_rows, row_bytes(input, in_rows), n);
-    const std::vector<int64_t> out_b =
-        all_to_all_split("output", output_split_sizes, out_rows, row_bytes(output, out_rows), n);
     std::vector<const void*> ins(static_cast<size_t>(n));
     std::vector<void*> outs(static_cast<size_t>(n));
     int64_t io = 0, oo = 0;
@@ -104,6 +111,15 @@ c10::intrusive_ptr<c10d::Work> CudaBackend::alltoall(std::vector<at::Tensor>& ou
                       " (input_tensor_list[0]'s); entry ", r, " has ", inputs[size_t(r)].scalar_type(), " / ",
                       outputs[size_t(r)].scalar_type());
   }
+  // Before the route: an argument error raises on the rank that made it
+  // before any rank enters the call, not after its peers wait in IPC.
+  check_own_block("all_to_all", int64_t(inputs[size_t(getRank())].nbytes()),
+                  int64_t(outputs[size_t(getRank())].nbytes()));
+  for (int r = 0; r < n; ++r)
+    TORCH_CHECK_VALUE(inputs[size_t(r)].device() == inputs[0].device() &&
+                      outputs[size_t(r)].device() == inputs[0].device(),
+                      "fastpar.all_to_all: every tensor must be on ", inputs[0].device(), " (input_tensor_list[0]'s); "
+                      "entry ", r, " is on ", inputs[size_t(r)].device(), " / ", outputs[size_t(r)].device());
   std::unique_lock<std::mutex> g(mu_);
   cuda_ipc::RouteQuery q = query_for("all_to_all", inputs[0]);
   // The per-pair rings, whatever the sizes: they (and whether they happen to
@@ -117,11 +133,6 @@ c10::intrusive_ptr<c10d::Work> CudaBackend::alltoall(std::vector<at::Tensor>& ou
     g.unlock();
     return fallback_->alltoall(outputs, inputs, opts);
   }
-  for (int r = 0; r < n; ++r)
-    TORCH_CHECK_VALUE(inputs[size_t(r)].device() == inputs[0].device() &&
-                      outputs[size_t(r)].device() == inputs[0].device(),
-                      "fastpar.all_to_all: every tensor must be on ", inputs[0].device(), " (input_tensor_list[0]'s); "
-                      "entry ", r, " is on ", inputs[size_t(r)].device(), " / ", outputs[size_t(r)].device());
   std::vector<at::Tensor> keep;
   auto staged = std::make_shared<StagedOutputs>();  // outlives this call in the lambda below
   std::vector<const void*> ins(static_cast<size_t>(n));
@@ -150,11 +161,9 @@ c10::intrusive_ptr<c10d::Work> CudaBackend::all_to_all_pairs(const char* op, c10
                                                              std::chrono::milliseconds timeout,
                                                              const std::function<void()>& after) {
   const int n = getSize(), r = getRank();
-  TORCH_CHECK_VALUE(in_bytes[size_t(r)] == out_bytes[size_t(r)], "fastpar.", op, ": this rank sends itself ",
-                    in_bytes[size_t(r)], " bytes but expects ", out_bytes[size_t(r)], " from itself");
   const at::Tensor& like = keep[0];
   c10::cuda::CUDAGuard guard(like.device());
-  const c10::cuda::CUDAStream current = begin_ipc(op, like, timeout);
+  const c10::cuda::CUDAStream current = begin_ipc(op, like, timeout, /*capturable=*/false, /*phased=*/false);
   cuda_ipc::IpcComm& c = link_->ep->comm();
   PooledEvent ready = ipc_event();
   ready.record(current);
@@ -205,20 +214,25 @@ c10::intrusive_ptr<c10d::Work> CudaBackend::recvAnysource(std::vector<at::Tensor
 }
 
 c10::cuda::CUDAStream CudaBackend::p2p_stream(int peer, bool is_send) {
-  std::vector<std::optional<c10::cuda::CUDAStream>>& v = is_send ? send_streams_ : recv_streams_;
-  if (v.empty()) v.resize(size_t(getSize()));
-  if (!v[size_t(peer)]) {
-    // A stream of our own, not one of torch's pool: the pool hands its 32
-    // streams round-robin to everyone (torch.cuda.Stream(), DDP's callbacks,
-    // the other direction's p2p stream), and a step that waits for the peer
-    // must never queue behind, or hold up, work it does not order with.
-    c10::cuda::CUDAGuard guard{c10::DeviceIndex(device_)};
-    cudaStream_t s = nullptr;
-    C10_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    own_streams_.push_back(s);
-    v[size_t(peer)] = c10::cuda::getStreamFromExternal(s, c10::DeviceIndex(device_));
+  if (own_streams_.empty()) {
+    // Streams of our own, not torch's pool: the pool hands its 32 streams
+    // round-robin to everyone (torch.cuda.Stream(), DDP's callbacks), and a
+    // step that waits for the peer must never queue behind, or hold up, work
+    // it does not order with. Every peer's pair at once, from the process's
+    // stream cache (cuda_p2p/handle_cache.h says why they are never
+    // destroyed, and why taken in one run).
+    const int n = getSize(), r = getRank();
+    C10_CUDA_CHECK(cuda_p2p::take_streams(device_, 2 * (n - 1), &own_streams_));
+    send_streams_.assign(size_t(n), std::nullopt);
+    recv_streams_.assign(size_t(n), std::nullopt);
+    size_t k = 0;
+    for (int q = 0; q < n; ++q) {
+      if (q == r) continue;
+      send_streams_[size_t(q)] = c10::cuda::getStreamFromExternal(own_streams_[k++], c10::DeviceIndex(device_));
+      recv_streams_[size_t(q)] = c10::cuda::getStreamFromExternal(own_streams_[k++], c10::DeviceIndex(device_));
+    }
   }
-  return *v[size_t(peer)];
+  return *(is_send ? send_streams_ : recv_streams_)[size_t(peer)];
 }
 
 c10::intrusive_ptr<c10d::Work> CudaBackend::point_to_point(const char* op, std::vector<at::Tensor>& tensors,
@@ -238,6 +252,7 @@ c10::intrusive_ptr<c10d::Work> CudaBackend::point_to_point(const char* op, std::
   cuda_ipc::RouteQuery q;
   if (ipc) {
     q = query_for(op, t);
+    q.nbytes = 0;  // the pair's ring streams any size: no threshold (docs/cuda.md)
     ipc = cuda_ipc::route_ipc(q) == cuda_ipc::Route::kIpc;
     if (!ipc) to_fallback(op, q);
   } else {
@@ -249,7 +264,7 @@ c10::intrusive_ptr<c10d::Work> CudaBackend::point_to_point(const char* op, std::
   }
   const std::chrono::milliseconds timeout = timeout_;
   c10::cuda::CUDAGuard guard(t.device());
-  const c10::cuda::CUDAStream current = begin_ipc(op, t, timeout);
+  const c10::cuda::CUDAStream current = begin_ipc(op, t, timeout, /*capturable=*/false, /*phased=*/false);
   // One stream per peer and direction: messages to one peer run in the order
   // they were posted (the ring's chunk numbers are counted here, at enqueue),
   // and a large send waiting for its receiver to drain the ring never holds

@@ -3,7 +3,7 @@
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 
-#include "../transport/cuda_p2p/event_cache.h"
+#include "../transport/cuda_p2p/handle_cache.h"
 
 namespace fastpar {
 namespace ops {

@@ -3,7 +3,7 @@
 // first record and destroys it with the Work: two driver calls on every
 // collective's host path, whose budget is a few microseconds (issue 8: 4 KiB
 // all_reduce <= 8 us of host time). The events come from the process-wide
-// cache of transport/cuda_p2p/event_cache.h (shared with the list ops); a
+// cache of transport/cuda_p2p/handle_cache.h (shared with the list ops); a
 // PooledEvent takes one and gives it back when it dies, on whatever thread
 // that is.
 #pragma once

@@ -139,9 +139,11 @@ IpcRendezvous ipc_rendezvous(c10d::Store& store, int rank, int size, int device,
   for (int q = 0; q < size; ++q) {
     const std::string& hq = handles[size_t(q)];
     if (hq.empty() || hq[0] != 'H' || hq.size() != 1 + sizeof(cudaIpcMemHandle_t)) {
-      // Nobody mapped anything yet: every rank frees its own arena at once.
+      // Nobody mapped anything yet: every rank frees its own arena at once
+      // (explicitly: the endpoint's destructor would abandon an exported one).
       out.why_not = "rank " + std::to_string(q) + " could not allocate or export its IPC arena: " +
                     hq.substr(std::min<size_t>(1, hq.size()));
+      ep->free_arena();
       return out;
     }
     std::memcpy(&hs[size_t(q)], hq.data() + 1, sizeof(cudaIpcMemHandle_t));
@@ -150,9 +152,18 @@ IpcRendezvous ipc_rendezvous(c10d::Store& store, int rank, int size, int device,
   // open
   err = ep->connect(hs.data());
   if (err != cudaSuccess) cudaGetLastError();
-  out.why_not = first_refusal(
-      exchange(store, "open", rank, size, vote(err == cudaSuccess ? "" : cudaGetErrorString(err)), timeout),
-      "could not map a peer's IPC arena");
+  try {
+    out.why_not = first_refusal(
+        exchange(store, "open", rank, size, vote(err == cudaSuccess ? "" : cudaGetErrorString(err)), timeout),
+        "could not map a peer's IPC arena");
+  } catch (...) {
+    // Peers may have mapped our arena, and one that saw every vote goes on
+    // to use it: with no barrier possible, it is left to the driver (as the
+    // endpoint's destructor would; said here, where it matters).
+    ep->disconnect();
+    ep->abandon_arena();
+    throw;
+  }
   if (out.why_not.empty()) {
     out.endpoint = std::move(ep);
     return out;

@@ -4,6 +4,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/Exception.h>
 
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -63,8 +64,11 @@ bool IpcWork::wait(std::chrono::milliseconds timeout) {
   // synchronizing is bounded and lets the failure surface here, in seconds.
   // Never inside a CUDA graph capture, where synchronizing is an error (the
   // captured kernels have not run; a replay's failure shows at the next wait).
-  const bool sync = (blocking_wait_ || link_->watcher.dead_rank() >= 0 || link_->aborted.load()) && !captured_ &&
-                    !capturing(c10::cuda::getCurrentCUDAStream(stream_.device_index()));
+  // A timeout given to wait() blocks the host too, as ProcessGroupNCCL's
+  // Work does: the caller asked to know within that time.
+  const bool sync = (blocking_wait_ || timeout != ::kNoTimeout || link_->watcher.dead_rank() >= 0 ||
+                     link_->aborted.load()) &&
+                    !captured_ && !capturing(c10::cuda::getCurrentCUDAStream(stream_.device_index()));
   if (sync) {
     if (timeout <= ::kNoTimeout) {
       // Bounded anyway: the phase kernels give up at the group's timeout.
@@ -93,8 +97,17 @@ c10::intrusive_ptr<c10::ivalue::Future> IpcWork::getFuture() {
     future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
                                                        std::vector<c10::Device>{stream_.device()});
     // markCompleted records its event on the current stream of the device:
-    // make that the kernels' stream, so waiters order after the kernels.
-    c10::cuda::CUDAStreamGuard guard(stream_);
+    // make that a stream which waits for this call's kernels and nothing
+    // else. stream_ itself would do only at construction: by now it may hold
+    // later work (a p2p stream's next messages), which waiters on the future
+    // must not wait for. Inside a capture the event cannot be waited on from
+    // a stream outside it, and stream_ is the one place to record.
+    std::optional<c10::cuda::CUDAStream> on = stream_;
+    if (!captured_) {
+      on = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, stream_.device_index());
+      done_.block(*on);
+    }
+    c10::cuda::CUDAStreamGuard guard(*on);
     future_->markCompleted(c10::IValue(outputs_));
   }
   return future_;

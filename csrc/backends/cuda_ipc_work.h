@@ -26,6 +26,7 @@
 #pragma once
 
 #include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
@@ -45,6 +46,9 @@ namespace ops {
 
 // Whether `stream` is capturing a CUDA graph (then nothing may synchronize it).
 inline bool capturing(const c10::cuda::CUDAStream& stream) {
+  // Asked with the stream's device current: torch's default stream is the
+  // handle 0, which names the legacy stream of whatever device is current.
+  const c10::cuda::CUDAGuard guard(stream.device_index());
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   C10_CUDA_CHECK(cudaStreamIsCapturing(stream.stream(), &status));
   return status != cudaStreamCaptureStatusNone;

@@ -9,8 +9,9 @@
 // different call) as an exception.
 //
 // Collective rules: every rank calls allreduce_ in the same order with the same
-// numel, dtype, op and algorithm; close() (and so destruction) must follow a
-// barrier, since peers map this rank's arena until they close theirs.
+// numel, dtype, op and algorithm; close() must follow a barrier, since peers
+// map this rank's arena until they close theirs. Dropped without close(), the
+// communicator leaves its arena to the driver (freed at process exit).
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -22,13 +23,41 @@
 #include <string>
 #include <vector>
 
+#include "../kernels/cuda_reduce_launch.h"
 #include "../transport/cuda_ipc/allreduce_ipc.h"
+#include "../transport/cuda_ipc/fused_one_shot.h"
 #include "../transport/cuda_ipc/ipc_endpoint.h"
+#include "../transport/cuda_ipc/p2p_ring.h"
+#include "../transport/cuda_ipc/phase_launch.h"
 #include "checks.h"
 
 namespace fastpar {
 namespace ops {
 namespace {
+
+// Loads every kernel an IPC call can launch on `device`, as the c10d backend
+// does at its setup: CUDA loads a kernel lazily at its first launch by
+// default, and a load may wait for running kernels, which could be this
+// process's phase kernel waiting for a peer (cuda_kernels::
+// preload_reduce_kernels says more). Before the handle exchange, so that a
+// rank that cannot load them fails before any peer maps its arena.
+void preload_ipc_kernels(int64_t device) {
+  c10::cuda::CUDAGuard guard{c10::DeviceIndex(device)};
+  const struct {
+    const char* what;
+    cudaError_t err;
+  } loads[] = {{"reduce", cuda_kernels::preload_reduce_kernels()},
+               {"phase", cuda_ipc::preload_phase_kernel()},
+               {"point-to-point", cuda_ipc::preload_p2p_kernel()},
+               {"fused one-shot", cuda_ipc::preload_fused_kernels()}};
+  for (const auto& l : loads) {
+    if (l.err == cudaSuccess) continue;
+    cudaGetLastError();  // not sticky: keep it from surfacing in a later launch check
+    TORCH_CHECK(false, "fastpar.CudaIpcComm: could not load the ", l.what, " kernels on cuda:", device,
+                " (CUDA error: ", cudaGetErrorString(l.err), "); a build of fastpar without this GPU's "
+                "architecture gives 'no kernel image is available'");
+  }
+}
 
 class CudaIpcComm : public torch::CustomClassHolder {
  public:
@@ -40,10 +69,13 @@ class CudaIpcComm : public torch::CustomClassHolder {
     TORCH_CHECK_VALUE(device >= 0, "fastpar.CudaIpcComm: device is ", device, " but must be a CUDA device index");
     TORCH_CHECK_VALUE(slot_bytes >= 64, "fastpar.CudaIpcComm: slot_bytes is ", slot_bytes,
                       " but must be >= 64");
+    preload_ipc_kernels(device);
     C10_CUDA_CHECK(ep_.create(int(rank), int(size), int(device), size_t(slot_bytes)));
   }
 
-  // ~IpcEndpoint unmaps and frees; close() reports errors when called directly.
+  // ~IpcEndpoint unmaps, and frees the arena only if its handle never left
+  // this process: peers may still read it, so without close() (after its
+  // barrier) it is left to the driver.
 
   at::Tensor handle() {
     TORCH_CHECK(ep_.created(), "fastpar.CudaIpcComm: handle() after close()");
@@ -72,6 +104,7 @@ class CudaIpcComm : public torch::CustomClassHolder {
   void allreduce_(const at::Tensor& t, int64_t op, const std::string& algorithm) {
     TORCH_CHECK(ep_.connected(), "fastpar.CudaIpcComm.allreduce_: connect() first");
     cuda_ipc::IpcComm& c = ep_.comm();
+    TORCH_CHECK(c.enqueue_error == cudaSuccess, enqueue_failure("CudaIpcComm.allreduce_", /*earlier=*/true));
     TORCH_CHECK_VALUE(t.is_cuda() && t.get_device() == c.device, "fastpar.CudaIpcComm.allreduce_: tensor is on '",
                       t.device().str(), "' but this rank's device is 'cuda:", c.device, "'");
     TORCH_CHECK_VALUE(t.is_contiguous(), "fastpar.CudaIpcComm.allreduce_: tensor must be contiguous, but it has sizes ",
@@ -94,17 +127,22 @@ class CudaIpcComm : public torch::CustomClassHolder {
     TORCH_CHECK_VALUE(capture == cudaStreamCaptureStatusNone, "fastpar.CudaIpcComm.allreduce_: cannot be captured in "
                       "a CUDA graph (its steps are numbered by the host at enqueue); dist.all_reduce on a fastpar "
                       "group can be");
-    if (one_shot) {
-      C10_CUDA_CHECK(cuda_ipc::allreduce_one_shot(c, dt, rop, t.const_data_ptr(), t.data_ptr(), t.numel(), stream));
-    } else {
-      C10_CUDA_CHECK(cuda_ipc::allreduce_two_shot(c, dt, rop, t.const_data_ptr(), t.data_ptr(), t.numel(), stream));
-    }
+    const cudaError_t err =
+        one_shot ? cuda_ipc::allreduce_one_shot(c, dt, rop, t.const_data_ptr(), t.data_ptr(), t.numel(), stream)
+                 : cuda_ipc::allreduce_two_shot(c, dt, rop, t.const_data_ptr(), t.data_ptr(), t.numel(), stream);
+    // A step that could not be enqueued has made the communicator unusable
+    // (ipc_steps.h, fail_enqueue): say so rather than name the CUDA error alone.
+    TORCH_CHECK(err == cudaSuccess || c.enqueue_error == cudaSuccess,
+                enqueue_failure("CudaIpcComm.allreduce_", /*earlier=*/false));
+    C10_CUDA_CHECK(err);
   }
 
   // Synchronizes the current stream; raises if a flag wait failed.
   void check() {
     TORCH_CHECK(ep_.created(), "fastpar.CudaIpcComm: check() after close()");
     const cuda_ipc::IpcComm& c = ep_.comm();
+    // Its own abort word makes the status read "a peer aborted": the cause is here.
+    TORCH_CHECK(c.enqueue_error == cudaSuccess, enqueue_failure("CudaIpcComm.allreduce", /*earlier=*/true));
     c10::cuda::CUDAGuard guard{c10::DeviceIndex(c.device)};
     uint32_t s = 0;
     C10_CUDA_CHECK(cuda_ipc::read_status(c, c10::cuda::getCurrentCUDAStream(c.device).stream(), &s));
@@ -132,6 +170,11 @@ class CudaIpcComm : public torch::CustomClassHolder {
   }
 
  private:
+  std::string enqueue_failure(const char* op, bool earlier) const {
+    return cuda_ipc::enqueue_failure_message(op, ep_.comm().rank, ep_.comm().enqueue_error, earlier) +
+           "; close it (fastpar.cuda_ipc.close) on every rank and connect a new one";
+  }
+
   cuda_ipc::IpcEndpoint ep_;
 };
 

@@ -5,7 +5,7 @@
 
 #include <algorithm>
 
-#include "../transport/cuda_p2p/event_cache.h"
+#include "../transport/cuda_p2p/handle_cache.h"
 
 namespace fastpar {
 namespace ops {

@@ -131,16 +131,29 @@ def cuda_supported() -> bool:
     return bool(getattr(_C, "built_with_cuda", False)) and torch.cuda.is_available() and dist.is_nccl_available()
 
 
-def _nccl(store, rank: int, size: int, timeout: datetime.timedelta, global_ranks, backend_options=None,
-          group_name=None):
-    """A ProcessGroupNCCL on `store` with the group's timeout (and the NCCL
-    options passed to init_process_group, when they are NCCL options)."""
-    opts = backend_options if isinstance(backend_options, dist.ProcessGroupNCCL.Options) else dist.ProcessGroupNCCL.Options()
+def _nccl_options(timeout: datetime.timedelta, global_ranks, backend_options=None, group_name=None):
+    """Fresh ProcessGroupNCCL options for one NCCL group: the group's timeout
+    and ranks, and the user's settings (stream priority, NCCL config) when
+    `backend_options` are NCCL options. Never the user's object itself: one
+    fastpar group builds several NCCL groups (world, per host, leaders), and a
+    ProcessGroupNCCL keeps a reference to its options, so a shared object
+    would leave every earlier group with the last one's ranks and name."""
+    opts = dist.ProcessGroupNCCL.Options()
+    if isinstance(backend_options, dist.ProcessGroupNCCL.Options):
+        opts.is_high_priority_stream = backend_options.is_high_priority_stream
+        opts.config = backend_options.config  # a copy (pybind copies the struct)
     opts._timeout = timeout
     opts.global_ranks_in_group = list(global_ranks)
     if group_name:
         opts.group_name = group_name
-    return dist.ProcessGroupNCCL(store, rank, size, opts)
+    return opts
+
+
+def _nccl(store, rank: int, size: int, timeout: datetime.timedelta, global_ranks, backend_options=None,
+          group_name=None):
+    """A ProcessGroupNCCL on `store` with the group's timeout (and the NCCL
+    options passed to init_process_group, when they are NCCL options)."""
+    return dist.ProcessGroupNCCL(store, rank, size, _nccl_options(timeout, global_ranks, backend_options, group_name))
 
 
 def _cuda_backend(store, rank: int, size: int, timeout: datetime.timedelta, host_index: list[int],

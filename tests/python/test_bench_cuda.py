@@ -119,20 +119,26 @@ def _phases(script: str, env: dict) -> list:
 
 
 def test_gpu_check_runs_every_phase_by_default_with_time_kept_for_later_ones():
+    """Each phase leaves the needs of the selected phases after it (lists 150 s,
+    multi 150 s, ipc 110 s with the report) and may take the rest."""
     got = _phases("for p in single lists multi ipc; do want $p && echo $p; done; "
-                  "reserve_after single 280; reserve_after multi 80; reserve_after ipc 20; "
+                  "reserve_after single; reserve_after lists; reserve_after multi; reserve_after ipc; "
                   "phase_limit 150 280; phase_limit 900 0; phase_limit 150 565", {})
-    assert got == ["single", "lists", "multi", "ipc", "280", "80", "0", "150", "570", "10"], got
+    assert got == ["single", "lists", "multi", "ipc", "410", "260", "110", "0", "150", "570", "10"], got
 
 
 def test_gpu_check_phase_selection_gives_the_last_phase_the_rest_of_the_budget():
     """GPU_CHECK_PHASES=multi: only that phase, and nothing kept after it;
-    single,multi: the time kept after single is kept for multi."""
-    got = _phases("for p in single lists multi ipc; do want $p && echo $p; done; reserve_after multi 80",
+    single,multi: single keeps multi's need; the last phase gets the rest."""
+    got = _phases("for p in single lists multi ipc; do want $p && echo $p; done; reserve_after multi",
                   {"GPU_CHECK_PHASES": "multi"})
     assert got == ["multi", "0"], got
-    got = _phases("reserve_after single 280; reserve_after multi 80", {"GPU_CHECK_PHASES": "single,multi"})
-    assert got == ["280", "0"], got
-    # a phase's cap: its default while a later phase waits, the whole budget when last
-    got = _phases("phase_cap single 150; phase_cap multi 150", {"GPU_CHECK_PHASES": "single,multi"})
-    assert got == ["150", "570"], got
+    got = _phases("reserve_after single; reserve_after multi", {"GPU_CHECK_PHASES": "single,multi"})
+    assert got == ["150", "0"], got
+    # the README's plan: call 1 gives single the whole budget, call 2 lists its need and multi the rest
+    got = _phases("reserve_after single", {"GPU_CHECK_PHASES": "single"})
+    assert got == ["0"], got
+    got = _phases("phase_cap lists; reserve_after lists; phase_cap multi", {"GPU_CHECK_PHASES": "lists,multi"})
+    assert got == ["150", "150", "570"], got
+    got = _phases("phase_cap lists", {"GPU_CHECK_PHASES": "single,lists"})
+    assert got == ["570"], got

@@ -294,6 +294,19 @@ def test_allreduce_single_tensor_is_identity():
         assert torch.equal(t.cpu(), torch.arange(10, dtype=torch.float32))
 
 
+@needs_gpu
+@pytest.mark.parametrize("destination", [-1, "cpu"])
+def test_reduce_add_to_the_cpu_as_torch_cuda_comm(destination):
+    """torch.cuda.comm.reduce_add(inputs, destination=-1) puts the sum on the CPU."""
+    xs = [torch.arange(1000, dtype=torch.float32, device=0) * (i + 1) for i in range(3)]
+    got = fastpar.reduce_add(xs, destination)
+    assert got.device == torch.device("cpu")
+    assert torch.equal(got, torch.arange(1000, dtype=torch.float32) * 6)
+    got = fastpar.reduce_add_coalesced([[x, x[:10]] for x in xs], destination)
+    assert all(g.device == torch.device("cpu") for g in got)
+    assert torch.equal(got[1], torch.arange(10, dtype=torch.float32) * 6)
+
+
 # ---------------------------------------------------------- reduce, reduce_scatter
 
 

@@ -124,3 +124,23 @@ def test_all_reduce_refuses_non_cuda_tensors_by_argument_and_device():
     with pytest.raises(ValueError, match=r"expected exactly one tensor in tensors \(one per process\), got 2"):
         cb.allreduce([torch.ones(3), torch.ones(3)])
     assert cb.ipc_state == "not set up"
+
+
+@pytest.mark.skipif(not dist.is_nccl_available(), reason="torch without NCCL")
+def test_each_nccl_group_gets_its_own_options_with_the_users_settings():
+    from fastpar.distributed.backend import _nccl_options
+    user = dist.ProcessGroupNCCL.Options()
+    user.is_high_priority_stream = True
+    user.config.max_ctas = 7
+    timeout = datetime.timedelta(seconds=42)
+    world = _nccl_options(timeout, [0, 1, 2, 3], user, "world")
+    leaders = _nccl_options(timeout, [0, 2], user, "leaders")
+    assert world is not user and leaders is not world
+    # The first group's options keep its own ranks and name after the second is made.
+    assert world.global_ranks_in_group == [0, 1, 2, 3] and world.group_name == "world"
+    assert leaders.global_ranks_in_group == [0, 2] and leaders.group_name == "leaders"
+    for o in (world, leaders):
+        assert o.is_high_priority_stream is True and o.config.max_ctas == 7 and o._timeout == timeout
+    assert user.global_ranks_in_group == [] and user.group_name == ""  # the user's object is left as it was
+    plain = _nccl_options(timeout, [0], None)
+    assert plain.is_high_priority_stream is False and plain.global_ranks_in_group == [0]

@@ -7,6 +7,11 @@ not:
   * the CUDA IPC allreduce schedules (the shared algorithms/*_slots.h over
     IpcSteps) with one thread per rank over the shared flag protocol (slot
     rotation, chunking, registered buffers, mismatch records);
+  * the fused one-shot and graphed all_reduce kernels with every block on a
+    thread of its own: 16-byte pack and scalar paths bit for bit (float32,
+    bfloat16, int8, aligned and odd offsets), the first failure of a rank
+    winning over its blocks (status word = host mirror, mismatch record kept),
+    and a failed or post-failure replay trapping with its line;
   * the CUDA IPC broadcast / all_gather / reduce / reduce_scatter schedules,
     interleaved with allreduce, desynced calls, and the host abort word that
     the peer watcher raises when a peer process dies;
@@ -15,7 +20,12 @@ not:
     mismatches, a dead peer;
   * the IPC endpoint's pinned host words (abort word, status mirror): alive
     until the endpoint itself goes, so abort() and Works racing a shutdown
-    never touch freed memory.
+    never touch freed memory; its destructor never frees an exported arena,
+    and its device hops make no context on a GPU the thread never chose;
+  * a launch refused partway through an IPC call (every position, collectives
+    and send/recv): the rank's communicator fails for good and its peers'
+    calls end with kPeerAborted instead of waiting for the timeout; an error
+    other code left on the thread is not taken for a launch failure.
 Streams, events, peer access, IPC mappings and the PTX memory-ordering policy
 still need real GPUs: test_cuda.py, test_cuda_ipc.py."""
 import os
@@ -30,7 +40,7 @@ SANITIZE = ["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined", "
 
 
 @pytest.mark.parametrize("program", ["kernels_and_ring_test", "ipc_schedules_test", "ipc_collectives_test", "ipc_p2p_test",
-                                     "ipc_endpoint_test"])
+                                     "ipc_endpoint_test", "ipc_fused_test", "ipc_enqueue_failure_test"])
 def test_cuda_code_on_host(program, tmp_path):
     cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
     if not cxx:

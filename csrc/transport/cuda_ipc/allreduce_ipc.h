@@ -43,6 +43,14 @@ struct IpcComm {
   // Optional device pointer to the host-mapped mismatch record
   // (phase_launch.h): both calls, for the host's error message. Null: none.
   MismatchRecord* host_mismatch = nullptr;
+  // Host address of the host abort word (host_abort is its device view), for
+  // the host itself to raise when a call cannot be enqueued (ipc_steps.h,
+  // fail_enqueue). Null: none.
+  uint64_t* host_abort_host = nullptr;
+  // The first step this rank could not enqueue (a launch or copy error), or
+  // cudaSuccess. Once set, this rank is out of step with its peers and every
+  // later call returns it without enqueueing anything (ipc_steps.h).
+  cudaError_t enqueue_error = cudaSuccess;
   uint64_t seq = 0;     // last phase posted (the protocol's phase number)
   uint64_t rounds = 0;  // slot rounds started; slot = rounds % flags::kSlots
   // One-shot calls that fit one slot run as one fused kernel

@@ -30,6 +30,10 @@ struct ConstBytes {
 
 }  // namespace
 
+cudaError_t barrier_ipc(IpcComm& c, cudaStream_t stream) {
+  return run_schedule(c, stream, [&](IpcSteps& s) { barrier_slots(s, CollCall{Coll::kBarrier, 0, DType::U8}); });
+}
+
 cudaError_t broadcast_ipc(IpcComm& c, int32_t dtype, int64_t count, void* data, int64_t bytes, int root,
                           cudaStream_t stream) {
   if (bad_root(c, root) || bytes < 0) return cudaErrorInvalidValue;

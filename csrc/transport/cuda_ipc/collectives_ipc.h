@@ -24,6 +24,10 @@
 namespace fastpar {
 namespace cuda_ipc {
 
+// Every rank reaches this call before any leaves it: one phase (the
+// barrier's descriptor, so a peer in another collective fails the call).
+cudaError_t barrier_ipc(IpcComm& c, cudaStream_t stream);
+
 // `bytes` of `data` from `root` to every rank (in place). Per piece of a slot:
 // the root copies it in, one phase, every other rank copies it out.
 // `dtype`/`count` only go into the descriptor.

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
 
 namespace fastpar {
 namespace cuda_ipc {
@@ -28,6 +29,30 @@ struct DeviceMemory {
     uint64_t t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return t;
+  }
+
+  // The status word (phase_step.h, record_failure). Only this rank's kernels,
+  // all on its own GPU, read or write it (peers read the abort word), so a
+  // device-scope compare-and-swap is enough to let the first failure win over
+  // blocks and streams; a plain read, since its value alone decides.
+  __device__ static uint32_t load_u32(const uint32_t* p) { return *static_cast<const volatile uint32_t*>(p); }
+  __device__ static uint32_t cas_u32(uint32_t* p, uint32_t expected, uint32_t desired) {
+    return atomicCAS(p, expected, desired);
+  }
+  // The status word's host-mapped mirror: released after the mismatch record,
+  // so a host that reads kMismatch there also reads the record.
+  __device__ static void store_release_u32(uint32_t* p, uint32_t v) {
+    asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+  }
+  // A captured kernel's failure (fused_one_shot.h, graph_trap): its replays
+  // never return to the host, so the line and the trap are how the failure
+  // surfaces: the next synchronize raises a CUDA error, as after a
+  // device-side assert. The fence first, so the status, mirror and abort word
+  // written before are out to the host and the peers when the context dies.
+  __device__ static void trap(const char* fmt, int rank, const char* cause) {
+    __threadfence_system();
+    printf(fmt, rank, cause);
+    __trap();
   }
 };
 

@@ -10,25 +10,19 @@ namespace cuda_ipc {
 namespace {
 
 constexpr int kFusedThreads = 512;
-
-// Whether an earlier call failed on this rank (its status word is set), read
-// once per block by thread 0 and shared: a kernel on another stream may set
-// the word mid-launch, and threads that saw different values would leave the
-// block's __syncthreads() divergent. Thread 0 of block 0 then tells the peers.
-__device__ bool block_sees_failure(const PhaseArgs& p, int* shared_status) {
-  if (threadIdx.x == 0) *shared_status = int(*static_cast<volatile const uint32_t*>(p.status));
-  __syncthreads();
-  if (*shared_status == 0) return false;
-  if (blockIdx.x == 0 && threadIdx.x == 0) flags::abort_rank<DeviceMemory>(p.self, uint64_t(*shared_status));
-  return true;
-}
+// Two blocks per SM: caps registers at 64, which holds the 8 packs of the
+// rank loop (fused_reduce), and keeps block b of 8 ranks sharing one GPU
+// resident at once (8 x kFusedMaxBlocks blocks). Without the second bound
+// ptxas picks its own target and spills in the loop.
+constexpr int kFusedMinBlocksPerSm = 2;
 
 template <typename T, ReduceOp OP>
-__global__ void __launch_bounds__(kFusedThreads) fused_one_shot_kernel(FusedArgs a) {
+__global__ void __launch_bounds__(kFusedThreads, kFusedMinBlocksPerSm) fused_one_shot_kernel(FusedArgs a) {
   __shared__ int failed;
-  __shared__ int status;
-  if (block_sees_failure(a.phase, &status)) return;  // an earlier call failed here: write nothing
   const int b = int(blockIdx.x), t = int(threadIdx.x), nt = int(blockDim.x);
+  if (t == 0) failed = fused_prior_failure<DeviceMemory>(a.phase, b) != 0;
+  __syncthreads();
+  if (failed) return;  // an earlier call failed here: write nothing (the host raises it)
   fused_copy_in<T>(a, b, t, nt);
   // Every thread's slot writes happen before thread 0's system-scope release.
   __syncthreads();
@@ -39,14 +33,19 @@ __global__ void __launch_bounds__(kFusedThreads) fused_one_shot_kernel(FusedArgs
   fused_reduce<T, OP>(a, b, t, nt);
 }
 
+// As above, but a failure, earlier or in this replay, traps (graph_trap,
+// fused_one_shot.h): no host check follows a replay.
 template <typename T, ReduceOp OP>
-__global__ void __launch_bounds__(kFusedThreads) fused_graph_kernel(GraphArgs a) {
+__global__ void __launch_bounds__(kFusedThreads, kFusedMinBlocksPerSm) fused_graph_kernel(GraphArgs a) {
   __shared__ int failed;
-  __shared__ int status;
   __shared__ uint64_t epoch;
-  if (block_sees_failure(a.f.phase, &status)) return;
   const int b = int(blockIdx.x), t = int(threadIdx.x), nt = int(blockDim.x);
-  if (t == 0) epoch = graph_epoch(a, b);
+  if (t == 0) {
+    failed = graph_prior_failure<DeviceMemory>(a, b) != 0;
+    epoch = graph_epoch(a, b);
+  }
+  __syncthreads();
+  if (failed) return;
   fused_copy_in<T>(a.f, b, t, nt);
   __syncthreads();
   if (t == 0) failed = graph_block_barrier<DeviceMemory>(a, b, epoch, true) != flags::WaitStatus::kOk;

@@ -11,7 +11,7 @@
 // Block b of every rank copies range b of its input into its slot, then
 // (thread 0, after __syncthreads) release-stores its block flag b = seq and
 // waits for every peer's block flag b >= seq; then the block reduces range b
-// from every rank's slot (its own input for itself). A block only ever reads
+// from every rank's slot (its own included). A block only ever reads
 // the range the peers' block b published, so blocks of one grid never wait
 // for each other: no co-residency is needed within a rank.
 //
@@ -22,16 +22,24 @@
 // with kMismatch, and the next phase-kernel call (flag seq + 1) stays in
 // order. Every wait polls the host abort word and every peer's abort word
 // (PhasePoll) and has the deadline; a failure writes the status word, its
-// host mirror and this rank's abort word. Blocks other than 0 do not compare
-// descriptors: on a desync they may reduce before block 0 has failed (the
-// output is then undefined, as with any failed call), but they only read
-// within this rank's own count of a peer's slot, and the call still fails on
-// every rank.
+// host mirror and this rank's abort word, the first failure of the rank
+// winning (record_failure: a block that gave up on a peer's abort does not
+// bury block 0's mismatch). Blocks other than 0 do not compare descriptors:
+// on a desync they may reduce before block 0 has failed (the output is then
+// undefined, as with any failed call), but they only read within this rank's
+// own count of a peer's slot, and the call still fails on every rank.
+//
+// Data moves in 16-byte packs when every pointer is 16-byte aligned (as the
+// reduce kernel, kernels/cuda_reduce.cuh): a thread loads its pack from every
+// rank before combining, so the n peer loads are in flight together instead
+// of one round trip each; block ranges are whole packs (fused_range), an
+// exact scalar loop does the tail and misaligned buffers (a view at an odd
+// storage offset), with the same order and math, so the bits are the same.
 //
 // Written once over a memory-ordering policy for the kernel
-// (fused_one_shot.cu) and the host emulation, which runs blocks one after the
-// other per rank thread (every rank walks its blocks in the same order, so
-// block b's barrier always finds its peers' block b).
+// (fused_one_shot.cu) and the host emulation, which runs every block on a
+// thread of its own (started in reverse order and staggered), since the GPU
+// runs them in any order and at once.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -127,29 +135,112 @@ FASTPAR_HD flags::WaitStatus fused_block_barrier(const FusedArgs& a, int b) {
   return s;
 }
 
+// Thread 0 of block b, before anything else: the status word as this launch
+// finds it (one read per block, shared: a kernel on another stream may set it
+// mid-launch, and threads that saw different values would leave the block's
+// __syncthreads() divergent). Non-zero: an earlier call failed here, the block
+// writes nothing, and block 0 tells the peers.
+template <class Mem>
+FASTPAR_HD uint32_t fused_prior_failure(const PhaseArgs& p, int b) {
+  const uint32_t s = Mem::load_u32(p.status);
+  if (s != 0 && b == 0) flags::abort_rank<Mem>(p.self, s);
+  return s;
+}
+
+#if defined(__CUDA_ARCH__)
+#define FASTPAR_UNROLL _Pragma("unroll")
+#else
+#define FASTPAR_UNROLL
+#endif
+
+// Elements of T in one 16-byte access (kernels/cuda_reduce.cuh's Pack, one word).
+template <typename T>
+struct FusedPack {
+  static constexpr int kN = 16 / int(sizeof(T));
+  union {
+    uint4 w;
+    T e[kN];
+  };
+};
+
+FASTPAR_HD bool fused_aligned(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// Block b's range [*lo, *hi), cut in whole packs.
+template <typename T>
+FASTPAR_HD void fused_block_range(const FusedArgs& a, int b, int64_t* lo, int64_t* hi) {
+  fused_range(a.count, a.nblocks, b, FusedPack<T>::kN, lo, hi);
+}
+
 // Block b's copy-in, thread `t` of `nt`.
 template <typename T>
 FASTPAR_HD void fused_copy_in(const FusedArgs& a, int b, int t, int nt) {
+  constexpr int V = FusedPack<T>::kN;
   int64_t lo, hi;
-  fused_range(a.count, a.nblocks, b, 16 / int64_t(sizeof(T)) > 0 ? 16 / int64_t(sizeof(T)) : 1, &lo, &hi);
+  fused_block_range<T>(a, b, &lo, &hi);
   const T* in = static_cast<const T*>(a.in);
   T* mine = static_cast<T*>(a.slots[a.phase.rank]);
-  for (int64_t i = lo + t; i < hi; i += nt) mine[i] = in[i];
+  int64_t tail = lo;
+  if (fused_aligned(in) && fused_aligned(mine)) {
+    const int64_t packs = (hi - lo) / V;
+    const uint4* src = reinterpret_cast<const uint4*>(in + lo);
+    uint4* dst = reinterpret_cast<uint4*>(mine + lo);
+    for (int64_t v = t; v < packs; v += nt) dst[v] = src[v];
+    tail = lo + packs * V;
+  }
+  for (int64_t i = tail + t; i < hi; i += nt) mine[i] = in[i];
 }
 
 // Block b's reduction in rank order 0..n-1 (the reduce kernel's order and
-// math, reduce_ops.h: identical bits), thread `t` of `nt`.
+// math, reduce_ops.h: identical bits), thread `t` of `nt`. Every source is a
+// slot, this rank's own too (the block's copy-in, ordered before by the
+// barrier), so the pointers stay kernel parameters rather than registers.
+// The rank loops run to kMaxIpcRanks with a guard, so every index is a
+// compile-time one and the values stay in registers; a pack is combined one
+// element at a time, so a single accumulator is live (1-byte types would
+// otherwise hold 16 and spill).
 template <typename T, ReduceOp OP>
 FASTPAR_HD void fused_reduce(const FusedArgs& a, int b, int t, int nt) {
+  using A = acc_t<T>;
+  constexpr int V = FusedPack<T>::kN;
   int64_t lo, hi;
-  fused_range(a.count, a.nblocks, b, 16 / int64_t(sizeof(T)) > 0 ? 16 / int64_t(sizeof(T)) : 1, &lo, &hi);
-  const int n = a.phase.size, r = a.phase.rank;
+  fused_block_range<T>(a, b, &lo, &hi);
+  const int n = a.phase.size;
   T* out = static_cast<T*>(a.out);
-  for (int64_t i = lo + t; i < hi; i += nt) {
+  bool vec = fused_aligned(out);
+  FASTPAR_UNROLL
+  for (int q = 0; q < kMaxIpcRanks; ++q)
+    if (q < n) vec = vec && fused_aligned(a.slots[q]);
+  int64_t tail = lo;
+  if (vec) {
+    const int64_t packs = (hi - lo) / V;
+    for (int64_t v = t; v < packs; v += nt) {
+      const int64_t off = lo + v * V;
+      FusedPack<T> x[kMaxIpcRanks];
+      FASTPAR_UNROLL
+      for (int q = 0; q < kMaxIpcRanks; ++q)
+        if (q < n) x[q].w = *reinterpret_cast<const uint4*>(static_cast<const T*>(a.slots[q]) + off);
+      FusedPack<T> y;
+      FASTPAR_UNROLL
+      for (int k = 0; k < V; ++k) {
+        A acc = load_acc(x[0].e[k]);
+        FASTPAR_UNROLL
+        for (int q = 1; q < kMaxIpcRanks; ++q)
+          if (q < n) acc = combine<OP>(acc, load_acc(x[q].e[k]));
+        y.e[k] = store_acc<T>(finalize<OP>(acc, a.contributions));
+      }
+      *reinterpret_cast<uint4*>(out + off) = y.w;
+    }
+    tail = lo + packs * V;
+  }
+  for (int64_t i = tail + t; i < hi; i += nt) {
     T x[kMaxIpcRanks];
-    for (int q = 0; q < n; ++q) x[q] = q == r ? static_cast<const T*>(a.in)[i] : static_cast<const T*>(a.slots[q])[i];
-    acc_t<T> acc = load_acc(x[0]);
-    for (int q = 1; q < n; ++q) acc = combine<OP>(acc, load_acc(x[q]));
+    FASTPAR_UNROLL
+    for (int q = 0; q < kMaxIpcRanks; ++q)
+      if (q < n) x[q] = static_cast<const T*>(a.slots[q])[i];
+    A acc = load_acc(x[0]);
+    FASTPAR_UNROLL
+    for (int q = 1; q < kMaxIpcRanks; ++q)
+      if (q < n) acc = combine<OP>(acc, load_acc(x[q]));
     out[i] = store_acc<T>(finalize<OP>(acc, a.contributions));
   }
 }
@@ -173,13 +264,26 @@ cudaError_t launch_fused_one_shot(DType dt, ReduceOp op, const FusedArgs& a, cud
 //     next copy-in overwrites data a peer is still reading;
 //   * block 0 writes the call's descriptor (seq = the epoch) before its start
 //     flag and compares every peer's after acquiring theirs: a desynced
-//     graphed call fails with kMismatch. A graphed call on one rank against
-//     an eager one on another waits for flags the other never posts: both
-//     fail at the timeout, or as soon as one gives up (the abort words).
+//     graphed call fails with kMismatch.
+// Graphed and eager calls have separate flags and slots, but on a rank's
+// stream they run in the order enqueued, so that combined order must be the
+// same on every rank. Rank 0 replaying G then calling E while rank 1 calls
+// E then replays G is a deadlock (each waits for flags the other posts only
+// after its own wait): both fail at the timeout, or as soon as one gives up
+// (the abort words); nothing is reduced from unposted data. And replays must not
+// run at once (two graphs holding these calls replayed on two streams, or
+// on parallel branches of one graph): they would share the epochs and the
+// one graph slot, overwrite each other's copy-in, and with equal
+// descriptors (same size, dtype and op) nothing notices the wrong results.
+//
 // Failures are recorded as in the kernel above (status word, host mirror,
-// abort word), and every later kernel of the communicator does nothing.
-// Every wait polls the host abort word, so the peer watcher stops a replay
-// waiting on a dead peer.
+// abort word). But a replay never calls into the host backend, so no host
+// check would ever raise them: a captured training step would go on with
+// unreduced gradients. So a replay that fails, or that finds an earlier
+// failure, prints one line and traps (graph_trap): the next synchronize
+// raises a CUDA error, as after a device-side assert, and the process's CUDA
+// context is lost. Every wait polls the host abort word, so the peer watcher
+// stops a replay waiting on a dead peer.
 
 struct GraphArgs {
   FusedArgs f;  // in, out, count, nblocks, contributions; slots = every rank's graph slot; block flags unused
@@ -187,9 +291,41 @@ struct GraphArgs {
   const GraphControl* peers[kMaxIpcRanks];
 };
 
+FASTPAR_HD const char* graph_failure_cause(uint32_t status) {
+  switch (flags::WaitStatus(int(status))) {
+    case flags::WaitStatus::kTimeout: return "timed out waiting for a peer";
+    case flags::WaitStatus::kPeerAborted: return "peer aborted";
+    case flags::WaitStatus::kPeerDead: return "a peer died";
+    case flags::WaitStatus::kMismatch: return "collective mismatch (a peer is in a different call)";
+    case flags::WaitStatus::kOk: break;
+  }
+  return "failure";
+}
+
+// Thread 0 of a block of the graphed kernel that failed (`status`, recorded)
+// or found the status word already set (`earlier`: by an earlier call, or by
+// another block of this one): one line, then the trap (Mem::trap). Does not
+// return on the GPU; the host emulation records it and the block returns.
+template <class Mem>
+FASTPAR_HD void graph_trap(const PhaseArgs& p, uint32_t status, bool earlier) {
+  Mem::trap(earlier ? "fastpar: captured all_reduce on rank %d failed: an earlier failure (%s); "
+                      "the communicator is unusable\n"
+                    : "fastpar: captured all_reduce on rank %d failed: %s; the communicator is unusable\n",
+            p.rank, graph_failure_cause(status));
+}
+
+// fused_prior_failure for the graphed kernel: block 0 also traps (one line
+// per rank; the other blocks return without writing).
+template <class Mem>
+FASTPAR_HD uint32_t graph_prior_failure(const GraphArgs& a, int b) {
+  const uint32_t s = fused_prior_failure<Mem>(a.f.phase, b);
+  if (s != 0 && b == 0) graph_trap<Mem>(a.f.phase, s, true);
+  return s;
+}
+
 // Thread 0 of block b, epoch e: the start barrier (is_start: after the
-// block's copy-in) or the end barrier (after its reads). Returns the failure,
-// if any, already recorded.
+// block's copy-in) or the end barrier (after its reads). A failure is
+// recorded, then trapped on (graph_trap); the return is for the emulation.
 template <class Mem>
 FASTPAR_HD flags::WaitStatus graph_block_barrier(const GraphArgs& a, int b, uint64_t e, bool is_start) {
   const PhaseArgs& p = a.f.phase;
@@ -212,7 +348,7 @@ FASTPAR_HD flags::WaitStatus graph_block_barrier(const GraphArgs& a, int b, uint
       if (!flags::same_call(mine, theirs)) s = flags::WaitStatus::kMismatch;
     }
   }
-  if (s != flags::WaitStatus::kOk) record_failure<Mem>(p, s, q - 1, &theirs);
+  if (s != flags::WaitStatus::kOk) graph_trap<Mem>(p, record_failure<Mem>(p, s, q - 1, &theirs), false);
   return s;
 }
 
@@ -226,6 +362,8 @@ cudaError_t launch_fused_graph(DType dt, ReduceOp op, const GraphArgs& a, cudaSt
 
 // Loads every fused and graphed kernel now (see cuda_kernels::preload_reduce_kernels).
 cudaError_t preload_fused_kernels();
+
+#undef FASTPAR_UNROLL
 
 }  // namespace cuda_ipc
 }  // namespace fastpar

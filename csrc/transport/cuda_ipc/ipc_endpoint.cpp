@@ -18,7 +18,18 @@ constexpr size_t kHostWordsBytes = kHostMismatchOffset + sizeof(MismatchRecord);
 
 IpcEndpoint::~IpcEndpoint() {
   disconnect();
-  free_arena();
+  // No barrier here (a CudaIpcComm dropped without close(), say by a rank
+  // that raised in its loop, or a setup unwinding an exception): peers may
+  // still map the arena, with kernels queued that poll its flags or read its
+  // slots. Freed pages that a later cudaMalloc reuses could show them a
+  // flag >= their phase over garbage, reduced silently; so the arena is left
+  // to the driver (freed at exit). Only one whose handle never left the
+  // process is freed: no peer can have it.
+  if (exported_) {
+    abandon_arena();
+  } else {
+    free_arena();
+  }
   // The host words go last: abort() and Works on other threads may read or
   // raise them until the endpoint itself goes, and they keep it alive (the
   // backend's IpcLink holds it by shared_ptr). Freed only once the device was
@@ -59,15 +70,18 @@ cudaError_t IpcEndpoint::create(int rank, int size, int device, size_t slot_byte
   c_.bases[rank] = base;
   c_.host_status = static_cast<uint32_t*>(dev_view);
   c_.host_abort = reinterpret_cast<const uint64_t*>(static_cast<char*>(dev_view) + kHostAbortOffset);
+  c_.host_abort_host = host_abort_;
   c_.host_mismatch = reinterpret_cast<MismatchRecord*>(static_cast<char*>(dev_view) + kHostMismatchOffset);
   return cudaSuccess;
 }
 
-cudaError_t IpcEndpoint::export_handle(cudaIpcMemHandle_t* handle) const {
+cudaError_t IpcEndpoint::export_handle(cudaIpcMemHandle_t* handle) {
   if (!created()) return cudaErrorInvalidValue;
   cuda_p2p::DeviceRestore restore;
   FASTPAR_CUDA_TRY(cudaSetDevice(c_.device));
-  return cuda_ipc::export_handle(c_.bases[c_.rank], handle);
+  FASTPAR_CUDA_TRY(cuda_ipc::export_handle(c_.bases[c_.rank], handle));
+  exported_ = true;
+  return cudaSuccess;
 }
 
 cudaError_t IpcEndpoint::connect(const cudaIpcMemHandle_t* handles) {

@@ -77,15 +77,52 @@ inline cudaError_t check_comm(const IpcComm& c) {
     return cudaErrorInvalidValue;
   for (int q = 0; q < c.size; ++q)
     if (!c.bases[q]) return cudaErrorInvalidValue;
-  return cudaSuccess;
+  // An earlier call could not be enqueued: this rank is out of step (fail_enqueue).
+  return c.enqueue_error;
+}
+
+// Clears the calling thread's last error before a call's first launch. The
+// launchers return cudaGetLastError(), and an error other code left on this
+// thread (not sticky: a failed query nobody checked) would make a launch that
+// succeeded look failed after its step was enqueued, and so desynchronize
+// this rank for nothing.
+inline void clear_stale_error() { cudaGetLastError(); }
+
+// A step of a call could not be enqueued (a launch or copy error). The call
+// has taken its numbers by then (phase c.seq, slot round c.rounds, ring
+// chunks c.p2p_*), and earlier steps of it may be queued, phases posted: the
+// peers wait for the rest, and this rank's next call would be numbered out of
+// step with theirs. So the failure ends the communicator, as abort() does:
+//   * the host abort word: this rank's queued kernels give up at once and
+//     abort its control block (phase_step.h, p2p_ring.h), which ends the
+//     peers' waits with kPeerAborted;
+//   * the same word copied into the control block's abort word behind them
+//     on `stream`, for when none of this rank's kernels is left to do it (it
+//     runs once the queued ones have given up); best effort, its error is
+//     dropped;
+//   * c.enqueue_error: every later call returns it, enqueueing nothing.
+// Returns `err`.
+inline cudaError_t fail_enqueue(IpcComm& c, cudaError_t err, cudaStream_t stream) {
+  if (c.enqueue_error == cudaSuccess) c.enqueue_error = err;
+  static const uint64_t kAborted = uint64_t(flags::WaitStatus::kPeerAborted);
+  const uint64_t* code = &kAborted;
+  if (c.host_abort_host != nullptr) {
+    uint64_t expected = 0;
+    // Release: pairs with the kernels' ld.acquire.sys of the word (as IpcEndpoint::raise_host_abort).
+    __atomic_compare_exchange_n(c.host_abort_host, &expected, kAborted, false, __ATOMIC_RELEASE, __ATOMIC_RELAXED);
+    code = c.host_abort_host;  // pinned: the copy is truly asynchronous
+  }
+  cudaMemcpyAsync(&control_of(c.bases[c.rank])->abort, code, sizeof(uint64_t), cudaMemcpyHostToDevice, stream);
+  cudaGetLastError();
+  return err;
 }
 
 }  // namespace ipc_steps
 
 // Thrown by IpcSteps when a step cannot be enqueued (a launch or copy
-// error); run_schedule turns it back into the cudaError_t. A failed wait on
-// the GPU is not an exception: it is recorded in the status word and the later
-// guarded steps do nothing.
+// error); run_schedule turns it back into the cudaError_t, after
+// ipc_steps::fail_enqueue. A failed wait on the GPU is not an exception: it
+// is recorded in the status word and the later guarded steps do nothing.
 struct EnqueueFailed {
   cudaError_t err;
 };
@@ -127,17 +164,19 @@ class IpcSteps {
 
 // Checks `c`, makes its device current (restored on return) and runs
 // `schedule(IpcSteps&)`: the error of the first step that could not be
-// enqueued, else cudaSuccess.
+// enqueued (which fails the communicator: ipc_steps::fail_enqueue), else
+// cudaSuccess.
 template <class Schedule>
 cudaError_t run_schedule(IpcComm& c, cudaStream_t stream, Schedule&& schedule) {
   FASTPAR_CUDA_TRY(ipc_steps::check_comm(c));
   cuda_p2p::DeviceRestore restore;
   FASTPAR_CUDA_TRY(cudaSetDevice(c.device));
+  ipc_steps::clear_stale_error();
   IpcSteps steps(c, stream);
   try {
     schedule(steps);
   } catch (const EnqueueFailed& e) {
-    return e.err;
+    return ipc_steps::fail_enqueue(c, e.err, stream);
   }
   return cudaSuccess;
 }

@@ -47,16 +47,20 @@ cudaError_t send_ipc(IpcComm& c, const void* data, int64_t bytes, int dst, int64
   FASTPAR_CUDA_TRY(check_peer(c, dst, bytes));
   cuda_p2p::DeviceRestore restore;
   FASTPAR_CUDA_TRY(cudaSetDevice(c.device));
+  ipc_steps::clear_stale_error();
   const int64_t chunk = int64_t(kP2PChunkBytes);
   for (int64_t i = 0, n = p2p_chunks(bytes); i < n; ++i) {
     const int64_t off = i * chunk, len = piece_len(i, chunk, bytes);
     const uint64_t seq = ++c.p2p_sent[dst];
-    FASTPAR_CUDA_TRY(launch_p2p_step(args_for(c, P2PStep::kCredit, dst, seq, tag, bytes, off), stream));
+    cudaError_t e = launch_p2p_step(args_for(c, P2PStep::kCredit, dst, seq, tag, bytes, off), stream);
     // Guarded, not cudaMemcpyAsync: after a failed credit wait the ring slot
     // may still be in the receiver's hands, and must not be overwritten.
-    FASTPAR_CUDA_TRY(ipc_steps::guarded_copy(c, p2p_chunk_of(c.bases[c.rank], c.slot_bytes, dst, seq),
-                                             static_cast<const char*>(data) + off, len, stream));
-    FASTPAR_CUDA_TRY(launch_p2p_step(args_for(c, P2PStep::kPost, dst, seq, tag, bytes, off), stream));
+    if (e == cudaSuccess)
+      e = ipc_steps::guarded_copy(c, p2p_chunk_of(c.bases[c.rank], c.slot_bytes, dst, seq),
+                                  static_cast<const char*>(data) + off, len, stream);
+    if (e == cudaSuccess) e = launch_p2p_step(args_for(c, P2PStep::kPost, dst, seq, tag, bytes, off), stream);
+    // Chunk seq is counted and earlier ones may be posted: out of step.
+    if (e != cudaSuccess) return ipc_steps::fail_enqueue(c, e, stream);
   }
   return cudaSuccess;
 }
@@ -65,14 +69,17 @@ cudaError_t recv_ipc(IpcComm& c, void* data, int64_t bytes, int src, int64_t tag
   FASTPAR_CUDA_TRY(check_peer(c, src, bytes));
   cuda_p2p::DeviceRestore restore;
   FASTPAR_CUDA_TRY(cudaSetDevice(c.device));
+  ipc_steps::clear_stale_error();
   const int64_t chunk = int64_t(kP2PChunkBytes);
   for (int64_t i = 0, n = p2p_chunks(bytes); i < n; ++i) {
     const int64_t off = i * chunk, len = piece_len(i, chunk, bytes);
     const uint64_t seq = ++c.p2p_received[src];
-    FASTPAR_CUDA_TRY(launch_p2p_step(args_for(c, P2PStep::kWait, src, seq, tag, bytes, off), stream));
-    FASTPAR_CUDA_TRY(ipc_steps::guarded_copy(c, static_cast<char*>(data) + off,
-                                             p2p_chunk_of(c.bases[src], c.slot_bytes, c.rank, seq), len, stream));
-    FASTPAR_CUDA_TRY(launch_p2p_step(args_for(c, P2PStep::kConsume, src, seq, tag, bytes, off), stream));
+    cudaError_t e = launch_p2p_step(args_for(c, P2PStep::kWait, src, seq, tag, bytes, off), stream);
+    if (e == cudaSuccess)
+      e = ipc_steps::guarded_copy(c, static_cast<char*>(data) + off,
+                                  p2p_chunk_of(c.bases[src], c.slot_bytes, c.rank, seq), len, stream);
+    if (e == cudaSuccess) e = launch_p2p_step(args_for(c, P2PStep::kConsume, src, seq, tag, bytes, off), stream);
+    if (e != cudaSuccess) return ipc_steps::fail_enqueue(c, e, stream);
   }
   return cudaSuccess;
 }

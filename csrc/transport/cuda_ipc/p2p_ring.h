@@ -75,8 +75,11 @@ struct P2PArgs {
 
 template <class Mem>
 FASTPAR_HD void p2p_fail(const P2PArgs& a, flags::WaitStatus s) {
-  *a.status = uint32_t(s);
-  if (a.host_status) *static_cast<volatile uint32_t*>(a.host_status) = uint32_t(s);
+  // The first failure stands, as in record_failure (phase_step.h): a send
+  // and a receive on two streams may fail at once, and the host reports the
+  // status word's cause.
+  if (Mem::cas_u32(a.status, 0u, uint32_t(s)) == 0 && a.host_status)
+    Mem::store_release_u32(a.host_status, uint32_t(s));
   flags::abort_rank<Mem>(a.self_cb, uint64_t(s));
 }
 
@@ -108,9 +111,9 @@ FASTPAR_HD bool p2p_header_matches(const P2PHeader& h, const P2PArgs& a) {
 
 template <class Mem>
 FASTPAR_HD void p2p_step(const P2PArgs& a) {
-  if (*a.status != 0) {
+  if (Mem::load_u32(a.status) != 0) {
     // An earlier step failed here: peers stop waiting for this rank.
-    flags::abort_rank<Mem>(a.self_cb, *a.status);
+    flags::abort_rank<Mem>(a.self_cb, Mem::load_u32(a.status));
     return;
   }
   switch (a.step) {

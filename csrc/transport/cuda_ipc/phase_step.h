@@ -2,6 +2,9 @@
 // peer), written once over a memory-ordering policy: phase_kernel.cuh runs it
 // as a one-thread kernel (DeviceMemory), and the host emulation
 // (tests/cpp/cuda_host_emulation) runs the very same code over host atomics.
+// Beyond flag_protocol.h's interface the policy has load_u32 and cas_u32 (the
+// status word), store_release_u32 (its host mirror) and trap(fmt, rank, cause)
+// (a captured kernel's failure, fused_one_shot.h): device_memory_order.cuh.
 #pragma once
 
 #include <cstdint>
@@ -41,34 +44,46 @@ struct PhasePoll {
   }
 };
 
-// Records this rank's failure `s`: the mismatch record (a different call at
-// `peer`, whose descriptor is `theirs`), the status word that turns the
-// rank's later kernels into no-ops, its host mirror (polled by the c10d
-// backend's Work::wait without synchronizing; the system-scope release in
-// abort_rank orders it), and the abort word, so peers waiting on us stop too:
-// this is how one dead rank seen by one watcher reaches every survivor's
-// kernels. Every kernel that waits records its failures here.
+// Records this rank's failure `s`: the status word that turns the rank's
+// later kernels into no-ops, the mismatch record (a different call at `peer`,
+// whose descriptor is `theirs`), the status word's host mirror (polled by the
+// c10d backend's Work::wait without synchronizing), and the abort word, so
+// peers waiting on us stop too: this is how one dead rank seen by one watcher
+// reaches every survivor's kernels. Every kernel that waits records its
+// failures here.
+//
+// The first failure wins (a compare-and-swap on the status word): in the
+// fused kernels only block 0 compares descriptors, and the other blocks,
+// waiting on flags a desynced peer never posts, give up on that peer's abort
+// word. Were they to overwrite the status, the host would report "a peer
+// aborted" instead of the mismatch, with a mirror that may disagree with the
+// word. So only the winner writes the record and then the mirror (released
+// after the record); losers raise the abort word only. Returns the status
+// that stands.
 template <class Mem>
-FASTPAR_HD void record_failure(const PhaseArgs& a, flags::WaitStatus s, int peer = -1,
-                               const flags::OpDesc* theirs = nullptr) {
-  MismatchRecord* m = a.host_mismatch;
-  if (s == flags::WaitStatus::kMismatch && m != nullptr && theirs != nullptr &&
-      Mem::load_acquire(&m->peer_plus_one) == 0) {
-    m->mine = a.desc;
-    m->theirs = *theirs;
-    Mem::store_release(&m->peer_plus_one, uint64_t(peer) + 1);
+FASTPAR_HD uint32_t record_failure(const PhaseArgs& a, flags::WaitStatus s, int peer = -1,
+                                   const flags::OpDesc* theirs = nullptr) {
+  const uint32_t first = Mem::cas_u32(a.status, 0u, uint32_t(s));
+  if (first == 0) {
+    MismatchRecord* m = a.host_mismatch;
+    if (s == flags::WaitStatus::kMismatch && m != nullptr && theirs != nullptr) {
+      m->mine = a.desc;
+      m->theirs = *theirs;
+      Mem::store_release(&m->peer_plus_one, uint64_t(peer) + 1);
+    }
+    if (a.host_status) Mem::store_release_u32(a.host_status, uint32_t(s));
   }
-  *a.status = uint32_t(s);
-  if (a.host_status) *static_cast<volatile uint32_t*>(a.host_status) = uint32_t(s);
   flags::abort_rank<Mem>(a.self, uint64_t(s));
+  return first != 0 ? first : uint32_t(s);
 }
 
 template <class Mem>
 FASTPAR_HD void phase_step(const PhaseArgs& a) {
-  if (*a.status != 0) {
+  const uint32_t failed = Mem::load_u32(a.status);
+  if (failed != 0) {
     // An earlier phase failed here: tell the peers instead of posting a phase
     // whose data this rank never wrote.
-    flags::abort_rank<Mem>(a.self, *a.status);
+    flags::abort_rank<Mem>(a.self, failed);
     return;
   }
   flags::post<Mem>(a.self, a.desc);

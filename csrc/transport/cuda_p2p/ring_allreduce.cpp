@@ -5,7 +5,7 @@
 #include "../../algorithms/ring_schedule.h"
 #include "../../kernels/cuda_reduce_launch.h"
 #include "cuda_try.h"
-#include "event_cache.h"
+#include "handle_cache.h"
 #include "peer_copy.h"
 
 namespace fastpar {

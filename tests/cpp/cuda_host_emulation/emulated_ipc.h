@@ -8,6 +8,9 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
+#include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -20,6 +23,19 @@
 namespace fastpar {
 namespace cuda_ipc {
 
+// What the graphed kernel trapped on (graph_trap): each line it would print,
+// in order. On the GPU the trap ends the kernel and poisons the context; here
+// the block returns and the test reads the lines.
+inline std::mutex g_trap_mutex;
+inline std::vector<std::string> g_traps;
+
+inline std::vector<std::string> take_traps() {
+  std::lock_guard<std::mutex> lock(g_trap_mutex);
+  std::vector<std::string> lines;
+  lines.swap(g_traps);
+  return lines;
+}
+
 // The host memory-ordering policy, as the CPU shared-memory transport's.
 struct HostMemory {
   static uint64_t load_acquire(const uint64_t* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
@@ -30,70 +46,90 @@ struct HostMemory {
                         std::chrono::steady_clock::now().time_since_epoch())
                         .count());
   }
+  static uint32_t load_u32(const uint32_t* p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
+  static uint32_t cas_u32(uint32_t* p, uint32_t expected, uint32_t desired) {
+    __atomic_compare_exchange_n(p, &expected, desired, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+    return expected;  // what the word held: `expected` on success
+  }
+  static void store_release_u32(uint32_t* p, uint32_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+  static void trap(const char* fmt, int rank, const char* cause) {
+    char line[256];
+    std::snprintf(line, sizeof(line), fmt, rank, cause);
+    std::lock_guard<std::mutex> lock(g_trap_mutex);
+    g_traps.emplace_back(line);
+  }
 };
 
 cudaError_t launch_phase(const PhaseArgs& a, cudaStream_t) {
+  if (fake_cuda::launch_refused()) return cudaGetLastError();
   phase_step<HostMemory>(a);
-  return cudaSuccess;
+  return cudaGetLastError();  // as phase_kernel.cu: a stale error too
 }
 
-// The fused one-shot kernel (fused_one_shot.cu) with its blocks run one after
-// the other and 5 "threads" per block: the same copy-in, per-block barrier
-// and reduction code. Every rank walks its blocks in the same order, so
-// block b's barrier always finds its peers' block b. A failed barrier ends
-// the emulated grid (on the GPU the other blocks go on to fail on their own
-// waits: peers see this rank's abort word).
+// The fused kernels' grid: block b on a thread of its own, 5 "threads" per
+// block, all blocks at once, as the GPU may run them. Started in reverse
+// order, and every third block late, so block 0 is often the last to start:
+// a sequential walk in block order would always let block 0 compare
+// descriptors first and hide what the other blocks do meanwhile (a
+// desynced call's other blocks giving up on a peer's abort word).
 inline std::atomic<int> g_fused_launches{0};
+constexpr int kEmulatedThreads = 5;
 
+template <class Block>
+void run_blocks(int nblocks, Block block) {
+  std::vector<std::thread> blocks;
+  for (int b = nblocks - 1; b >= 0; --b)
+    blocks.emplace_back([&block, b] {
+      if ((b * 7919 + 13) % 3 == 0) std::this_thread::sleep_for(std::chrono::microseconds(50 * b));
+      block(b);
+    });
+  for (auto& t : blocks) t.join();
+}
+
+// The fused one-shot kernel (fused_one_shot.cu): the same steps per block.
 cudaError_t launch_fused_one_shot(DType dt, ReduceOp op, const FusedArgs& a, cudaStream_t) {
   if (a.nblocks < 1 || a.nblocks > kFusedMaxBlocks) return cudaErrorInvalidValue;
+  if (fake_cuda::launch_refused()) return cudaGetLastError();
   ++g_fused_launches;
-  const int nt = 5;
   FASTPAR_DISPATCH_DTYPE(dt, [&] {
     FASTPAR_DISPATCH_OP(op, [&] {
       if constexpr (op_supports<scalar_t, kOp>()) {
-        if (*a.phase.status != 0) {
-          flags::abort_rank<HostMemory>(a.phase.self, *a.phase.status);
-          return;
-        }
-        for (int b = 0; b < a.nblocks; ++b) {
-          for (int t = 0; t < nt; ++t) fused_copy_in<scalar_t>(a, b, t, nt);
+        run_blocks(a.nblocks, [&](int b) {
+          if (fused_prior_failure<HostMemory>(a.phase, b) != 0) return;
+          for (int t = 0; t < kEmulatedThreads; ++t) fused_copy_in<scalar_t>(a, b, t, kEmulatedThreads);
           if (fused_block_barrier<HostMemory>(a, b) != flags::WaitStatus::kOk) return;
-          for (int t = 0; t < nt; ++t) fused_reduce<scalar_t, kOp>(a, b, t, nt);
-        }
+          for (int t = 0; t < kEmulatedThreads; ++t) fused_reduce<scalar_t, kOp>(a, b, t, kEmulatedThreads);
+        });
       }
     });
   });
-  return cudaSuccess;
+  return cudaGetLastError();  // as fused_one_shot.cu: a stale error too
 }
 
 // The graphed kernel (fused_one_shot.cu's fused_graph_kernel), emulated the
-// same way: per block, epoch, copy-in, start barrier, reduction, end barrier.
+// same way: per block, the earlier-failure check (block 0 traps), epoch,
+// copy-in, start barrier, reduction, end barrier (a failed barrier traps).
 inline std::atomic<int> g_graph_launches{0};
 
 cudaError_t launch_fused_graph(DType dt, ReduceOp op, const GraphArgs& a, cudaStream_t) {
   if (a.f.nblocks < 1 || a.f.nblocks > kFusedMaxBlocks) return cudaErrorInvalidValue;
+  if (fake_cuda::launch_refused()) return cudaGetLastError();
   ++g_graph_launches;
-  const int nt = 5;
   FASTPAR_DISPATCH_DTYPE(dt, [&] {
     FASTPAR_DISPATCH_OP(op, [&] {
       if constexpr (op_supports<scalar_t, kOp>()) {
-        if (*a.f.phase.status != 0) {
-          flags::abort_rank<HostMemory>(a.f.phase.self, *a.f.phase.status);
-          return;
-        }
-        for (int b = 0; b < a.f.nblocks; ++b) {
+        run_blocks(a.f.nblocks, [&](int b) {
+          if (graph_prior_failure<HostMemory>(a, b) != 0) return;
           const uint64_t e = graph_epoch(a, b);
-          for (int t = 0; t < nt; ++t) fused_copy_in<scalar_t>(a.f, b, t, nt);
+          for (int t = 0; t < kEmulatedThreads; ++t) fused_copy_in<scalar_t>(a.f, b, t, kEmulatedThreads);
           if (graph_block_barrier<HostMemory>(a, b, e, true) != flags::WaitStatus::kOk) return;
-          for (int t = 0; t < nt; ++t) fused_reduce<scalar_t, kOp>(a.f, b, t, nt);
-          if (graph_block_barrier<HostMemory>(a, b, e, false) != flags::WaitStatus::kOk) return;
-          graph_done(a, b, e);
-        }
+          for (int t = 0; t < kEmulatedThreads; ++t) fused_reduce<scalar_t, kOp>(a.f, b, t, kEmulatedThreads);
+          if (graph_block_barrier<HostMemory>(a, b, e, false) == flags::WaitStatus::kOk) graph_done(a, b, e);
+        });
       }
     });
   });
-  return cudaSuccess;
+  return cudaGetLastError();  // as fused_one_shot.cu: a stale error too
 }
 
 }  // namespace cuda_ipc

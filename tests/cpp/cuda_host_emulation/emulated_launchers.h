@@ -31,6 +31,7 @@ inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 
 
 inline cudaError_t launch_reduce(DType dt, ReduceOp op, const ReduceLaunch& a, cudaStream_t) {
   if (a.count == 0) return cudaSuccess;
+  if (fake_cuda::launch_refused()) return cudaGetLastError();
   bool vec = true;
   for (int s = 0; s < a.nsrc; ++s) vec = vec && aligned16(a.srcs[s]);
   for (int d = 0; d < a.ndst; ++d) vec = vec && aligned16(a.dsts[d]);
@@ -42,7 +43,8 @@ inline cudaError_t launch_reduce(DType dt, ReduceOp op, const ReduceLaunch& a, c
       }
     });
   });
-  return cudaSuccess;
+  // As the real launcher: whatever error the thread has pending, its own or not.
+  return cudaGetLastError();
 }
 
 template <bool kFinish>

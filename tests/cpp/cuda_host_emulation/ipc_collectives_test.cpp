@@ -24,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "emulated_checks.h"
 #include "emulated_ipc.h"
 #include "csrc/kernels/cpu_reduce.h"
 
@@ -36,15 +37,8 @@ using emulated::comm_for;
 
 namespace {
 
-std::atomic<int64_t> checks{0}, failures{0};
-
-void expect(bool ok, const char* what) {
-  ++checks;
-  if (!ok && ++failures <= 20) std::fprintf(stderr, "FAILED %s\n", what);
-}
-
-enum class Kind { kBroadcast, kAllgather, kReduce, kReduceScatter, kAllreduce, kGather, kScatter, kAllToAll };
-constexpr unsigned kKinds = 8;
+enum class Kind { kBroadcast, kAllgather, kReduce, kReduceScatter, kAllreduce, kGather, kScatter, kAllToAll, kBarrier };
+constexpr unsigned kKinds = 9;
 const char* kind_name(Kind k) {
   switch (k) {
     case Kind::kBroadcast: return "broadcast";
@@ -55,9 +49,13 @@ const char* kind_name(Kind k) {
     case Kind::kGather: return "gather";
     case Kind::kScatter: return "scatter";
     case Kind::kAllToAll: return "all_to_all";
+    case Kind::kBarrier: return "barrier";
   }
   return "?";
 }
+
+// Per rank: the index + 1 of the last barrier it entered (check_sequence resets them).
+std::atomic<int> arrivals[cuda_ipc::kMaxIpcRanks];
 
 struct Call {
   Kind kind;
@@ -206,6 +204,14 @@ void run_and_check(cuda_ipc::IpcComm& c, const Call& call, int index, char* what
       }
       break;
     }
+    case Kind::kBarrier: {
+      // Every rank must have entered: each bumps its arrival count before the
+      // call, and after it sees the peers' counts at least at this call's.
+      arrivals[size_t(r)].store(index + 1);
+      err = cuda_ipc::barrier_ipc(c, nullptr);
+      for (int q = 0; q < n; ++q) expect(arrivals[size_t(q)].load() >= index + 1, label("left before a peer arrived"));
+      break;
+    }
   }
   expect(err == cudaSuccess, label("schedule returned an error"));
 }
@@ -221,6 +227,7 @@ void check_sequence(int n, size_t slot_bytes) {
   Arenas arenas(n, slot_bytes);
   std::vector<uint32_t> status(size_t(n), 0);
   std::vector<std::thread> threads;
+  for (std::atomic<int>& a : arrivals) a.store(0);
   char prefix[64];
   std::snprintf(prefix, sizeof(prefix), "n=%d slot=%zu", n, slot_bytes);
   for (int r = 0; r < n; ++r) {

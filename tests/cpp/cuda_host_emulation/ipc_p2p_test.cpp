@@ -21,7 +21,9 @@
 #include <thread>
 #include <vector>
 
+#include "emulated_checks.h"
 #include "emulated_ipc.h"
+#include "emulated_p2p.h"
 
 #include "csrc/transport/cuda_ipc/p2p_ipc.cpp"
 
@@ -29,23 +31,8 @@ using namespace fastpar;
 using emulated::Arenas;
 using emulated::comm_for;
 
-namespace fastpar {
-namespace cuda_ipc {
-cudaError_t launch_p2p_step(const P2PArgs& a, cudaStream_t) {
-  p2p_step<HostMemory>(a);
-  return cudaSuccess;
-}
-}  // namespace cuda_ipc
-}  // namespace fastpar
 
 namespace {
-
-std::atomic<int64_t> checks{0}, failures{0};
-
-void expect(bool ok, const char* what) {
-  ++checks;
-  if (!ok && ++failures <= 20) std::fprintf(stderr, "FAILED %s\n", what);
-}
 
 constexpr size_t kSlotBytes = 4096;
 const int64_t kChunk = int64_t(cuda_ipc::kP2PChunkBytes);

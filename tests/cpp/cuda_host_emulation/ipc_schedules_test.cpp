@@ -10,13 +10,16 @@
 //     do not hang, a failed rank's later kernels leave outputs untouched,
 //     and the failure reaches the host-mapped status mirror;
 //   * one-shot calls that fit a slot run as the fused kernel (fused_one_shot.h:
-//     per-block flags, descriptor on block 0), and the three-launch schedule
-//     (fused_one_shot = false) still passes the same checks;
+//     per-block flags, descriptor on block 0, blocks at once: emulated_ipc.h),
+//     and the three-launch schedule (fused_one_shot = false) still passes the
+//     same checks;
 //   * the graphed all_reduce (what CUDA graph capture records) replayed with
 //     the very same arguments: every replay a new call with the right bits,
 //     sizes (so block counts) changing between calls, eager calls in between,
-//     the eager phase numbering untouched; a desynced replay fails on every
-//     rank; a call larger than a slot is refused before anything runs.
+//     the eager phase numbering untouched, no trap; a desynced replay fails
+//     (and traps) on every rank; a call larger than a slot is refused before
+//     anything runs. ipc_fused_test.cpp checks the fused kernels' layouts,
+//     dtypes, first-failure-wins and traps in depth.
 // Exit status 0 = every check passed.
 #include <algorithm>
 #include <atomic>
@@ -26,6 +29,7 @@
 #include <thread>
 #include <vector>
 
+#include "emulated_checks.h"
 #include "emulated_ipc.h"
 #include "csrc/kernels/cpu_reduce.h"
 #include "csrc/transport/registered_arena.h"
@@ -35,13 +39,6 @@
 using namespace fastpar;
 
 namespace {
-
-std::atomic<int64_t> checks{0}, failures{0};
-
-void expect(bool ok, const char* what) {
-  ++checks;
-  if (!ok && ++failures <= 20) std::fprintf(stderr, "FAILED %s\n", what);
-}
 
 using emulated::Arenas;
 using emulated::comm_for;
@@ -371,7 +368,7 @@ int main() {
     check_mismatch(n);
   }
   // One-shot calls that fit a slot ran as the fused kernel (per-block flags,
-  // blocks in order); the three-launch schedule stays covered too.
+  // blocks at once); the three-launch schedule stays covered too.
   expect(cuda_ipc::g_fused_launches > 0, "the fused one-shot ran");
   emulated::g_fused_one_shot = false;
   const int fused_before = cuda_ipc::g_fused_launches;
@@ -381,9 +378,12 @@ int main() {
   }
   expect(cuda_ipc::g_fused_launches == fused_before, "fused_one_shot = false runs the three-launch schedule");
   emulated::g_fused_one_shot = true;
+  cuda_ipc::take_traps();
   for (int n = 1; n <= 4; ++n) check_graphed(n);
   expect(cuda_ipc::g_graph_launches > 0, "the graphed kernel ran");
+  expect(cuda_ipc::take_traps().empty(), "graphed calls that succeed never trap");
   for (int n = 2; n <= 4; ++n) check_graphed_mismatch(n);
+  expect(cuda_ipc::take_traps().size() >= 2 + 3 + 4, "a desynced replay traps on every rank");
   for (int n = 2; n <= 4; ++n)
     for (size_t slot_bytes : {size_t(256), size_t(4096)}) check_registered(n, slot_bytes);
   std::printf("%ld checks, %ld failures\n", long(checks.load()), long(failures.load()));

@@ -29,7 +29,7 @@
 #include "emulated_launchers.h"
 
 // The executor under test, compiled here against the fake runtime.
-#include "csrc/transport/cuda_p2p/event_cache.cpp"
+#include "csrc/transport/cuda_p2p/handle_cache.cpp"
 #include "csrc/transport/cuda_p2p/ring_allreduce.cpp"
 
 using namespace fastpar;
@@ -257,6 +257,28 @@ int main() {
   if (fake_cuda::events_created > 9 && ++failures <= 20)
     std::fprintf(stderr, "ring calls created %ld events (the cache holds one per device)\n",
                  long(fake_cuda::events_created.load()));
+  // Streams: a backend's p2p streams go back to the cache and the next
+  // backend on that device takes the same ones, in creation order.
+  {
+    std::vector<cudaStream_t> first, again, other;
+    const int64_t made = fake_cuda::streams_created;
+    ++checks;
+    if ((cuda_p2p::take_streams(1, 3, &first) != cudaSuccess || first.size() != 3 ||
+         fake_cuda::streams_created != made + 3) && ++failures <= 20)
+      std::fprintf(stderr, "take_streams(1, 3) made %ld streams\n", long(fake_cuda::streams_created - made));
+    cuda_p2p::give_back_streams(1, first);
+    ++checks;
+    if ((cuda_p2p::take_streams(1, 4, &again) != cudaSuccess || again.size() != 4 ||
+         !std::equal(first.begin(), first.end(), again.begin()) || fake_cuda::streams_created != made + 4) &&
+        ++failures <= 20)
+      std::fprintf(stderr, "take_streams after give_back did not reuse the 3 streams in order\n");
+    ++checks;
+    if ((cuda_p2p::take_streams(2, 1, &other) != cudaSuccess || other.size() != 1 || other[0] == again[0] ||
+         fake_cuda::current_device != 0) && ++failures <= 20)
+      std::fprintf(stderr, "take_streams on another device reused a stream or left the device changed\n");
+    cuda_p2p::give_back_streams(1, again);
+    cuda_p2p::give_back_streams(2, other);
+  }
   std::printf("%ld checks, %ld failures, %ld staged or copied transfers\n", long(checks), long(failures),
               long(fake_cuda::copies));
   return failures == 0 && fake_cuda::copies > 0 ? 0 : 1;

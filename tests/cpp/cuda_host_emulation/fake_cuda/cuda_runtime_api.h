@@ -12,8 +12,18 @@
 #include <cstdint>
 #include <cstring>
 
-enum cudaError_t { cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorPeerAccessAlreadyEnabled = 704 };
-enum cudaMemcpyKind { cudaMemcpyDeviceToHost = 2, cudaMemcpyDeviceToDevice = 3 };
+enum cudaError_t {
+  cudaSuccess = 0,
+  cudaErrorInvalidValue = 1,
+  cudaErrorLaunchOutOfResources = 701,
+  cudaErrorPeerAccessAlreadyEnabled = 704
+};
+enum cudaMemcpyKind { cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2, cudaMemcpyDeviceToDevice = 3 };
+// The entry-point lookup of CUDA 12.5+ (cuda_try.h asks it for the driver's
+// cuDevicePrimaryCtxGetState).
+#define CUDART_VERSION 13000
+enum cudaDriverEntryPointQueryResult { cudaDriverEntryPointSuccess = 0, cudaDriverEntryPointSymbolNotFound = 1 };
+#define cudaEnableDefault 0x0
 enum cudaDeviceAttr { cudaDevAttrMultiProcessorCount = 16 };
 #define cudaHostAllocMapped 2
 struct cudaIpcMemHandle_t {
@@ -22,6 +32,7 @@ struct cudaIpcMemHandle_t {
 typedef struct CUstream_st* cudaStream_t;
 typedef struct CUevent_st* cudaEvent_t;
 #define cudaEventDisableTiming 2
+#define cudaStreamNonBlocking 1
 
 struct uint4 {
   unsigned x, y, z, w;
@@ -36,10 +47,35 @@ inline std::atomic<int64_t> copies{0};  // copies run so far (tests check stagin
 // Event calls so far: the one-stream ring must make none.
 inline std::atomic<int64_t> event_calls{0};
 inline std::atomic<int64_t> events_created{0};  // cached events: created once per device and concurrent use
+// Streams are tokens (work runs when it is enqueued); the cache test counts them.
+inline std::atomic<int64_t> streams_created{0};
 // Pinned host allocations not yet freed (the endpoint test counts them) and
 // what cudaDeviceSynchronize returns (a test breaks the "device" with it).
 inline std::atomic<int64_t> live_host_allocs{0};
 inline std::atomic<cudaError_t> sync_result{cudaSuccess};
+// The calling thread's last non-sticky error, which cudaGetLastError returns
+// and clears; a test sets it to stand for one that other code left behind.
+inline thread_local cudaError_t last_error = cudaSuccess;
+// Launch failure injection, per thread (a thread is a rank): the emulated
+// launchers count their launches and refuse the fail_launch_at-th (1-based;
+// 0: none) with cudaErrorLaunchOutOfResources, as a real launch does:
+// through cudaGetLastError, the kernel never running.
+inline thread_local int64_t launches = 0;
+inline thread_local int64_t fail_launch_at = 0;
+inline bool launch_refused() {
+  if (++launches != fail_launch_at) return false;
+  last_error = cudaErrorLaunchOutOfResources;
+  return true;
+}
+// Devices whose primary context exists (bit d): cudaSetDevice makes it, as
+// from CUDA 12 on. A thread that never set its device reads 0.
+inline std::atomic<uint64_t> primary_contexts{0};
+inline std::atomic<int64_t> set_device_calls{0};
+inline int primary_ctx_get_state(int dev, unsigned int* flags, int* active) {
+  *flags = 0;
+  *active = int((primary_contexts.load() >> dev) & 1u);
+  return 0;
+}
 }  // namespace fake_cuda
 
 inline cudaError_t cudaGetDevice(int* d) {
@@ -48,12 +84,26 @@ inline cudaError_t cudaGetDevice(int* d) {
 }
 inline cudaError_t cudaSetDevice(int d) {
   fake_cuda::current_device = d;
+  fake_cuda::primary_contexts |= uint64_t(1) << d;
+  ++fake_cuda::set_device_calls;
+  return cudaSuccess;
+}
+inline cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsigned int, unsigned long long,
+                                                    cudaDriverEntryPointQueryResult* found) {
+  const bool known = std::strcmp(symbol, "cuDevicePrimaryCtxGetState") == 0;
+  *fn = known ? reinterpret_cast<void*>(&fake_cuda::primary_ctx_get_state) : nullptr;
+  if (found) *found = known ? cudaDriverEntryPointSuccess : cudaDriverEntryPointSymbolNotFound;
   return cudaSuccess;
 }
 inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) {
   *e = reinterpret_cast<cudaEvent_t>(new int(0));
   ++fake_cuda::event_calls;
   ++fake_cuda::events_created;
+  return cudaSuccess;
+}
+inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) {
+  *s = reinterpret_cast<cudaStream_t>(new int(0));
+  ++fake_cuda::streams_created;
   return cudaSuccess;
 }
 inline cudaError_t cudaEventDestroy(cudaEvent_t e) {
@@ -82,7 +132,19 @@ inline cudaError_t cudaDeviceGetAttribute(int* v, cudaDeviceAttr, int) {
   *v = 2;
   return cudaSuccess;
 }
-inline cudaError_t cudaGetLastError() { return cudaSuccess; }
+inline cudaError_t cudaGetLastError() {
+  const cudaError_t e = fake_cuda::last_error;
+  fake_cuda::last_error = cudaSuccess;
+  return e;
+}
+inline const char* cudaGetErrorString(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorLaunchOutOfResources: return "too many resources requested for launch";
+    default: return "unknown error";
+  }
+}
 inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
 inline cudaError_t cudaDeviceSynchronize() { return fake_cuda::sync_result.load(); }
 // Pinned, mapped host memory: plain heap memory whose device view is itself.

@@ -1,4 +1,6 @@
-// CUDA events kept from call to call. Creating an event and destroying it
+// CUDA events and streams kept from call to call.
+//
+// Events. Creating an event and destroying it
 // are two driver calls on the host path of every call that orders streams on
 // several devices (list ops spanning GPUs, the ring's per-rank events, the
 // c10d backend's completion events), where the budget is a few microseconds
@@ -11,6 +13,14 @@
 // the time of the wait, so the next taker's records cannot disturb it.
 // The lists are never destroyed (a destructor at exit could run after the
 // CUDA runtime is gone; the driver reclaims the events with the process).
+//
+// Streams. The c10d backend's per-peer p2p streams outlive the backend: the
+// caching allocator remembers every stream a tensor was recorded on
+// (record_stream) and records an event on each when the tensor is freed,
+// which may be after destroy_process_group. A destroyed stream there is an
+// invalid handle inside a deleter (the process terminates) or, worse, a
+// reused one. So streams are never destroyed; a backend gives its streams
+// back and the next one on that device takes them.
 // Torch-free; thread-safe.
 #pragma once
 
@@ -28,6 +38,16 @@ namespace cuda_p2p {
 cudaError_t take_event(int device, cudaEvent_t* event);
 // Returns an event taken from `device`'s list.
 void give_back_event(int device, cudaEvent_t event);
+
+// `count` non-blocking streams of `device`, cached ones first, the rest
+// created now one after the other (the caller's current device is restored).
+// Taken together because the driver spreads streams over its hardware queues
+// (CUDA_DEVICE_MAX_CONNECTIONS, 8 by default) in creation order: streams made
+// in one run land on distinct queues, so a kernel spinning on one of them
+// never holds up work queued on another (see docs/cuda.md, "Streams").
+cudaError_t take_streams(int device, int count, std::vector<cudaStream_t>* streams);
+// Returns streams taken from `device`; work still queued on them runs on.
+void give_back_streams(int device, const std::vector<cudaStream_t>& streams);
 
 // The events one call takes, given back on every path out.
 class CallEvents {

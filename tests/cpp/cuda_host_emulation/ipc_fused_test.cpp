@@ -1,0 +1,337 @@
+// The fused one-shot and the graphed all_reduce (transport/cuda_ipc/
+// fused_one_shot.h) on the host: one thread per rank, one per block of each
+// launch (emulated_ipc.h: blocks at once, block 0 often last). Checked:
+//   * bit for bit against the in-order reduction for float32, bfloat16 and
+//     int8 with 2-4 ranks, on 16-byte aligned buffers (the pack path) and on
+//     buffers at an odd element offset (the scalar path), input or output
+//     misaligned, in and out of place, counts that leave a scalar tail;
+//   * a desync whose ranks run different block counts (so blocks of one rank
+//     wait on block flags the other never posts and give up on its abort
+//     word): every rank's status word equals its host mirror, the status is
+//     kMismatch exactly when the mismatch record is there and intact, and at
+//     least one rank (the first to compare) reports the mismatch;
+//   * the graphed call (no host check ever follows a replay) traps: a replay
+//     that fails (desync, timeout, a peer the host watcher found dead) prints
+//     its line naming the rank and the cause on every failed rank, a replay
+//     after any failure (graphed or eager) traps on block 0 and writes
+//     nothing, and replays that succeed never trap;
+//   * graphed and eager calls in another order on each rank fail on both
+//     (timeout or abort) without writing, rather than hang.
+// Exit status 0 = every check passed.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "emulated_checks.h"
+#include "emulated_ipc.h"
+#include "csrc/kernels/cpu_reduce.h"
+
+#include "csrc/transport/cuda_ipc/allreduce_ipc.cpp"
+
+using namespace fastpar;
+using emulated::Arenas;
+using emulated::comm_for;
+
+namespace {
+
+constexpr size_t kSlot = 4096;
+constexpr uint32_t kMismatch = uint32_t(flags::WaitStatus::kMismatch);
+constexpr uint32_t kAborted = uint32_t(flags::WaitStatus::kPeerAborted);
+
+// Floats that round when summed, so a different order gives other bits.
+template <typename T>
+T value(int rank, int call, int64_t i) {
+  const int v = (rank * 7 + call * 3 + int(i) * 5) % 13 - 6;
+  const float f = float(v) * 0.1f + 0.013f * float(rank + 1);
+  if constexpr (std::is_same_v<T, bf16>) return to_bf16(f);
+  else if constexpr (std::is_same_v<T, float>) return f;
+  else return T(v / 2);  // int8: small, so products of 4 ranks stay in range
+}
+
+template <typename T>
+constexpr DType dtype_of() {
+  return std::is_same_v<T, float> ? DType::F32 : std::is_same_v<T, bf16> ? DType::BF16 : DType::I8;
+}
+
+// One call's buffers: `in` and `out` at element offsets into 16-byte aligned storage.
+struct Layout {
+  int64_t in_off, out_off;
+  bool in_place;
+};
+
+template <typename T>
+std::vector<T> expected(int n, ReduceOp op, int call, int64_t count) {
+  std::vector<std::vector<T>> ins(static_cast<size_t>(n), std::vector<T>(static_cast<size_t>(count)));
+  std::vector<const T*> srcs;
+  for (int r = 0; r < n; ++r) {
+    for (int64_t i = 0; i < count; ++i) ins[size_t(r)][size_t(i)] = value<T>(r, call, i);
+    srcs.push_back(ins[size_t(r)].data());
+  }
+  std::vector<T> out(static_cast<size_t>(count));
+  T* d = out.data();
+  FASTPAR_DISPATCH_OP(op, [&] {
+    if constexpr (op_supports<T, kOp>()) cpu_reduce_range<T, kOp>(srcs.data(), n, &d, 1, 0, count, n);
+  });
+  return out;
+}
+
+// Every rank runs the same calls (eager fused, then graphed, per layout,
+// count and op) and keeps its outputs; then each is compared bit for bit.
+template <typename T>
+void check_layouts(int n) {
+  const Layout layouts[] = {{0, 0, false}, {0, 0, true}, {1, 1, false}, {1, 1, true}, {0, 1, false}, {1, 0, false}};
+  const int64_t counts[] = {1, 15, 16, 33, 100, 517, 1000};
+  std::vector<ReduceOp> ops;
+  for (int o = 0; o < 5; ++o)
+    if (o != int(ReduceOp::AVG) || is_floating<T>()) ops.push_back(ReduceOp(o));
+  struct Call {
+    Layout l;
+    int64_t count;
+    ReduceOp op;
+    bool graphed;
+  };
+  std::vector<Call> calls;
+  for (const Layout& l : layouts)
+    for (int64_t count : counts)
+      for (bool graphed : {false, true}) calls.push_back({l, count, ops[calls.size() % ops.size()], graphed});
+  Arenas arenas(n, kSlot);
+  std::vector<std::vector<std::vector<T>>> got(static_cast<size_t>(n));
+  std::vector<uint32_t> status(size_t(n), 0);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      cuda_ipc::IpcComm c = comm_for(arenas, r, kSlot);
+      for (size_t k = 0; k < calls.size(); ++k) {
+        const Call& call = calls[k];
+        std::vector<uint4> in_store(size_t(call.count) * sizeof(T) / 16 + 2), out_store(in_store.size());
+        T* in = reinterpret_cast<T*>(in_store.data()) + call.l.in_off;
+        T* out = call.l.in_place ? in : reinterpret_cast<T*>(out_store.data()) + call.l.out_off;
+        for (int64_t i = 0; i < call.count; ++i) in[i] = value<T>(r, int(k), i);
+        const cudaError_t err =
+            call.graphed ? cuda_ipc::allreduce_graphed(c, dtype_of<T>(), call.op, in, out, call.count, nullptr)
+                         : cuda_ipc::allreduce_one_shot(c, dtype_of<T>(), call.op, in, out, call.count, nullptr);
+        expect(err == cudaSuccess, "layouts: the call was enqueued");
+        got[size_t(r)].emplace_back(out, out + call.count);
+      }
+      cuda_ipc::read_status(c, nullptr, &status[size_t(r)]);
+    });
+  }
+  for (auto& t : threads) t.join();
+  char what[200];
+  for (int r = 0; r < n; ++r) {
+    std::snprintf(what, sizeof(what), "layouts %s n=%d: rank %d status %u", dtype_name(dtype_of<T>()), n, r,
+                  status[size_t(r)]);
+    expect(status[size_t(r)] == 0, what);
+    for (size_t k = 0; k < calls.size(); ++k) {
+      const Call& call = calls[k];
+      const std::vector<T> e = expected<T>(n, call.op, int(k), call.count);
+      std::snprintf(what, sizeof(what), "layouts %s n=%d rank %d: %s count %ld op %s in+%ld %s",
+                    dtype_name(dtype_of<T>()), n, r, call.graphed ? "graphed" : "fused", long(call.count),
+                    op_name(call.op), long(call.l.in_off),
+                    call.l.in_place ? "in place" : call.l.out_off ? "out+1" : "out+0");
+      expect(std::memcmp(got[size_t(r)][k].data(), e.data(), e.size() * sizeof(T)) == 0, what);
+    }
+  }
+}
+
+// What a failed rank left: status word, host mirror, mismatch record.
+struct Outcome {
+  uint32_t status = 0, mirror = 0;
+  cuda_ipc::MismatchRecord record{};
+};
+
+// The checks every desync shares; returns the ranks that report kMismatch.
+int check_desync_outcome(const std::vector<Outcome>& o, const std::vector<int64_t>& count, int64_t aux,
+                         const char* test) {
+  const int n = int(o.size());
+  char what[200];
+  int mismatched = 0;
+  for (int r = 0; r < n; ++r) {
+    const Outcome& x = o[size_t(r)];
+    std::snprintf(what, sizeof(what), "%s n=%d: rank %d status %u, host mirror %u", test, n, r, x.status, x.mirror);
+    expect(x.status == x.mirror && (x.status == kMismatch || x.status == kAborted), what);
+    const int peer = int(x.record.peer_plus_one) - 1;
+    if (x.status == kMismatch) {
+      ++mismatched;
+      std::snprintf(what, sizeof(what), "%s n=%d: rank %d's record names peer %d with its call", test, n, r, peer);
+      expect(peer >= 0 && peer < n && peer != r && x.record.mine.aux == aux && x.record.theirs.aux == aux &&
+                 x.record.mine.count == count[size_t(r)] && x.record.theirs.count == count[size_t(peer)] &&
+                 count[size_t(peer)] != count[size_t(r)],
+             what);
+    } else {
+      std::snprintf(what, sizeof(what), "%s n=%d: rank %d ended with %u but has a mismatch record", test, n, r,
+                    x.status);
+      expect(x.record.peer_plus_one == 0, what);
+    }
+  }
+  std::snprintf(what, sizeof(what), "%s n=%d: no rank reports the mismatch", test, n);
+  expect(mismatched > 0, what);
+  return mismatched;
+}
+
+// Lines trapped on `rank` that contain `text`.
+int traps_of(const std::vector<std::string>& lines, int rank, const char* text) {
+  const std::string who = "fastpar: captured all_reduce on rank " + std::to_string(rank) + " failed: ";
+  return int(std::count_if(lines.begin(), lines.end(), [&](const std::string& l) {
+    return l.rfind(who, 0) == 0 && l.find(text) != std::string::npos &&
+           l.find("the communicator is unusable") != std::string::npos;
+  }));
+}
+
+// Rank 0 calls with 40 floats (3 blocks at 64 bytes a block), the others
+// with 200 (13 blocks): the others' blocks 3..12 wait for block flags rank 0
+// never posts and give up when a peer aborts, racing their own block 0's
+// descriptor check. Then every rank replays a graphed call: it traps once
+// (block 0) and leaves its output alone.
+void check_desync(int n, bool graphed) {
+  Arenas arenas(n, kSlot);
+  std::vector<Outcome> o(static_cast<size_t>(n));
+  std::vector<cuda_ipc::IpcComm> comms;
+  std::vector<int64_t> count(static_cast<size_t>(n));
+  std::vector<int> untouched(size_t(n), 0);
+  for (int r = 0; r < n; ++r) {
+    count[size_t(r)] = r == 0 ? 40 : 200;
+    comms.push_back(comm_for(arenas, r, kSlot));
+    comms.back().timeout_ns = 20ull * 1000 * 1000 * 1000;  // never reached: the first to compare fails everyone
+    comms.back().host_status = &o[size_t(r)].mirror;
+    comms.back().host_mismatch = &o[size_t(r)].record;
+  }
+  cuda_ipc::take_traps();
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      cuda_ipc::IpcComm& c = comms[size_t(r)];
+      std::vector<float> in(200, 1.0f);
+      const int64_t k = count[size_t(r)];
+      if (graphed) cuda_ipc::allreduce_graphed(c, DType::F32, ReduceOp::SUM, in.data(), in.data(), k, nullptr);
+      else cuda_ipc::allreduce_one_shot(c, DType::F32, ReduceOp::SUM, in.data(), in.data(), k, nullptr);
+      cuda_ipc::read_status(c, nullptr, &o[size_t(r)].status);
+    });
+  }
+  for (auto& t : threads) t.join();
+  const char* test = graphed ? "graphed desync" : "fused desync";
+  check_desync_outcome(o, count, graphed ? kAuxGraphed : kAuxFused, test);
+  const std::vector<std::string> failed = cuda_ipc::take_traps();
+  threads.clear();
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      std::vector<float> in(200, 1.0f), out(200, -7.0f);
+      cuda_ipc::allreduce_graphed(comms[size_t(r)], DType::F32, ReduceOp::SUM, in.data(), out.data(), 200, nullptr);
+      untouched[size_t(r)] = std::all_of(out.begin(), out.end(), [](float v) { return v == -7.0f; });
+    });
+  }
+  for (auto& t : threads) t.join();
+  const std::vector<std::string> after = cuda_ipc::take_traps();
+  char what[200];
+  for (int r = 0; r < n; ++r) {
+    const char* cause = o[size_t(r)].status == kMismatch ? "collective mismatch" : "peer aborted";
+    std::snprintf(what, sizeof(what), "%s n=%d: rank %d's failed call trapped %s'%s'", test, n, r,
+                  graphed ? "with " : "never, eager, not ", cause);
+    expect(graphed ? traps_of(failed, r, cause) >= 1 : traps_of(failed, r, "") == 0, what);
+    std::snprintf(what, sizeof(what), "%s n=%d: rank %d's next replay trapped once, on the earlier failure", test, n,
+                  r);
+    expect(traps_of(after, r, "an earlier failure") == 1 && traps_of(after, r, cause) == 1, what);
+    std::snprintf(what, sizeof(what), "%s n=%d: rank %d's replay after the failure wrote its output", test, n, r);
+    expect(untouched[size_t(r)] != 0, what);
+  }
+  std::snprintf(what, sizeof(what), "%s n=%d: one line per rank for the replay after it (%zu)", test, n, after.size());
+  expect(int(after.size()) == n, what);
+}
+
+// Rank 0 replays alone: the peer never comes (a timeout), or the host's peer
+// watcher raises kPeerDead in its host abort word. Either way rank 0 records
+// it, mirror included, and traps naming it.
+void check_lone_replay(bool peer_dead) {
+  Arenas arenas(2, kSlot);
+  uint32_t status = 0, mirror = 0;
+  uint64_t host_abort = 0;
+  cuda_ipc::take_traps();
+  std::thread watcher;
+  if (peer_dead)
+    watcher = std::thread([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      __atomic_store_n(&host_abort, uint64_t(flags::WaitStatus::kPeerDead), __ATOMIC_RELEASE);
+    });
+  cuda_ipc::IpcComm c = comm_for(arenas, 0, kSlot);
+  c.timeout_ns = peer_dead ? 20ull * 1000 * 1000 * 1000 : 200ull * 1000 * 1000;
+  c.host_status = &mirror;
+  c.host_abort = &host_abort;
+  std::vector<float> in(100, 1.0f);
+  cuda_ipc::allreduce_graphed(c, DType::F32, ReduceOp::SUM, in.data(), in.data(), 100, nullptr);
+  cuda_ipc::read_status(c, nullptr, &status);
+  if (watcher.joinable()) watcher.join();
+  const flags::WaitStatus want = peer_dead ? flags::WaitStatus::kPeerDead : flags::WaitStatus::kTimeout;
+  char what[200];
+  std::snprintf(what, sizeof(what), "lone replay (%s): status %u, mirror %u", peer_dead ? "dead peer" : "timeout",
+                status, mirror);
+  expect(status == uint32_t(want) && mirror == status, what);
+  const std::vector<std::string> lines = cuda_ipc::take_traps();
+  std::snprintf(what, sizeof(what), "lone replay (%s): trapped naming it", peer_dead ? "dead peer" : "timeout");
+  expect(traps_of(lines, 0, cuda_ipc::graph_failure_cause(uint32_t(want))) >= 1 && traps_of(lines, 1, "") == 0, what);
+}
+
+// Rank 0 replays G then calls E (eager fused), rank 1 calls E then replays
+// G: each waits for flags the other posts only after its own wait. Both fail
+// at the timeout or on the other's abort, nothing is written, and each
+// rank's replay traps (docs/cuda.md, CUDA graphs: the combined order must be
+// the same on every rank).
+void check_misordered() {
+  Arenas arenas(2, kSlot);
+  uint32_t status[2] = {0, 0}, mirror[2] = {0, 0};
+  int untouched[2] = {0, 0};
+  cuda_ipc::take_traps();
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      cuda_ipc::IpcComm c = comm_for(arenas, r, kSlot);
+      c.timeout_ns = 300ull * 1000 * 1000;
+      c.host_status = &mirror[r];
+      std::vector<float> in(100, 1.0f), g(100, -7.0f), e(100, -7.0f);
+      for (int k = 0; k < 2; ++k) {
+        const bool graph_now = (k == 0) == (r == 0);
+        if (graph_now) cuda_ipc::allreduce_graphed(c, DType::F32, ReduceOp::SUM, in.data(), g.data(), 100, nullptr);
+        else cuda_ipc::allreduce_one_shot(c, DType::F32, ReduceOp::SUM, in.data(), e.data(), 100, nullptr);
+      }
+      cuda_ipc::read_status(c, nullptr, &status[r]);
+      untouched[r] = std::all_of(g.begin(), g.end(), [](float v) { return v == -7.0f; }) &&
+                     std::all_of(e.begin(), e.end(), [](float v) { return v == -7.0f; });
+    });
+  }
+  for (auto& t : threads) t.join();
+  const std::vector<std::string> lines = cuda_ipc::take_traps();
+  char what[200];
+  for (int r = 0; r < 2; ++r) {
+    const uint32_t s = status[r];
+    std::snprintf(what, sizeof(what), "misordered: rank %d status %u, mirror %u, outputs untouched %d, traps %d", r,
+                  s, mirror[r], untouched[r], traps_of(lines, r, ""));
+    expect((s == uint32_t(flags::WaitStatus::kTimeout) || s == kAborted) && mirror[r] == s && untouched[r] != 0 &&
+               traps_of(lines, r, "") >= 1,
+           what);
+  }
+}
+
+}  // namespace
+
+int main() {
+  for (int n = 2; n <= 4; ++n) {
+    check_layouts<float>(n);
+    check_layouts<bf16>(n);
+    check_layouts<int8_t>(n);
+  }
+  expect(cuda_ipc::take_traps().empty(), "replays that succeed never trap");
+  for (int round = 0; round < 3; ++round)
+    for (int n = 2; n <= 4; ++n) {
+      check_desync(n, false);
+      check_desync(n, true);
+    }
+  check_lone_replay(false);
+  check_lone_replay(true);
+  check_misordered();
+  std::printf("%ld checks, %ld failures\n", long(checks.load()), long(failures.load()));
+  return failures == 0 ? 0 : 1;
+}
