@@ -14,11 +14,8 @@
 #include <cstdlib>
 #include <optional>
 
-#include "../kernels/cuda_reduce_launch.h"
 #include "../transport/cuda_ipc/allreduce_ipc.h"
-#include "../transport/cuda_ipc/fused_one_shot.h"
-#include "../transport/cuda_ipc/p2p_ring.h"
-#include "../transport/cuda_ipc/phase_launch.h"
+#include "../transport/cuda_ipc/preload_kernels.h"
 #include "../transport/cuda_ipc/route.h"
 #include "../transport/cuda_p2p/handle_cache.h"
 #include "call_timeout.h"
@@ -168,18 +165,14 @@ void CudaBackend::set_up(int device) {
                std::to_string(cuda_ipc::kMaxIpcRanks) + " CUDA IPC handles";
     return;
   }
-  // Every kernel an IPC call can launch, loaded before the first of them
-  // waits on a peer (cuda_kernels::preload_reduce_kernels says why), and
-  // before the rendezvous: a rank that cannot load them must not have voted
-  // for IPC (it raises here, and its peers' rendezvous times out).
-  try {
-    C10_CUDA_CHECK(cuda_kernels::preload_reduce_kernels());
-    C10_CUDA_CHECK(cuda_ipc::preload_phase_kernel());
-    C10_CUDA_CHECK(cuda_ipc::preload_p2p_kernel());
-    C10_CUDA_CHECK(cuda_ipc::preload_fused_kernels());
-  } catch (const std::exception& e) {
-    why_not_ = std::string("loading the kernels failed: ") + e.what();
-    throw;
+  // Before the rendezvous (cuda_ipc/preload_kernels.h): a rank that cannot
+  // load the kernels raises here, and its peers' rendezvous times out.
+  const char* what = "";
+  const cudaError_t loaded = cuda_ipc::preload_ipc_kernels(&what);
+  if (loaded != cudaSuccess) {
+    why_not_ = std::string("could not load the ") + what + " kernels (CUDA error: " + cudaGetErrorString(loaded) + ")";
+    TORCH_CHECK(false, "fastpar: CUDA IPC setup on cuda:", device, ": ", why_not_, "; a build of fastpar without "
+                "this GPU's architecture gives 'no kernel image is available'");
   }
   IpcRendezvous rv;
   try {

@@ -23,40 +23,23 @@
 #include <string>
 #include <vector>
 
-#include "../kernels/cuda_reduce_launch.h"
 #include "../transport/cuda_ipc/allreduce_ipc.h"
-#include "../transport/cuda_ipc/fused_one_shot.h"
 #include "../transport/cuda_ipc/ipc_endpoint.h"
-#include "../transport/cuda_ipc/p2p_ring.h"
-#include "../transport/cuda_ipc/phase_launch.h"
+#include "../transport/cuda_ipc/preload_kernels.h"
 #include "checks.h"
 
 namespace fastpar {
 namespace ops {
 namespace {
 
-// Loads every kernel an IPC call can launch on `device`, as the c10d backend
-// does at its setup: CUDA loads a kernel lazily at its first launch by
-// default, and a load may wait for running kernels, which could be this
-// process's phase kernel waiting for a peer (cuda_kernels::
-// preload_reduce_kernels says more). Before the handle exchange, so that a
-// rank that cannot load them fails before any peer maps its arena.
-void preload_ipc_kernels(int64_t device) {
+// The kernels, loaded before the handle exchange (cuda_ipc/preload_kernels.h says why).
+void load_kernels(int64_t device) {
   c10::cuda::CUDAGuard guard{c10::DeviceIndex(device)};
-  const struct {
-    const char* what;
-    cudaError_t err;
-  } loads[] = {{"reduce", cuda_kernels::preload_reduce_kernels()},
-               {"phase", cuda_ipc::preload_phase_kernel()},
-               {"point-to-point", cuda_ipc::preload_p2p_kernel()},
-               {"fused one-shot", cuda_ipc::preload_fused_kernels()}};
-  for (const auto& l : loads) {
-    if (l.err == cudaSuccess) continue;
-    cudaGetLastError();  // not sticky: keep it from surfacing in a later launch check
-    TORCH_CHECK(false, "fastpar.CudaIpcComm: could not load the ", l.what, " kernels on cuda:", device,
-                " (CUDA error: ", cudaGetErrorString(l.err), "); a build of fastpar without this GPU's "
-                "architecture gives 'no kernel image is available'");
-  }
+  const char* what = "";
+  const cudaError_t err = cuda_ipc::preload_ipc_kernels(&what);
+  TORCH_CHECK(err == cudaSuccess, "fastpar.CudaIpcComm: could not load the ", what, " kernels on cuda:", device,
+              " (CUDA error: ", cudaGetErrorString(err), "); a build of fastpar without this GPU's architecture "
+              "gives 'no kernel image is available'");
 }
 
 class CudaIpcComm : public torch::CustomClassHolder {
@@ -69,7 +52,7 @@ class CudaIpcComm : public torch::CustomClassHolder {
     TORCH_CHECK_VALUE(device >= 0, "fastpar.CudaIpcComm: device is ", device, " but must be a CUDA device index");
     TORCH_CHECK_VALUE(slot_bytes >= 64, "fastpar.CudaIpcComm: slot_bytes is ", slot_bytes,
                       " but must be >= 64");
-    preload_ipc_kernels(device);
+    load_kernels(device);
     C10_CUDA_CHECK(ep_.create(int(rank), int(size), int(device), size_t(slot_bytes)));
   }
 
