@@ -66,6 +66,15 @@ struct IpcComm {
   uint64_t p2p_received[kMaxIpcRanks] = {};
 };
 
+// Raises a host abort word (host address) to `code`, unless a code is there
+// already: the first cause stands. Release, pairing with the kernels'
+// ld.acquire.sys of the word. For IpcEndpoint::raise_host_abort (a dead peer,
+// abort()) and ipc_steps::fail_enqueue (a step that could not be enqueued).
+inline void raise_abort_word(uint64_t* word, uint64_t code) {
+  uint64_t expected = 0;
+  __atomic_compare_exchange_n(word, &expected, code, false, __ATOMIC_RELEASE, __ATOMIC_RELAXED);
+}
+
 // One-shot up to this size: its latency is one phase, two-shot's is two, and
 // below ~256 KiB latency, not bandwidth, decides (vLLM's custom allreduce
 // draws the line in the same region for 2-8 GPUs).

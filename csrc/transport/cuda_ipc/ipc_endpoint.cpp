@@ -145,9 +145,7 @@ void IpcEndpoint::abandon_arena() {
 
 void IpcEndpoint::raise_host_abort(uint32_t code) {
   if (host_abort_ == nullptr || code == 0) return;
-  uint64_t expected = 0;
-  // Release: pairs with the kernel's ld.acquire.sys of the word.
-  __atomic_compare_exchange_n(host_abort_, &expected, uint64_t(code), false, __ATOMIC_RELEASE, __ATOMIC_RELAXED);
+  raise_abort_word(host_abort_, code);
 }
 
 uint64_t IpcEndpoint::host_abort() const { return host_abort_ ? __atomic_load_n(host_abort_, __ATOMIC_ACQUIRE) : 0u; }

@@ -51,7 +51,8 @@ class IpcEndpoint {
   // then unmaps the peers' arenas.
   cudaError_t disconnect();
   // Frees the own arena: only once no peer reads it, i.e. after a barrier
-  // with every peer that follows its last call (the only way it is freed).
+  // with every peer that follows its last call (the destructor frees only an
+  // arena whose handle was never exported).
   cudaError_t free_arena();
   // Forgets the own arena without freeing it (see above).
   void abandon_arena();

@@ -107,9 +107,7 @@ inline cudaError_t fail_enqueue(IpcComm& c, cudaError_t err, cudaStream_t stream
   static const uint64_t kAborted = uint64_t(flags::WaitStatus::kPeerAborted);
   const uint64_t* code = &kAborted;
   if (c.host_abort_host != nullptr) {
-    uint64_t expected = 0;
-    // Release: pairs with the kernels' ld.acquire.sys of the word (as IpcEndpoint::raise_host_abort).
-    __atomic_compare_exchange_n(c.host_abort_host, &expected, kAborted, false, __ATOMIC_RELEASE, __ATOMIC_RELAXED);
+    raise_abort_word(c.host_abort_host, kAborted);
     code = c.host_abort_host;  // pinned: the copy is truly asynchronous
   }
   cudaMemcpyAsync(&control_of(c.bases[c.rank])->abort, code, sizeof(uint64_t), cudaMemcpyHostToDevice, stream);
