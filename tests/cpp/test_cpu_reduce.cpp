@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "check.h"
-#include "kernels/cpu_reduce.h"
+#include "core/kernels/cpu_reduce.h"
 
 using namespace fastpar;
 

@@ -1,4 +1,4 @@
-// Unit test of algorithms/flag_protocol.h over the host memory policy, with
+// Unit test of core/algorithms/flag_protocol.h over the host memory policy, with
 // threads as ranks (the protocol cannot tell threads from processes: both see
 // coherent memory). Built and run by tests/python/test_flag_protocol.py.
 //
@@ -15,8 +15,8 @@
 #include <thread>
 #include <vector>
 
-#include "../../csrc/algorithms/flag_protocol.h"
-#include "../../csrc/transport/cpu_shm/host_memory.h"
+#include "core/algorithms/flag_protocol.h"
+#include "core/transport/cpu_shm/host_memory.h"
 
 using fastpar::cpu_shm::HostMemory;
 namespace flags = fastpar::flags;

@@ -6,7 +6,7 @@
 #include <cstring>
 
 #include "check.h"
-#include "kernels/half_types.h"
+#include "core/kernels/half_types.h"
 
 using namespace fastpar;
 

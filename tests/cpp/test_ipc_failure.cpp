@@ -1,11 +1,11 @@
 // The words of the CUDA IPC backend's failures and GPU-sharing state
-// (csrc/transport/cuda_ipc/ipc_failure.h): which facts make a communicator
+// (csrc/core/transport/cuda_ipc/ipc_failure.h): which facts make a communicator
 // failed, what the DistBackendError says (the op, this rank, the dead rank
 // and its pid, the timeout, both calls of a mismatch), and the MPS note and warning decision.
 #include <string>
 
 #include "check.h"
-#include "transport/cuda_ipc/ipc_failure.h"
+#include "core/transport/cuda_ipc/ipc_failure.h"
 
 using namespace fastpar;
 using namespace fastpar::cuda_ipc;

@@ -12,7 +12,7 @@
 #include <thread>
 
 #include "check.h"
-#include "transport/liveness/peer_watcher.h"
+#include "core/transport/liveness/peer_watcher.h"
 
 using namespace fastpar::liveness;
 using Clock = std::chrono::steady_clock;

@@ -1,4 +1,4 @@
-// The registered-buffer bookkeeping (csrc/transport/registered_arena.h):
+// The registered-buffer bookkeeping (csrc/core/transport/registered_arena.h):
 // first fit in 256-byte blocks, the same offsets for the same sequence of
 // calls (what lets ranks agree without talking), merging of freed
 // neighbours, and which pointers lie inside the region.
@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "check.h"
-#include "transport/registered_arena.h"
+#include "core/transport/registered_arena.h"
 
 using fastpar::RegisteredArena;
 

@@ -1,4 +1,4 @@
-// The CUDA backend's routing policy (csrc/transport/cuda_ipc/route.h): which
+// The CUDA backend's routing policy (csrc/torch/distributed/route.h): which
 // allreduce goes over CUDA IPC and which falls back to NCCL, and the parser of
 // FASTPAR_CUDA_IPC_MAX_BYTES. Every rank evaluates this on equal inputs, so
 // the policy being a pure function of them is what keeps ranks on one route.
@@ -6,7 +6,7 @@
 #include <string>
 
 #include "check.h"
-#include "transport/cuda_ipc/route.h"
+#include "torch/distributed/route.h"
 
 using namespace fastpar::cuda_ipc;
 

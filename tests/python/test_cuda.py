@@ -9,7 +9,7 @@ buffer, one kernel launch for the allreduce), and on 2+ GPUs it mixes peer
 reads with repeated devices. The peer-access and staging variants (pairs of
 distinct devices, allocator peer grants) need 2+ GPUs.
 
-Reference semantics (kernels/reduce_ops.h): sources are combined in list order
+Reference semantics (core/kernels/reduce_ops.h): sources are combined in list order
 0..n-1, 16-bit floats accumulate in float32 and round once at the end, AVG
 divides the full reduction by n, integers wrap. The one-pass kernels (direct
 allreduce, reduce, reduce_scatter) follow exactly that order, so they must

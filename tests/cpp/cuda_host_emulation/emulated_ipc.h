@@ -15,10 +15,10 @@
 #include <vector>
 
 #include "emulated_launchers.h"
-#include "csrc/transport/cuda_ipc/allreduce_ipc.h"
-#include "csrc/transport/cuda_ipc/fused_one_shot.h"
-#include "csrc/transport/cuda_ipc/phase_launch.h"
-#include "csrc/transport/cuda_ipc/phase_step.h"
+#include "csrc/core/executors/cuda_ipc/ipc_allreduce.h"
+#include "csrc/core/kernels/ipc_fused_one_shot.h"
+#include "csrc/core/executors/cuda_ipc/phase_launch.h"
+#include "csrc/core/executors/cuda_ipc/phase_step.h"
 
 namespace fastpar {
 namespace cuda_ipc {

@@ -1,12 +1,12 @@
-// The kernel launchers of kernels/cuda_reduce.cu for the host emulation: the
+// The kernel launchers of core/kernels/cuda_reduce.cu for the host emulation: the
 // same dispatch and 16-byte alignment rule, with run_grid (every block, every
 // thread, one after the other) in place of <<<...>>>.
 #pragma once
 
 #include <cstdint>
 
-#include "csrc/kernels/cuda_reduce.cuh"
-#include "csrc/kernels/cuda_reduce_launch.h"
+#include "csrc/core/kernels/cuda_reduce.cuh"
+#include "csrc/core/kernels/cuda_reduce_launch.h"
 
 namespace fastpar {
 namespace cuda_kernels {

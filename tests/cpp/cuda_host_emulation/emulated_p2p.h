@@ -4,7 +4,7 @@
 #pragma once
 
 #include "emulated_ipc.h"
-#include "csrc/transport/cuda_ipc/p2p_ring.h"
+#include "csrc/core/executors/cuda_ipc/p2p_ring.h"
 
 namespace fastpar {
 namespace cuda_ipc {

@@ -1,6 +1,6 @@
 // The CUDA IPC broadcast / all_gather / gather / scatter / all_to_all /
 // reduce / reduce_scatter schedules
-// (transport/cuda_ipc/collectives_ipc.cpp) and the host abort word, run on
+// (core/executors/cuda_ipc/ipc_collectives.cpp) and the host abort word, run on
 // the host: one thread per rank stands for one process (emulated_ipc.h).
 // Checked:
 //   * one long random sequence of calls of every collective, interleaved with
@@ -26,10 +26,10 @@
 
 #include "emulated_checks.h"
 #include "emulated_ipc.h"
-#include "csrc/kernels/cpu_reduce.h"
+#include "csrc/core/kernels/cpu_reduce.h"
 
-#include "csrc/transport/cuda_ipc/allreduce_ipc.cpp"
-#include "csrc/transport/cuda_ipc/collectives_ipc.cpp"
+#include "csrc/core/executors/cuda_ipc/ipc_allreduce.cpp"
+#include "csrc/core/executors/cuda_ipc/ipc_collectives.cpp"
 
 using namespace fastpar;
 using emulated::Arenas;

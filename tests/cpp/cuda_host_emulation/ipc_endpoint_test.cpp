@@ -1,5 +1,5 @@
 // The lifetime of an IPC endpoint's pinned host words
-// (transport/cuda_ipc/ipc_endpoint.cpp) against the fake runtime, whose
+// (core/transport/cuda_ipc/ipc_endpoint.cpp) against the fake runtime, whose
 // pinned memory is heap memory: under AddressSanitizer a write after the
 // free is fatal. Checked:
 //   * after free_arena() (a shutdown), the host abort word and the status
@@ -32,8 +32,8 @@
 #include <thread>
 #include <vector>
 
-#include "csrc/transport/cuda_ipc/ipc_endpoint.cpp"
-#include "csrc/transport/cuda_ipc/ipc_steps.h"
+#include "csrc/core/transport/cuda_ipc/ipc_endpoint.cpp"
+#include "csrc/core/executors/cuda_ipc/ipc_steps.h"
 
 namespace fastpar {
 namespace cuda_ipc {

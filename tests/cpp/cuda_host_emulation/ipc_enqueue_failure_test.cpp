@@ -26,8 +26,8 @@
 #include "emulated_ipc.h"
 #include "emulated_p2p.h"
 
-#include "csrc/transport/cuda_ipc/allreduce_ipc.cpp"
-#include "csrc/transport/cuda_ipc/p2p_ipc.cpp"
+#include "csrc/core/executors/cuda_ipc/ipc_allreduce.cpp"
+#include "csrc/core/executors/cuda_ipc/ipc_p2p.cpp"
 
 using namespace fastpar;
 using emulated::Arenas;

@@ -29,9 +29,9 @@
 
 #include "emulated_checks.h"
 #include "emulated_ipc.h"
-#include "csrc/kernels/cpu_reduce.h"
+#include "csrc/core/kernels/cpu_reduce.h"
 
-#include "csrc/transport/cuda_ipc/allreduce_ipc.cpp"
+#include "csrc/core/executors/cuda_ipc/ipc_allreduce.cpp"
 
 using namespace fastpar;
 using emulated::Arenas;

@@ -1,4 +1,4 @@
-// The CUDA IPC point-to-point schedules (transport/cuda_ipc/p2p_ipc.cpp) and
+// The CUDA IPC point-to-point schedules (core/executors/cuda_ipc/ipc_p2p.cpp) and
 // the ring protocol of p2p_ring.h, run on the host: the very p2p_step the
 // kernel runs, over host atomics, and one thread per rank and peer and
 // direction standing for the backend's stream per peer and direction.
@@ -25,7 +25,7 @@
 #include "emulated_ipc.h"
 #include "emulated_p2p.h"
 
-#include "csrc/transport/cuda_ipc/p2p_ipc.cpp"
+#include "csrc/core/executors/cuda_ipc/ipc_p2p.cpp"
 
 using namespace fastpar;
 using emulated::Arenas;

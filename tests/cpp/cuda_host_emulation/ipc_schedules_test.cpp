@@ -1,7 +1,7 @@
-// The CUDA IPC allreduce schedules (transport/cuda_ipc/allreduce_ipc.cpp) run
+// The CUDA IPC allreduce schedules (core/executors/cuda_ipc/ipc_allreduce.cpp) run
 // on the host: one thread per rank stands for one process, the arenas are
 // plain host memory every thread can read (as IPC mappings are), the phase
-// step is the same flag protocol (algorithms/flag_protocol.h) over host
+// step is the same flag protocol (core/algorithms/flag_protocol.h) over host
 // atomics, and the reduce kernel is emulated (emulated_launchers.h). Checked:
 //   * every rank's output equals the in-order reduction bit for bit, for
 //     one-shot and two-shot, in and out of place, single- and multi-chunk
@@ -31,10 +31,10 @@
 
 #include "emulated_checks.h"
 #include "emulated_ipc.h"
-#include "csrc/kernels/cpu_reduce.h"
-#include "csrc/transport/registered_arena.h"
+#include "csrc/core/kernels/cpu_reduce.h"
+#include "csrc/core/transport/registered_arena.h"
 
-#include "csrc/transport/cuda_ipc/allreduce_ipc.cpp"
+#include "csrc/core/executors/cuda_ipc/ipc_allreduce.cpp"
 
 using namespace fastpar;
 

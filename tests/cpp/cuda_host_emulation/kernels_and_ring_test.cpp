@@ -1,4 +1,4 @@
-// Runs the CUDA kernels (kernels/cuda_reduce.cuh) and the cuda_p2p ring
+// Runs the CUDA kernels (core/kernels/cuda_reduce.cuh) and the cuda_p2p ring
 // executor on the host, thread by thread, against the CPU code they must agree
 // with bit for bit:
 //   reduce_kernel          vs cpu_reduce_range            (every dtype, op, 1-8 sources,
@@ -25,12 +25,12 @@
 #include <type_traits>
 #include <vector>
 
-#include "csrc/transport/cpu_local/cpu_local.h"
+#include "csrc/core/transport/cpu_local/cpu_local.h"
 #include "emulated_launchers.h"
 
 // The executor under test, compiled here against the fake runtime.
-#include "csrc/transport/cuda_p2p/handle_cache.cpp"
-#include "csrc/transport/cuda_p2p/ring_allreduce.cpp"
+#include "csrc/core/transport/cuda_p2p/handle_cache.cpp"
+#include "csrc/core/transport/cuda_p2p/ring_allreduce.cpp"
 
 using namespace fastpar;
 

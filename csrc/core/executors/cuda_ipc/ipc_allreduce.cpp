@@ -1,0 +1,104 @@
+// allreduce_ipc.h's entry points. The one-shot and two-shot schedules are the
+// shared ones of core/algorithms/allreduce_slots.h run over IpcSteps (ipc_steps.h);
+// the fused one-shot and the graphed call are single kernels of their own
+// (fused_one_shot.h). Host code only: tests/cpp/cuda_host_emulation runs these
+// with one thread per rank.
+#include "ipc_allreduce.h"
+
+#include <algorithm>
+
+#include "../../algorithms/allreduce_slots.h"
+#include "../../kernels/ipc_fused_one_shot.h"
+#include "ipc_steps.h"
+
+namespace fastpar {
+namespace cuda_ipc {
+
+cudaError_t allreduce_one_shot(IpcComm& c, DType dt, ReduceOp op, const void* in, void* out, int64_t count,
+                               cudaStream_t stream) {
+  if (count < 0) return cudaErrorInvalidValue;
+  const int64_t es = dtype_size(dt);
+  if (c.fused_one_shot && count > 0 && count * es <= int64_t(c.slot_bytes)) {
+    // One launch instead of three (fused_one_shot.h).
+    return run_schedule(c, stream, [&](IpcSteps& s) {
+      const int n = c.size, k = s.next_round();
+      FusedArgs a{};
+      a.phase = ipc_steps::phase_args(c, CollCall{Coll::kAllreduce, count, dt, -1, int(op), kAuxFused});
+      a.self_blocks = block_flags_of(c.bases[c.rank]);
+      for (int q = 0; q < n; ++q) {
+        a.peer_blocks[q] = block_flags_of(c.bases[q]);
+        a.slots[q] = s.slot(q, k);
+      }
+      a.in = in;
+      a.out = out;
+      a.count = count;
+      a.contributions = n;
+      a.nblocks = fused_blocks(count * es, c.fused_bytes_per_block);
+      const cudaError_t e = launch_fused_one_shot(dt, op, a, stream);
+      if (e != cudaSuccess) throw EnqueueFailed{e};
+    });
+  }
+  return run_schedule(c, stream, [&](IpcSteps& s) {
+    fastpar::allreduce_one_shot(s, CollCall{Coll::kAllreduce, count, dt, -1, int(op), kAuxOneShot},
+                                static_cast<const char*>(in), static_cast<char*>(out), count, es, s.reducer(dt, op));
+  });
+}
+
+cudaError_t allreduce_two_shot(IpcComm& c, DType dt, ReduceOp op, const void* in, void* out, int64_t count,
+                               cudaStream_t stream) {
+  if (count < 0) return cudaErrorInvalidValue;
+  return run_schedule(c, stream, [&](IpcSteps& s) {
+    fastpar::allreduce_two_shot(s, CollCall{Coll::kAllreduce, count, dt, -1, int(op), kAuxTwoShot},
+                                static_cast<const char*>(in), static_cast<char*>(out), count, dtype_size(dt),
+                                s.reducer(dt, op));
+  });
+}
+
+cudaError_t allreduce_registered(IpcComm& c, DType dt, ReduceOp op, int64_t offset, int64_t count,
+                                 cudaStream_t stream) {
+  const int64_t es = dtype_size(dt);
+  if (offset < 0 || count < 0 || offset + count * es > int64_t(c.registered_bytes)) return cudaErrorInvalidValue;
+  return run_schedule(c, stream, [&](IpcSteps& s) {
+    fastpar::allreduce_registered(s, CollCall{Coll::kAllreduce, count, dt, -1, int(op), offset}, offset, count, es,
+                                  std::max<int64_t>(1, int64_t(c.slot_bytes) / es), s.reducer(dt, op));
+  });
+}
+
+cudaError_t agree_registered_ipc(IpcComm& c, int64_t bytes, int64_t offset, cudaStream_t stream) {
+  return run_schedule(c, stream, [&](IpcSteps& s) { agree_registered(s, bytes, offset); });
+}
+
+cudaError_t allreduce_graphed(IpcComm& c, DType dt, ReduceOp op, const void* in, void* out, int64_t count,
+                              cudaStream_t stream) {
+  const int64_t es = dtype_size(dt);
+  if (count < 1 || count * es > int64_t(c.slot_bytes)) return cudaErrorInvalidValue;
+  return run_schedule(c, stream, [&](IpcSteps&) {
+    GraphArgs a{};
+    // The descriptor's seq is not used (each block's epoch is), and c.seq is
+    // not advanced: graphed calls are outside the eager phase numbering.
+    a.f.phase = ipc_steps::phase_args_at(c, CollCall{Coll::kAllreduce, count, dt, -1, int(op), kAuxGraphed}.desc(0));
+    a.self = graph_control_of(c.bases[c.rank], c.slot_bytes);
+    for (int q = 0; q < c.size; ++q) {
+      a.peers[q] = graph_control_of(c.bases[q], c.slot_bytes);
+      a.f.slots[q] = graph_slot_of(c.bases[q], c.slot_bytes);
+    }
+    a.f.in = in;
+    a.f.out = out;
+    a.f.count = count;
+    a.f.contributions = c.size;
+    a.f.nblocks = fused_blocks(count * es, c.fused_bytes_per_block);
+    const cudaError_t e = launch_fused_graph(dt, op, a, stream);
+    if (e != cudaSuccess) throw EnqueueFailed{e};
+  });
+}
+
+cudaError_t read_status(const IpcComm& c, cudaStream_t stream, uint32_t* status) {
+  cuda_p2p::DeviceRestore restore;
+  FASTPAR_CUDA_TRY(cudaSetDevice(c.device));
+  FASTPAR_CUDA_TRY(cudaMemcpyAsync(status, status_of(c.bases[c.rank]), sizeof(uint32_t), cudaMemcpyDeviceToHost,
+                                   stream));
+  return cudaStreamSynchronize(stream);
+}
+
+}  // namespace cuda_ipc
+}  // namespace fastpar

@@ -1,0 +1,135 @@
+// Allreduce across processes, one GPU each (or sharing one), through
+// IPC-mapped arenas (ipc_arena.h). The one-shot and two-shot schedules are the
+// CPU shared-memory transport's own (core/algorithms/allreduce_slots.h, run over
+// IpcSteps: ipc_steps.h), the flag protocol is the same header
+// (core/algorithms/flag_protocol.h) over DeviceMemory, and the descriptors are the
+// same CollCall: every step is enqueued on one CUDA stream.
+//
+// Nothing here blocks the host. A failed wait (timeout, peer abort, a peer in
+// a different call) is recorded in the arena's status word; later kernels of
+// this transport then do nothing, and the host learns of it from read_status.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "../../kernels/reduce_ops.h"
+#include "../../transport/cuda_ipc/ipc_arena.h"
+#include "phase_launch.h"  // MismatchRecord
+
+namespace fastpar {
+namespace cuda_ipc {
+
+// One rank's view of the communicator. Built by the caller after exchanging
+// handles: bases[rank] is this rank's own arena, bases[q] peer q's as mapped here.
+struct IpcComm {
+  int rank = 0;
+  int size = 0;
+  int device = 0;  // this rank's GPU (the arena's and the stream's)
+  void* bases[kMaxIpcRanks] = {};
+  size_t slot_bytes = 0;
+  size_t registered_bytes = 0;  // the registered buffers' region (ipc_arena.h), equal on every rank
+  uint64_t timeout_ns = 120ull * 1000 * 1000 * 1000;  // a wait this long means a peer is gone
+  // Optional device pointer to a host-mapped (pinned) mirror of the status
+  // word: a failed phase writes it too, so the host can see the failure
+  // without synchronizing any stream (null: no mirror).
+  uint32_t* host_status = nullptr;
+  // Optional device pointer to the host abort word (pinned, host-mapped): the
+  // host writes a flags::WaitStatus there (a peer died, abort()) and waiting
+  // phase kernels give up with it (phase_step.h). Null: none.
+  const uint64_t* host_abort = nullptr;
+  // Optional device pointer to the host-mapped mismatch record
+  // (phase_launch.h): both calls, for the host's error message. Null: none.
+  MismatchRecord* host_mismatch = nullptr;
+  // Host address of the host abort word (host_abort is its device view), for
+  // the host itself to raise when a call cannot be enqueued (ipc_steps.h,
+  // fail_enqueue). Null: none.
+  uint64_t* host_abort_host = nullptr;
+  // The first step this rank could not enqueue (a launch or copy error), or
+  // cudaSuccess. Once set, this rank is out of step with its peers and every
+  // later call returns it without enqueueing anything (ipc_steps.h).
+  cudaError_t enqueue_error = cudaSuccess;
+  uint64_t seq = 0;     // last phase posted (the protocol's phase number)
+  uint64_t rounds = 0;  // slot rounds started; slot = rounds % flags::kSlots
+  // One-shot calls that fit one slot run as one fused kernel
+  // (fused_one_shot.h). Must be equal on every rank (a mix fails with a
+  // descriptor mismatch); the unfused path stays for comparison and tests.
+  bool fused_one_shot = true;
+  // Bytes per block of the fused kernel (fused_one_shot.h; equal on every
+  // rank; the host emulation lowers it so that small calls get many blocks).
+  int64_t fused_bytes_per_block = 16 * 1024;
+  // Point-to-point chunk numbers (p2p_ring.h), counted at enqueue time:
+  // chunks enqueued to rank d / from rank s so far.
+  uint64_t p2p_sent[kMaxIpcRanks] = {};
+  uint64_t p2p_received[kMaxIpcRanks] = {};
+};
+
+// Raises a host abort word (host address) to `code`, unless a code is there
+// already: the first cause stands. Release, pairing with the kernels'
+// ld.acquire.sys of the word. For IpcEndpoint::raise_host_abort (a dead peer,
+// abort()) and ipc_steps::fail_enqueue (a step that could not be enqueued).
+inline void raise_abort_word(uint64_t* word, uint64_t code) {
+  uint64_t expected = 0;
+  __atomic_compare_exchange_n(word, &expected, code, false, __ATOMIC_RELEASE, __ATOMIC_RELAXED);
+}
+
+// One-shot up to this size: its latency is one phase, two-shot's is two, and
+// below ~256 KiB latency, not bandwidth, decides (vLLM's custom allreduce
+// draws the line in the same region for 2-8 GPUs).
+constexpr int64_t kOneShotMaxBytes = 256 * 1024;
+
+// Slot size of the front ends' arenas: messages larger than a slot go through
+// it in chunks. 8 MiB keeps the per-chunk phase overhead (a few microseconds)
+// under ~1% of the transfer time at NVLink speeds; the arena is three slots,
+// the graph slot, the p2p rings (4 MiB) and headers: 36 MiB of device memory
+// per rank.
+constexpr int64_t kDefaultSlotBytes = int64_t(8) << 20;
+
+// The "auto" schedule: one-shot for small messages that fit one slot.
+inline bool prefer_one_shot(int64_t nbytes, const IpcComm& c) {
+  return nbytes <= kOneShotMaxBytes && nbytes <= int64_t(c.slot_bytes);
+}
+
+
+// One-shot: each chunk (a slot's worth) is copied in, one phase, and every rank
+// reduces all n slots. Latency: one flag round trip per chunk. `out` may be `in`.
+cudaError_t allreduce_one_shot(IpcComm& c, DType dt, ReduceOp op, const void* in, void* out, int64_t count,
+                               cudaStream_t stream);
+
+// Two-shot, pipelined over chunks: rank r publishes the shards q != r, reduces
+// shard r from every rank into its slot and `out`, and copies the other final
+// shards from their owners one phase later, overlapped with the next chunk (m
+// chunks, m + 1 phases). Each rank reads 2(n-1)/n of the data instead of n-1
+// times it. `out` may be `in`.
+cudaError_t allreduce_two_shot(IpcComm& c, DType dt, ReduceOp op, const void* in, void* out, int64_t count,
+                               cudaStream_t stream);
+
+// The one-kernel one-shot that CUDA graph capture can record and replay
+// (fused_one_shot.h, "the all_reduce a CUDA graph can capture"): no host
+// counter in its arguments, the arena's graph slot and flags. count * the
+// dtype's size must fit one slot (else cudaErrorInvalidValue, nothing
+// enqueued). Every rank must run the same sequence of graphed calls. `out`
+// may be `in`.
+cudaError_t allreduce_graphed(IpcComm& c, DType dt, ReduceOp op, const void* in, void* out, int64_t count,
+                              cudaStream_t stream);
+
+// The two-shot on a registered buffer: `count` elements at `offset` of every
+// rank's registered region (registered_of), reduced in place with no copy-in
+// (allreduce_slots.h, allreduce_registered: m slot-sized chunks take m + 2
+// phases; the last keeps a peer from reading the buffer after the call).
+// Every rank passes the same offset (the descriptor checks it).
+cudaError_t allreduce_registered(IpcComm& c, DType dt, ReduceOp op, int64_t offset, int64_t count,
+                                 cudaStream_t stream);
+
+// registered_empty's agreement (allreduce_slots.h, agree_registered): one
+// phase comparing `bytes` and `offset` (< 0: this rank had no room).
+cudaError_t agree_registered_ipc(IpcComm& c, int64_t bytes, int64_t offset, cudaStream_t stream);
+
+// Copies the status word to the host (synchronizes `stream`): 0, or the
+// flags::WaitStatus of the first failed phase.
+cudaError_t read_status(const IpcComm& c, cudaStream_t stream, uint32_t* status);
+
+}  // namespace cuda_ipc
+}  // namespace fastpar

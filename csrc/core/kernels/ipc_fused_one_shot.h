@@ -1,0 +1,369 @@
+// The one-shot allreduce in ONE kernel when the data fits a slot: copy-in,
+// the cross-rank barrier and the reduction, where the unfused schedule
+// (allreduce_ipc.cpp) takes three launches (cudaMemcpyAsync, the one-thread
+// phase kernel, the reduce kernel). The idea is vLLM's custom allreduce
+// (per-block flags with system-scope release/acquire, so no grid-wide
+// barrier is needed); the code and the protocol details are ours.
+//
+// Per-block barrier. The elements are cut into `nblocks` contiguous ranges
+// (fused_range), the same on every rank because nblocks and the cut depend
+// only on the element count and dtype, which the descriptor makes equal.
+// Block b of every rank copies range b of its input into its slot, then
+// (thread 0, after __syncthreads) release-stores its block flag b = seq and
+// waits for every peer's block flag b >= seq; then the block reduces range b
+// from every rank's slot (its own included). A block only ever reads
+// the range the peers' block b published, so blocks of one grid never wait
+// for each other: no co-residency is needed within a rank.
+//
+// Descriptor and abort semantics stay the phase protocol's: block 0 also
+// posts the control block's flag with the call's descriptor (flags::post,
+// after its block flag) and checks every peer's descriptor (wait_and_check),
+// so a desynced peer (another op, count, dtype or a phase-kernel call) fails
+// with kMismatch, and the next phase-kernel call (flag seq + 1) stays in
+// order. Every wait polls the host abort word and every peer's abort word
+// (PhasePoll) and has the deadline; a failure writes the status word, its
+// host mirror and this rank's abort word, the first failure of the rank
+// winning (record_failure: a block that gave up on a peer's abort does not
+// bury block 0's mismatch). Blocks other than 0 do not compare descriptors:
+// on a desync they may reduce before block 0 has failed (the output is then
+// undefined, as with any failed call), but they only read within this rank's
+// own count of a peer's slot, and the call still fails on every rank.
+//
+// Data moves in 16-byte packs when every pointer is 16-byte aligned (as the
+// reduce kernel, core/kernels/cuda_reduce.cuh): a thread loads its pack from every
+// rank before combining, so the n peer loads are in flight together instead
+// of one round trip each; block ranges are whole packs (fused_range), an
+// exact scalar loop does the tail and misaligned buffers (a view at an odd
+// storage offset), with the same order and math, so the bits are the same.
+//
+// Written once over a memory-ordering policy for the kernel
+// (fused_one_shot.cu) and the host emulation, which runs every block on a
+// thread of its own (started in reverse order and staggered), since the GPU
+// runs them in any order and at once.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "../algorithms/flag_protocol.h"
+#include "reduce_ops.h"
+#include "../transport/cuda_ipc/ipc_arena.h"
+#include "../executors/cuda_ipc/phase_step.h"
+
+namespace fastpar {
+namespace cuda_ipc {
+
+// Block flags live in the arena header, after the control block and the
+// status word (zeroed with the header at allocation).
+constexpr size_t kBlockFlagsOffset = 320;
+static_assert(sizeof(flags::ControlBlock) + sizeof(uint32_t) <= kBlockFlagsOffset, "block flags overlap");
+static_assert(kBlockFlagsOffset + kFusedMaxBlocks * sizeof(uint64_t) <= kHeaderBytes, "block flags overflow");
+// A block gets at least IpcComm::fused_bytes_per_block bytes (16 KiB):
+// below it, a block's flag round trip costs more than its share of the copy.
+
+FASTPAR_HD uint64_t* block_flags_of(void* base) {
+  return reinterpret_cast<uint64_t*>(static_cast<char*>(base) + kBlockFlagsOffset);
+}
+
+// Blocks for `bytes` at `per_block` bytes per block (IpcComm's, equal on
+// every rank): a function of the call's size only.
+FASTPAR_HD int fused_blocks(int64_t bytes, int64_t per_block) {
+  if (per_block < 1) per_block = 1;
+  const int64_t b = (bytes + per_block - 1) / per_block;
+  return int(b < 1 ? 1 : (b > kFusedMaxBlocks ? kFusedMaxBlocks : b));
+}
+
+// Block b's element range [*begin, *end) of count elements cut in nblocks,
+// each start a multiple of `align` elements (16 bytes: the slot's alignment).
+FASTPAR_HD void fused_range(int64_t count, int nblocks, int b, int64_t align, int64_t* begin, int64_t* end) {
+  const int64_t units = (count + align - 1) / align;
+  const int64_t per = (units + nblocks - 1) / nblocks;
+  const int64_t lo = int64_t(b) * per * align, hi = (int64_t(b) + 1) * per * align;
+  *begin = lo < count ? lo : count;
+  *end = hi < count ? hi : count;
+}
+
+struct FusedArgs {
+  PhaseArgs phase;                             // control blocks, status, host words, descriptor, rank, size, timeout
+  uint64_t* self_blocks;                       // this rank's block flags
+  const uint64_t* peer_blocks[kMaxIpcRanks];   // every rank's
+  const void* in;                              // this rank's input (count elements)
+  void* out;                                   // may be `in`
+  void* slots[kMaxIpcRanks];                   // every rank's slot of this call (slots[rank] is written)
+  int64_t count;
+  int contributions;                           // the AVG divisor
+  int nblocks;
+};
+
+template <class Mem, class Poll>
+FASTPAR_HD flags::WaitStatus fused_wait_flag(const uint64_t* word, uint64_t seq, uint64_t deadline, const Poll& poll) {
+  for (;;) {
+    for (int i = 0; i < flags::kPollSpins; ++i) {
+      if (Mem::load_acquire(word) >= seq) return flags::WaitStatus::kOk;
+      Mem::pause();
+    }
+    const flags::WaitStatus s = poll();  // the host abort word and every peer's abort word
+    if (s != flags::WaitStatus::kOk) return s;
+    if (Mem::now_ns() > deadline) return Mem::load_acquire(word) >= seq ? flags::WaitStatus::kOk : flags::WaitStatus::kTimeout;
+  }
+}
+
+// Thread 0 of block b, once the block's copy-in is done (__syncthreads):
+// arrive, then wait for block b of every peer. Returns the failure, if any,
+// already recorded (status word, mirror, abort word).
+template <class Mem>
+FASTPAR_HD flags::WaitStatus fused_block_barrier(const FusedArgs& a, int b) {
+  const PhaseArgs& p = a.phase;
+  Mem::store_release(&a.self_blocks[b], p.desc.seq);
+  if (b == 0) flags::post<Mem>(p.self, p.desc);
+  const uint64_t deadline = flags::deadline_after(Mem::now_ns(), p.timeout_ns);
+  const PhasePoll<Mem> poll{&p};
+  flags::WaitStatus s = flags::WaitStatus::kOk;
+  flags::OpDesc theirs{};
+  int q = 0;
+  for (; q < p.size && s == flags::WaitStatus::kOk; ++q) {
+    if (q == p.rank) continue;
+    if (b == 0) {
+      s = flags::wait_and_check<Mem>(p.peers[q], p.desc, deadline, poll, &theirs);
+    } else {
+      if (Mem::load_acquire(&p.peers[q]->abort) != 0) s = flags::WaitStatus::kPeerAborted;
+      else s = fused_wait_flag<Mem>(&a.peer_blocks[q][b], p.desc.seq, deadline, poll);
+    }
+  }
+  if (s != flags::WaitStatus::kOk) record_failure<Mem>(p, s, q - 1, &theirs);
+  return s;
+}
+
+// Thread 0 of block b, before anything else: the status word as this launch
+// finds it (one read per block, shared: a kernel on another stream may set it
+// mid-launch, and threads that saw different values would leave the block's
+// __syncthreads() divergent). Non-zero: an earlier call failed here, the block
+// writes nothing, and block 0 tells the peers.
+template <class Mem>
+FASTPAR_HD uint32_t fused_prior_failure(const PhaseArgs& p, int b) {
+  const uint32_t s = Mem::load_u32(p.status);
+  if (s != 0 && b == 0) flags::abort_rank<Mem>(p.self, s);
+  return s;
+}
+
+#if defined(__CUDA_ARCH__)
+#define FASTPAR_UNROLL _Pragma("unroll")
+#else
+#define FASTPAR_UNROLL
+#endif
+
+// Elements of T in one 16-byte access (core/kernels/cuda_reduce.cuh's Pack, one word).
+template <typename T>
+struct FusedPack {
+  static constexpr int kN = 16 / int(sizeof(T));
+  union {
+    uint4 w;
+    T e[kN];
+  };
+};
+
+FASTPAR_HD bool fused_aligned(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// Block b's range [*lo, *hi), cut in whole packs.
+template <typename T>
+FASTPAR_HD void fused_block_range(const FusedArgs& a, int b, int64_t* lo, int64_t* hi) {
+  fused_range(a.count, a.nblocks, b, FusedPack<T>::kN, lo, hi);
+}
+
+// Block b's copy-in, thread `t` of `nt`.
+template <typename T>
+FASTPAR_HD void fused_copy_in(const FusedArgs& a, int b, int t, int nt) {
+  constexpr int V = FusedPack<T>::kN;
+  int64_t lo, hi;
+  fused_block_range<T>(a, b, &lo, &hi);
+  const T* in = static_cast<const T*>(a.in);
+  T* mine = static_cast<T*>(a.slots[a.phase.rank]);
+  int64_t tail = lo;
+  if (fused_aligned(in) && fused_aligned(mine)) {
+    const int64_t packs = (hi - lo) / V;
+    const uint4* src = reinterpret_cast<const uint4*>(in + lo);
+    uint4* dst = reinterpret_cast<uint4*>(mine + lo);
+    for (int64_t v = t; v < packs; v += nt) dst[v] = src[v];
+    tail = lo + packs * V;
+  }
+  for (int64_t i = tail + t; i < hi; i += nt) mine[i] = in[i];
+}
+
+// Block b's reduction in rank order 0..n-1 (the reduce kernel's order and
+// math, reduce_ops.h: identical bits), thread `t` of `nt`. Every source is a
+// slot, this rank's own too (the block's copy-in, ordered before by the
+// barrier), so the pointers stay kernel parameters rather than registers.
+// The rank loops run to kMaxIpcRanks with a guard, so every index is a
+// compile-time one and the values stay in registers; a pack is combined one
+// element at a time, so a single accumulator is live (1-byte types would
+// otherwise hold 16 and spill).
+template <typename T, ReduceOp OP>
+FASTPAR_HD void fused_reduce(const FusedArgs& a, int b, int t, int nt) {
+  using A = acc_t<T>;
+  constexpr int V = FusedPack<T>::kN;
+  int64_t lo, hi;
+  fused_block_range<T>(a, b, &lo, &hi);
+  const int n = a.phase.size;
+  T* out = static_cast<T*>(a.out);
+  bool vec = fused_aligned(out);
+  FASTPAR_UNROLL
+  for (int q = 0; q < kMaxIpcRanks; ++q)
+    if (q < n) vec = vec && fused_aligned(a.slots[q]);
+  int64_t tail = lo;
+  if (vec) {
+    const int64_t packs = (hi - lo) / V;
+    for (int64_t v = t; v < packs; v += nt) {
+      const int64_t off = lo + v * V;
+      FusedPack<T> x[kMaxIpcRanks];
+      FASTPAR_UNROLL
+      for (int q = 0; q < kMaxIpcRanks; ++q)
+        if (q < n) x[q].w = *reinterpret_cast<const uint4*>(static_cast<const T*>(a.slots[q]) + off);
+      FusedPack<T> y;
+      FASTPAR_UNROLL
+      for (int k = 0; k < V; ++k) {
+        A acc = load_acc(x[0].e[k]);
+        FASTPAR_UNROLL
+        for (int q = 1; q < kMaxIpcRanks; ++q)
+          if (q < n) acc = combine<OP>(acc, load_acc(x[q].e[k]));
+        y.e[k] = store_acc<T>(finalize<OP>(acc, a.contributions));
+      }
+      *reinterpret_cast<uint4*>(out + off) = y.w;
+    }
+    tail = lo + packs * V;
+  }
+  for (int64_t i = tail + t; i < hi; i += nt) {
+    T x[kMaxIpcRanks];
+    FASTPAR_UNROLL
+    for (int q = 0; q < kMaxIpcRanks; ++q)
+      if (q < n) x[q] = static_cast<const T*>(a.slots[q])[i];
+    A acc = load_acc(x[0]);
+    FASTPAR_UNROLL
+    for (int q = 1; q < kMaxIpcRanks; ++q)
+      if (q < n) acc = combine<OP>(acc, load_acc(x[q]));
+    out[i] = store_acc<T>(finalize<OP>(acc, a.contributions));
+  }
+}
+
+// Enqueues the fused kernel (fused_one_shot.cu): a.nblocks blocks.
+cudaError_t launch_fused_one_shot(DType dt, ReduceOp op, const FusedArgs& a, cudaStream_t stream);
+
+// ---------------------------------------------------------------- the all_reduce a CUDA graph can capture
+//
+// A captured kernel replays with the arguments it had at capture, so nothing
+// it does may depend on a host counter, as the kernel above does (its phase
+// number, its turn in the slot rotation). This variant keeps its state in the
+// arena's graph region (ipc_arena.h: GraphControl and one graph slot):
+//   * block b reads its epoch (the graphed calls its rank's block b has
+//     completed) from its own GraphControl and works on epoch + 1, so every
+//     replay is a new call. Ranks stay in step because every rank runs the
+//     same sequence of graphed calls, each with the same block count (a
+//     function of the size, which the descriptor makes equal);
+//   * one fixed slot, made safe to reuse by a second barrier: after its
+//     reads, block b posts end[b] and waits for every peer's, so no rank's
+//     next copy-in overwrites data a peer is still reading;
+//   * block 0 writes the call's descriptor (seq = the epoch) before its start
+//     flag and compares every peer's after acquiring theirs: a desynced
+//     graphed call fails with kMismatch.
+// Graphed and eager calls have separate flags and slots, but on a rank's
+// stream they run in the order enqueued, so that combined order must be the
+// same on every rank. Rank 0 replaying G then calling E while rank 1 calls
+// E then replays G is a deadlock (each waits for flags the other posts only
+// after its own wait): both fail at the timeout, or as soon as one gives up
+// (the abort words); nothing is reduced from unposted data. And replays must not
+// run at once (two graphs holding these calls replayed on two streams, or
+// on parallel branches of one graph): they would share the epochs and the
+// one graph slot, overwrite each other's copy-in, and with equal
+// descriptors (same size, dtype and op) nothing notices the wrong results.
+//
+// Failures are recorded as in the kernel above (status word, host mirror,
+// abort word). But a replay never calls into the host backend, so no host
+// check would ever raise them: a captured training step would go on with
+// unreduced gradients. So a replay that fails, or that finds an earlier
+// failure, prints one line and traps (graph_trap): the next synchronize
+// raises a CUDA error, as after a device-side assert, and the process's CUDA
+// context is lost. Every wait polls the host abort word, so the peer watcher
+// stops a replay waiting on a dead peer.
+
+struct GraphArgs {
+  FusedArgs f;  // in, out, count, nblocks, contributions; slots = every rank's graph slot; block flags unused
+  GraphControl* self;
+  const GraphControl* peers[kMaxIpcRanks];
+};
+
+FASTPAR_HD const char* graph_failure_cause(uint32_t status) {
+  switch (flags::WaitStatus(int(status))) {
+    case flags::WaitStatus::kTimeout: return "timed out waiting for a peer";
+    case flags::WaitStatus::kPeerAborted: return "peer aborted";
+    case flags::WaitStatus::kPeerDead: return "a peer died";
+    case flags::WaitStatus::kMismatch: return "collective mismatch (a peer is in a different call)";
+    case flags::WaitStatus::kOk: break;
+  }
+  return "failure";
+}
+
+// Thread 0 of a block of the graphed kernel that failed (`status`, recorded)
+// or found the status word already set (`earlier`: by an earlier call, or by
+// another block of this one): one line, then the trap (Mem::trap). Does not
+// return on the GPU; the host emulation records it and the block returns.
+template <class Mem>
+FASTPAR_HD void graph_trap(const PhaseArgs& p, uint32_t status, bool earlier) {
+  Mem::trap(earlier ? "fastpar: captured all_reduce on rank %d failed: an earlier failure (%s); "
+                      "the communicator is unusable\n"
+                    : "fastpar: captured all_reduce on rank %d failed: %s; the communicator is unusable\n",
+            p.rank, graph_failure_cause(status));
+}
+
+// fused_prior_failure for the graphed kernel: block 0 also traps (one line
+// per rank; the other blocks return without writing).
+template <class Mem>
+FASTPAR_HD uint32_t graph_prior_failure(const GraphArgs& a, int b) {
+  const uint32_t s = fused_prior_failure<Mem>(a.f.phase, b);
+  if (s != 0 && b == 0) graph_trap<Mem>(a.f.phase, s, true);
+  return s;
+}
+
+// Thread 0 of block b, epoch e: the start barrier (is_start: after the
+// block's copy-in) or the end barrier (after its reads). A failure is
+// recorded, then trapped on (graph_trap); the return is for the emulation.
+template <class Mem>
+FASTPAR_HD flags::WaitStatus graph_block_barrier(const GraphArgs& a, int b, uint64_t e, bool is_start) {
+  const PhaseArgs& p = a.f.phase;
+  flags::OpDesc mine = p.desc;
+  mine.seq = e;
+  if (is_start && b == 0) a.self->desc = mine;  // published by the release below
+  Mem::store_release(is_start ? &a.self->start[b].value : &a.self->end[b].value, e);
+  const uint64_t deadline = flags::deadline_after(Mem::now_ns(), p.timeout_ns);
+  const PhasePoll<Mem> poll{&p};
+  flags::WaitStatus s = flags::WaitStatus::kOk;
+  flags::OpDesc theirs{};
+  int q = 0;
+  for (; q < p.size && s == flags::WaitStatus::kOk; ++q) {
+    if (q == p.rank) continue;
+    const uint64_t* w = is_start ? &a.peers[q]->start[b].value : &a.peers[q]->end[b].value;
+    s = fused_wait_flag<Mem>(w, e, deadline, poll);
+    // The peer cannot rewrite its descriptor before our end flag of epoch e.
+    if (s == flags::WaitStatus::kOk && is_start && b == 0) {
+      theirs = a.peers[q]->desc;
+      if (!flags::same_call(mine, theirs)) s = flags::WaitStatus::kMismatch;
+    }
+  }
+  if (s != flags::WaitStatus::kOk) graph_trap<Mem>(p, record_failure<Mem>(p, s, q - 1, &theirs), false);
+  return s;
+}
+
+// Block b's epoch for this call (thread 0 reads it before the copy-in; only
+// block b of this rank ever writes it, after its end barrier).
+FASTPAR_HD uint64_t graph_epoch(const GraphArgs& a, int b) { return a.self->epoch[b].value + 1; }
+FASTPAR_HD void graph_done(const GraphArgs& a, int b, uint64_t e) { a.self->epoch[b].value = e; }
+
+// Enqueues the graphed kernel (fused_one_shot.cu): a.f.nblocks blocks.
+cudaError_t launch_fused_graph(DType dt, ReduceOp op, const GraphArgs& a, cudaStream_t stream);
+
+// Loads every fused and graphed kernel now (see cuda_kernels::preload_reduce_kernels).
+cudaError_t preload_fused_kernels();
+
+#undef FASTPAR_UNROLL
+
+}  // namespace cuda_ipc
+}  // namespace fastpar

@@ -1,0 +1,140 @@
+// The CPU shared-memory transport: n processes on one host, one segment each,
+// every segment mapped by every rank. The schedules in algorithms/*_slots.h
+// drive it through the slot-transport interface (core/algorithms/slot_transport.h:
+// rank(), size(), slot(), next_round(), phase(), publish(), copy(); arena()
+// for registered buffers); it knows nothing about which collective runs or in
+// what order chunks move.
+//
+// Segment layout (per rank, identical sizes on every rank):
+//   [0, 4 KiB)                   SegmentHeader + flags::ControlBlock
+//   [4 KiB, +3 * slot_bytes)     the rotating data slots (flags::kSlots)
+//   [.., +arena_bytes)           registered buffers (registered_empty)
+//   [.., +size * p2p block)      point-to-point channels, one block per peer
+//                                (shm_p2p.h; block q: this rank -> q)
+#pragma once
+
+#include <chrono>
+#include <cstring>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "../../algorithms/collective_call.h"
+#include "../../algorithms/flag_protocol.h"
+#include "../registered_arena.h"
+#include "shm_segment.h"
+
+namespace fastpar {
+namespace cpu_shm {
+
+// How ranks find each other: key/value calls on a shared store (a c10d::Store
+// in the extension). `wait` throws if the keys do not appear within `timeout`.
+struct Rendezvous {
+  std::function<void(const std::string& key, const std::string& value)> set;
+  std::function<std::string(const std::string& key)> get;
+  std::function<void(const std::string& key, std::chrono::milliseconds timeout)> wait;
+};
+
+struct ShmOptions {
+  int64_t slot_bytes;   // one rotating data slot; the chunk unit of every schedule
+  int64_t arena_bytes;  // registered-buffer arena
+  int64_t p2p_chunk_bytes;  // one chunk of a point-to-point channel (kP2PChunks per channel)
+  std::chrono::milliseconds timeout;
+};
+
+// Chunks in the ring of one point-to-point channel: enough that a sender
+// streaming a large message rarely waits for its receiver to free one.
+constexpr int kP2PChunks = 4;
+
+// Defaults, overridable by FASTPAR_SHM_SLOT_BYTES / FASTPAR_SHM_REGISTERED_BYTES /
+// FASTPAR_SHM_P2P_CHUNK_BYTES (tests shrink slots and chunks so small tensors
+// cross many of them).
+ShmOptions default_shm_options(std::chrono::milliseconds timeout);
+
+class ShmComm {
+ public:
+  // rank/size within this communicator; `global_ranks[i]` is the torch rank of
+  // local rank i (used in messages only).
+  ShmComm(int rank, int size, std::vector<int> global_ranks, const Rendezvous& rv, ShmOptions opts);
+  ~ShmComm();
+  ShmComm(const ShmComm&) = delete;
+  ShmComm& operator=(const ShmComm&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  int global_rank(int r) const { return global_ranks_[r]; }
+  int64_t slot_bytes() const { return opts_.slot_bytes; }
+  int64_t arena_bytes() const { return opts_.arena_bytes; }
+  std::chrono::milliseconds timeout() const { return opts_.timeout; }
+  // The timeout the next collectives use (a per-call override from torch).
+  void set_timeout(std::chrono::milliseconds t) { opts_.timeout = t; }
+
+  char* slot(int peer, int k) const { return base_[peer] + kHeaderBytes + int64_t(k) * opts_.slot_bytes; }
+  char* arena(int peer) const { return base_[peer] + kHeaderBytes + flags::kSlots * opts_.slot_bytes; }
+  // The point-to-point block in `owner`'s segment for channel owner -> peer
+  // (layout in shm_p2p.cpp); p2p_block_bytes() apart.
+  char* p2p_block(int owner, int peer) const { return arena(owner) + opts_.arena_bytes + int64_t(peer) * p2p_block_bytes(); }
+  int64_t p2p_block_bytes() const;
+  int64_t p2p_chunk_bytes() const { return opts_.p2p_chunk_bytes; }
+
+  // Starts a collective: checks the communicator is usable, fixes the deadline
+  // (now + timeout) that every phase of this call waits against.
+  void begin(Coll op, std::chrono::milliseconds timeout);
+  // The next rotating-buffer round (see flag_protocol.h); returns its slot.
+  int next_round() { return flags::slot_of_round(round_++); }
+  // Post one phase for `call` and wait for every peer to reach it; throws (and
+  // aborts this rank so peers stop waiting) on timeout, a dead peer, an aborted
+  // peer or a peer that called something else.
+  void phase(const CollCall& call);
+
+  // The data steps of the slot schedules: plain copies on this thread.
+  void publish(char* dst, const void* src, int64_t bytes) const { copy(dst, src, bytes); }
+  void copy(void* dst, const void* src, int64_t bytes) const {
+    if (bytes > 0 && dst != src) std::memcpy(dst, src, size_t(bytes));
+  }
+
+  // Registered buffers: the arena's bookkeeping (registered_arena.h).
+  int64_t arena_alloc(int64_t bytes) { return registered_.alloc(bytes); }
+  void arena_free(int64_t offset) { registered_.free(offset); }
+  // Offset of [p, p+bytes) in this rank's arena, or -1 if it is not inside.
+  int64_t arena_offset(const void* p, int64_t bytes) const { return registered_.offset_of(p, bytes, arena(rank_)); }
+
+  uint64_t phases() const { return seq_; }
+
+  // A schedule found the ranks disagree (e.g. alltoall split sizes): abort this
+  // rank like a failed wait does, and throw `msg`.
+  [[noreturn]] void fail(const std::string& msg);
+
+  // For the point-to-point engine, which waits on one peer at a time from any
+  // thread: whether `peer` is still running (false only when we can see it
+  // has exited), whether it has aborted, its pid; abort_self() marks this rank
+  // failed (thread-safe: one release store) so peers stop waiting on it.
+  bool peer_alive(int peer) const;
+  bool peer_aborted(int peer) const;
+  int64_t pid(int peer) const { return pids_[peer]; }
+  void abort_self();
+
+ private:
+  static constexpr int64_t kHeaderBytes = 4096;
+  flags::ControlBlock* control(int peer) const;
+
+  int rank_, size_;
+  std::vector<int> global_ranks_;
+  ShmOptions opts_;
+  std::vector<Segment> segs_;
+  std::vector<char*> base_;
+  std::vector<int64_t> pids_;
+  std::vector<bool> watch_;  // peers whose liveness we can see in /proc
+  uint64_t seq_ = 0;
+  uint64_t round_ = 0;
+  Coll current_ = Coll::kBarrier;
+  std::chrono::milliseconds current_timeout_{0};
+  uint64_t deadline_ns_ = 0;
+  std::string broken_;  // non-empty once a collective failed
+
+  RegisteredArena registered_{opts_.arena_bytes};
+};
+
+}  // namespace cpu_shm
+}  // namespace fastpar

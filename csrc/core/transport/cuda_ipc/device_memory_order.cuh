@@ -1,0 +1,60 @@
+// The memory-ordering policy of core/algorithms/flag_protocol.h for GPU code: the
+// device side of the one protocol the CPU shared-memory transport also runs.
+//
+// Scope .sys: the flag and the data it publishes are read by kernels on other
+// GPUs (over NVLink / PCIe through IPC mappings), so .gpu scope would not
+// order them for those readers. st.release / ld.acquire need sm_70+; we build
+// for sm_80 and sm_90.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+
+namespace fastpar {
+namespace cuda_ipc {
+
+struct DeviceMemory {
+  __device__ static uint64_t load_acquire(const uint64_t* p) {
+    uint64_t v;
+    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+  }
+  __device__ static void store_release(uint64_t* p, uint64_t v) {
+    asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+  }
+  // A short back-off: the spinning thread stops competing for issue slots and
+  // for the link it polls over; 100 ns is well under a flag round trip.
+  __device__ static void pause() { __nanosleep(100); }
+  __device__ static uint64_t now_ns() {
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+  }
+
+  // The status word (phase_step.h, record_failure). Only this rank's kernels,
+  // all on its own GPU, read or write it (peers read the abort word), so a
+  // device-scope compare-and-swap is enough to let the first failure win over
+  // blocks and streams; a plain read, since its value alone decides.
+  __device__ static uint32_t load_u32(const uint32_t* p) { return *static_cast<const volatile uint32_t*>(p); }
+  __device__ static uint32_t cas_u32(uint32_t* p, uint32_t expected, uint32_t desired) {
+    return atomicCAS(p, expected, desired);
+  }
+  // The status word's host-mapped mirror: released after the mismatch record,
+  // so a host that reads kMismatch there also reads the record.
+  __device__ static void store_release_u32(uint32_t* p, uint32_t v) {
+    asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+  }
+  // A captured kernel's failure (fused_one_shot.h, graph_trap): its replays
+  // never return to the host, so the line and the trap are how the failure
+  // surfaces: the next synchronize raises a CUDA error, as after a
+  // device-side assert. The fence first, so the status, mirror and abort word
+  // written before are out to the host and the peers when the context dies.
+  __device__ static void trap(const char* fmt, int rank, const char* cause) {
+    __threadfence_system();
+    printf(fmt, rank, cause);
+    __trap();
+  }
+};
+
+}  // namespace cuda_ipc
+}  // namespace fastpar

@@ -1,0 +1,238 @@
+// fastpar's c10d backend for CUDA tensors (compiled in CUDA builds only).
+//
+// Ranks of one host. all_reduce, broadcast, reduce, all_gather (+
+// all_gather_into_tensor and the coalesced forms), reduce_scatter (+
+// reduce_scatter_tensor and its coalesced form), gather, scatter,
+// all_to_all (every form) and send/recv run over CUDA IPC
+// (transport/cuda_ipc: kernels on the caller's current stream; send/recv and
+// all_to_all with split sizes on a stream per peer and direction ordered
+// after it) when torch/distributed/route.h says so; any-source receives,
+// send/recv before the group's first CUDA collective and calls the route
+// refuses go to `fallback`, a ProcessGroupNCCL the Python
+// creator builds on the group's store (fastpar/distributed/backend.py).
+// barrier never gets here: the ShmBackend runs it on the CPU. Ranks on
+// several hosts: HierarchicalBackend composes one of these per host with
+// NCCL between hosts (hierarchical_backend.h).
+//
+// Ranks may share a GPU (several processes on one device): IPC works there,
+// NCCL does not ("Duplicate GPU detected"), so such a group ignores the size
+// threshold and refuses, with a message, the calls IPC cannot serve instead
+// of handing them to NCCL. Without MPS the GPU time-slices between the
+// processes: a warning once, and ipc_state says so.
+//
+// Faults: the peers' pids travel at setup, a PeerWatcher thread reads
+// /proc and, when a peer dies, raises the host abort word that the waiting
+// phase kernels poll; the Work's wait() and the next call raise
+// DistBackendError naming the op and the dead rank (cuda_ipc_work.h).
+//
+// Setup is lazy, at the first CUDA collective that IPC serves, or at group
+// creation through connect() (both collective, so every rank sets up
+// together, as NCCL creates its communicators):
+// the tensor's device becomes this rank's IPC device, then
+// cuda_ipc_rendezvous.h probes peer access and exchanges arena handles
+// through the Store. IPC is on for every rank or for none.
+//
+// Not registered with torch directly: ShmBackend (the "fastpar" backend torch
+// creates once for both devices) forwards calls on CUDA tensors here.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/extension.h>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <vector>
+#include <string>
+
+#include "../../core/transport/cuda_ipc/ipc_endpoint.h"
+#include "../../core/transport/cuda_ipc/ipc_failure.h"
+#include "route.h"
+#include "../../core/transport/registered_arena.h"
+#include "cuda_event_pool.h"
+#include "cuda_ipc_work.h"
+
+namespace fastpar {
+namespace distributed {
+
+class CudaBackend : public c10d::Backend {
+ public:
+  // Over the ranks of one host (on several hosts, HierarchicalBackend holds
+  // one per host). Reads FASTPAR_CUDA_IPC_MAX_BYTES,
+  // FASTPAR_CUDA_IPC_SLOT_BYTES, FASTPAR_BLOCKING_WAIT.
+  CudaBackend(c10::intrusive_ptr<c10d::Store> store, int rank, int size, std::chrono::milliseconds timeout,
+              c10::intrusive_ptr<c10d::Backend> fallback);
+  ~CudaBackend() override;
+
+  const std::string getBackendName() const override { return "fastpar"; }
+  c10::intrusive_ptr<Options> getBackendOptions() override;
+  void setTimeout(std::chrono::milliseconds timeout) override;
+  void shutdown() override;
+  void abort() override;
+
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override;
+
+  // Over IPC where the route says so, else the fallback.
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                     const c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                     std::vector<at::Tensor>& inputs,
+                                                     const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                        std::vector<at::Tensor>& inputs, const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
+                                         std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                      const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& output_split_sizes,
+                                               std::vector<int64_t>& input_split_sizes,
+                                               const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+
+  // Sets IPC up now on `device`, if not yet: a collective call, like the
+  // lazy setup at the first collective. fastpar.distributed calls it when
+  // init_process_group(device_id=...) bound the group to a GPU, so that
+  // send/recv before any collective runs over IPC too.
+  void connect(int device);
+
+  // An uninitialized CUDA tensor on cuda:`device` inside this rank's IPC
+  // arena (FASTPAR_CUDA_IPC_REGISTERED_BYTES of it): all_reduce on it, whole
+  // and past the one-shot sizes, reads it where the peers wrote it, without
+  // the copy-in (allreduce_registered). Collective: every rank calls it with
+  // the same sizes in the same order (one phase checks the offsets agree; it
+  // waits for the peers). Sets IPC up if the group has not yet.
+  at::Tensor registered_empty(const std::vector<int64_t>& sizes, at::ScalarType dtype, int device);
+  bool is_registered(const at::Tensor& t) const;
+  int64_t registered_bytes() const { return registered_->bytes(); }
+
+  // Diagnostics (Python properties): "not set up", "ipc on cuda:N" (plus
+  // "; <GPU-sharing note>" when ranks share a GPU), or "fallback: <reason>";
+  // how many CUDA calls took each route.
+  std::string ipc_state() const;
+  bool shares_gpu() const;
+  // "on", "off", "unknown" (cudaDevAttrMpsEnabled), or "" before setup.
+  std::string mps() const;
+  // The rank the peer watcher found dead, or -1.
+  int dead_peer() const;
+  int64_t ipc_calls() const { return ipc_calls_; }
+  int64_t fallback_calls() const { return fallback_calls_; }
+  int64_t max_ipc_bytes() const { return max_ipc_bytes_; }
+  bool blocking_wait() const { return blocking_wait_; }
+  c10::intrusive_ptr<c10d::Backend> fallback() const { return fallback_; }
+
+ private:
+  void set_up(int device);  // the lazy, collective IPC setup (mu_ held)
+  void release_ipc(bool farewell) noexcept;
+  // Sets IPC up at the first eligible-looking CUDA call (mu_ held) and checks
+  // the tensor is on the IPC device; the query's setup-dependent fields.
+  cuda_ipc::RouteQuery query_for(const char* op, const at::Tensor& t);
+  // For the calls only NCCL serves: refuses them by name where ranks share a
+  // GPU (no NCCL there) instead of failing inside NCCL's setup. Known once IPC
+  // is set up (by an earlier IPC-capable call, or connect()).
+  void refuse_on_shared_gpu(const char* op) const;
+  // For a call the route sends to the fallback: refuses it (ValueError
+  // naming `op` and why IPC would not serve it) when ranks share a GPU, where
+  // NCCL cannot run; else counts it.
+  void to_fallback(const char* op, const cuda_ipc::RouteQuery& q);
+  // The common start of an IPC call (mu_ held): raises if the communicator
+  // failed, or if the stream is capturing a CUDA graph and the call is not
+  // `capturable`; for a `phased` call (every collective: its steps are
+  // numbered by the control block's phase sequence) orders the stream after
+  // the last phased call's; sets the flag-wait timeout, counts the call; the
+  // stream to use. Point to point is not phased: each pair's messages are
+  // ordered by the pair's own stream (p2p_stream), whatever the caller's.
+  c10::cuda::CUDAStream begin_ipc(const char* op, const at::Tensor& t, std::chrono::milliseconds timeout,
+                                  bool capturable = false, bool phased = true);
+  // An event of the IPC device, from the process-wide cache.
+  PooledEvent ipc_event() const { return PooledEvent::take(c10::DeviceIndex(device_)); }
+  c10::cuda::CUDAStream begin_ipc(const char* op, int device, std::chrono::milliseconds timeout,
+                                  bool capturable = false, bool phased = true);
+  // The offset of `t` (whole) in this rank's registered region, or -1.
+  int64_t registered_offset(const at::Tensor& t) const;
+  // The Work of an IPC call enqueued on `stream`; `host_wait`: its wait()
+  // blocks the host until the call is done (barrier), as FASTPAR_BLOCKING_WAIT
+  // makes every Work's.
+  c10::intrusive_ptr<c10d::Work> ipc_work(c10d::OpType type, const char* op, std::vector<at::Tensor> outputs,
+                                          const c10::cuda::CUDAStream& stream, std::chrono::milliseconds timeout,
+                                          bool host_wait = false);
+  // send / recv over the IPC rings (p2p_ipc.h) where set up and routed, else the fallback.
+  c10::intrusive_ptr<c10d::Work> point_to_point(const char* op, std::vector<at::Tensor>& tensors, int peer, int tag,
+                                                bool is_send);
+  // all_to_all with per-rank sizes over the p2p rings (mu_ held): rank r's
+  // ins[q] (in_bytes[q]) lands in rank q's outs[r]; every pair's send and
+  // receive on the pair's streams, the own block copied on the caller's
+  // stream, which then waits for all of them (the Work completes there).
+  // The receiver checks each message's size against out_bytes, so splits
+  // that disagree between two ranks fail instead of being misread. `keep`
+  // is recorded on the side streams; `after` runs on the caller's stream
+  // once everything has landed (copies out of staged outputs).
+  c10::intrusive_ptr<c10d::Work> all_to_all_pairs(const char* op, c10d::OpType type,
+                                                  const std::vector<const void*>& ins,
+                                                  const std::vector<int64_t>& in_bytes, const std::vector<void*>& outs,
+                                                  const std::vector<int64_t>& out_bytes,
+                                                  const std::vector<at::Tensor>& keep, std::vector<at::Tensor> outputs,
+                                                  std::chrono::milliseconds timeout,
+                                                  const std::function<void()>& after);
+  // This rank's stream for messages to (is_send) or from `peer` (mu_ held).
+  c10::cuda::CUDAStream p2p_stream(int peer, bool is_send);
+
+  c10::intrusive_ptr<c10d::Store> store_;
+  c10::intrusive_ptr<c10d::Backend> fallback_;
+  std::chrono::milliseconds timeout_;
+  int64_t max_ipc_bytes_;
+  int64_t slot_bytes_;
+  bool blocking_wait_;
+  // Registered buffers' bookkeeping; shared with the tensors' deleters.
+  std::shared_ptr<RegisteredArena> registered_;
+
+  mutable std::mutex mu_;      // setup and the IPC communicator's state (phase numbers, slots)
+  bool set_up_ = false;
+  int device_ = -1;            // this rank's IPC device, from the first CUDA all_reduce
+  std::shared_ptr<IpcLink> link_;  // null: every CUDA call goes to the fallback
+  std::string why_not_;        // why link_ is null, once set up
+  bool group_shares_gpu_ = false;  // from setup, equal on every rank
+  cuda_ipc::Mps mps_ = cuda_ipc::Mps::kUnknown;
+  std::atomic<int64_t> ipc_calls_{0}, fallback_calls_{0};
+  std::vector<std::optional<c10::cuda::CUDAStream>> send_streams_, recv_streams_;  // per peer, taken at first p2p
+  std::vector<cudaStream_t> own_streams_;  // those streams, given back to the cache by release_ipc
+  // The stream of the last phased IPC call (begin_ipc): a call on another
+  // stream waits for it, so the GPU runs the calls in the order the host
+  // numbered them.
+  std::optional<c10::cuda::CUDAStream> last_ipc_stream_;
+};
+
+// Adds fastpar._C.CudaBackend (CUDA builds only).
+void register_cuda_backend(pybind11::module& m);
+
+}  // namespace distributed
+}  // namespace fastpar

@@ -1,0 +1,124 @@
+// A c10d backend for ranks on several hosts, composed of three others:
+//   local    this host's ranks, in group-rank order (any backend whose
+//            reduce leaves non-root tensors alone: the host's shared-memory
+//            steps for CPU tensors, fastpar's CUDA IPC backend for CUDA)
+//   leaders  each host's lowest rank, hosts in order of their lowest rank
+//            (gloo or NCCL between hosts); null on ranks that do not lead a host
+//   world    every rank of the group (gloo or NCCL)
+// all_reduce, broadcast, reduce, all_gather (+ all_gather_into_tensor and
+// their coalesced forms) and reduce_scatter (+ reduce_scatter_tensor and its
+// coalesced form) run as local steps inside each host around one call among
+// the leaders, which carries each host's data across hosts once; everything
+// else, and reductions other than SUM/AVG/PRODUCT/MIN/MAX (AVG: floating
+// dtypes), goes to `world`. These are fastpar's only hierarchical schedules:
+// ShmBackend runs them for CPU tensors (shm_backend_hierarchical.cpp) and
+// fastpar.distributed builds one of these for CUDA tensors on several hosts;
+// docs/algorithms.md ("Several hosts") gives their steps and bytes.
+//
+// Streams: every step's Work is waited before the next step starts. For CUDA
+// backends (fastpar's IPC Work, NCCL's) wait() orders the caller's current
+// stream after the step without blocking the host, so a whole call is
+// enqueued on the caller's stream and the host never waits for the GPU. The
+// returned Work holds a Future marked complete on the current stream of the
+// tensors' device after the last step: wait() and the Future's consumers
+// (then(), DDP comm hooks) run after the GPU has finished the call.
+// isCompleted() says the call was enqueued, not that the GPU has run it.
+//
+// Reductions: AVG runs as SUM and is divided once by the group size, where
+// the final value is formed. Tensors cross the leaders as bytes where the
+// step copies (broadcast, all_gather), so every dtype goes through.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/extension.h>
+
+#include <chrono>
+#include <vector>
+
+namespace fastpar {
+namespace distributed {
+
+class HierarchicalBackend : public c10d::Backend {
+ public:
+  // host_of[r]: rank r's host, hosts numbered in order of their lowest rank.
+  HierarchicalBackend(int rank, int size, std::vector<int> host_of, c10::intrusive_ptr<c10d::Backend> local,
+                      c10::intrusive_ptr<c10d::Backend> leaders, c10::intrusive_ptr<c10d::Backend> world);
+
+  const std::string getBackendName() const override { return "fastpar"; }
+  void setTimeout(std::chrono::milliseconds timeout) override;
+  void shutdown() override;
+  void abort() override;
+
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                     const c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                     std::vector<at::Tensor>& inputs,
+                                                     const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                      const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::ReduceScatterOptions& opts) override;
+
+  // `world`'s.
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                        std::vector<at::Tensor>& inputs, const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
+                                         std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& output_split_sizes,
+                                               std::vector<int64_t>& input_split_sizes,
+                                               const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+
+  c10::intrusive_ptr<c10d::Backend> local() const { return local_; }
+  c10::intrusive_ptr<c10d::Backend> leaders() const { return leaders_; }
+  c10::intrusive_ptr<c10d::Backend> world() const { return world_; }
+  int64_t hierarchical_calls() const { return hier_calls_; }
+
+ private:
+  // Whether this rank leads its host (only leaders take the leaders' steps).
+  bool leads() const { return bool(leaders_); }
+  void all_gather_bytes(const at::Tensor& in, const at::Tensor& out, std::chrono::milliseconds timeout);
+  void reduce_scatter_flat(const at::Tensor& output, const at::Tensor& input, const c10d::ReduceOp& op,
+                           bool avg, std::chrono::milliseconds timeout);
+
+  std::vector<int> host_of_;
+  std::vector<std::vector<int>> host_ranks_;  // each host's ranks, ascending
+  int host_ = 0;
+  bool hosts_contiguous_ = true;  // host h's ranks follow host h-1's
+  c10::intrusive_ptr<c10d::Backend> local_, leaders_, world_;
+  int64_t hier_calls_ = 0;
+};
+
+// A Work for a call whose steps are all enqueued: its Future holds `outputs`
+// and is complete on the current stream of their device (at once on the CPU).
+c10::intrusive_ptr<c10d::Work> enqueued_work(std::vector<at::Tensor> outputs);
+
+// Adds fastpar._C.HierarchicalBackend.
+void register_hierarchical_backend(pybind11::module& m);
+
+}  // namespace distributed
+}  // namespace fastpar

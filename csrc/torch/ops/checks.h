@@ -1,0 +1,75 @@
+// Argument checks shared by the CPU and CUDA op implementations.
+//
+// Every user mistake is caught here, before any work starts, and the message
+// names the op, the argument, the index and both values, e.g.
+//   "fastpar.allreduce: tensors[1] has dtype torch.float16 but tensors[0] has dtype torch.float32"
+// tests/python/test_errors.py pins these messages.
+#pragma once
+
+#include <torch/extension.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "../../core/kernels/reduce_ops.h"
+
+namespace fastpar {
+namespace ops {
+
+// The dtype as the element math knows it; throws for dtypes fastpar does not reduce.
+DType to_dtype(const char* op, const std::string& arg_index, at::ScalarType t);
+// The same without throwing: nullopt for dtypes fastpar does not reduce.
+std::optional<DType> maybe_dtype(at::ScalarType t);
+
+ReduceOp to_reduce_op(const char* op, int64_t value);
+
+// Non-empty, same dtype / numel, contiguous, one device type. Devices may
+// repeat (several entries on cuda:0, or on "cpu"): every entry is its own
+// buffer.
+void check_tensor_list(const char* op, const char* arg, const at::TensorList& ts, bool same_numel = true);
+
+// For a list the op writes: refuses two entries whose bytes overlap, naming
+// both indices (the result would depend on which is written last). Called
+// after the op's other checks, so a wrong dtype or op is reported first.
+// Read-only inputs may repeat.
+void check_no_overlap(const char* op, const char* arg, const at::TensorList& ts);
+
+// `t` against the first tensor of a list: same dtype, contiguous, same device type.
+void check_like(const char* op, const std::string& name, const at::Tensor& t,
+                const std::string& ref_name, const at::Tensor& ref);
+
+void check_numel(const char* op, const std::string& name, const at::Tensor& t, int64_t expected,
+                 const std::string& why);
+
+void check_op_dtype(const char* op, ReduceOp rop, const std::string& name, const at::Tensor& t);
+
+std::string indexed(const char* arg, size_t i);
+
+// Python's spelling (torch.float16), not c10's (Half): users read these.
+std::string dtype_str(at::ScalarType t);
+
+// all_to_all_single's split sizes of `arg` ("input" / "output") for a tensor
+// of `rows` rows of `unit` each (elements or bytes): `unit` x rows per rank,
+// an even split when `splits` is empty. Shared by the CPU and CUDA backends so
+// both refuse the same splits with the same words.
+std::vector<int64_t> all_to_all_split(const char* arg, const std::vector<int64_t>& splits, int64_t rows, int64_t unit,
+                                      int ranks);
+
+// The whole argument check of each list op, shared by the CPU and CUDA
+// implementations so both refuse the same calls with the same words.
+// Each returns the validated reduce op where there is one.
+ReduceOp check_allreduce_args(at::TensorList tensors, int64_t op, const std::string& algorithm);
+ReduceOp check_reduce_args(at::TensorList inputs, const at::Tensor& output, int64_t op);
+ReduceOp check_reduce_scatter_args(at::TensorList inputs, at::TensorList outputs, int64_t op);
+void check_allgather_args(at::TensorList inputs, at::TensorList outputs);
+void check_copy_many_args(at::TensorList srcs, at::TensorList dsts);
+
+// check_like without the device-type rule, for sources that may be on the CPU
+// while the outputs are CUDA tensors (broadcast from host memory, as
+// torch.cuda.comm.broadcast allows): same dtype and contiguous, same messages.
+void check_like_any_device(const char* op, const std::string& name, const at::Tensor& t,
+                           const std::string& ref_name, const at::Tensor& ref);
+
+}  // namespace ops
+}  // namespace fastpar
