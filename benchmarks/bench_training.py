@@ -5,7 +5,7 @@
     .venv/bin/python benchmarks/bench_training.py --rounds 5 --data /path/to/fashion-mnist
 
 LeNet, one thread per rank, the same seed, data and steps in every mode
-(fastpar/training_benchmark.py). All modes live in the same processes and
+(benchmarks/training/modes.py). All modes live in the same processes and
 take turns step by step, each step starting from a barrier, so that load from
 other processes on the machine hits all of them alike; --rounds repeats that
 in fresh processes. samples/s is the global batch over the median step
@@ -23,8 +23,8 @@ import os
 import statistics
 import tempfile
 
-from fastpar import training_benchmark as tb
-from fastpar._progress import ProgressBar
+from training import modes as tb
+from training.progress import ProgressBar
 
 MODES = ("no_comm", "fastpar_ddp", "stock_ddp_gloo")
 

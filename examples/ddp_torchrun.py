@@ -12,8 +12,9 @@ Any torchrun works too once the extension is built in place
 (`python -m torch.distributed.run` works where the torchrun script is not on PATH.)
 The backend is "fastpar" when fastpar's torch.distributed backend is built,
 else gloo; on GPUs pass --backend nccl. Without --data the images are
-SYNTHETIC (fastpar/datasets.py); nothing is downloaded.
+SYNTHETIC (benchmarks/training/datasets.py); nothing is downloaded.
 """
+import sys
 import argparse
 import os
 import time
@@ -24,9 +25,10 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import fastpar
-from fastpar.datasets import load_data
-from fastpar.lenet import accuracy, lenet
-from fastpar.training_benchmark import fastpar_backend_available
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
+from training.datasets import load_data
+from training.lenet import accuracy, lenet
+from training.modes import fastpar_backend_available
 
 
 def main():

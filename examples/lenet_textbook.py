@@ -13,8 +13,10 @@ Run from the repository root of a fresh clone:
 Any Python that has torch works too once the extension is built in place
 (`python setup.py build_ext --inplace`): `PYTHONPATH=. python examples/...`.
 
-Without --data the images are SYNTHETIC (fastpar/datasets.py; nothing is downloaded).
+Without --data the images are SYNTHETIC (benchmarks/training/datasets.py; nothing is downloaded).
 """
+import os
+import sys
 import argparse
 import time
 
@@ -22,7 +24,8 @@ import torch
 import torch.nn.functional as F
 
 import fastpar
-from fastpar.datasets import load_data
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
+from training.datasets import load_data
 
 
 def init_params(seed: int = 0):

@@ -14,10 +14,11 @@ Run from the repository root of a fresh clone:
 Any Python that has torch works too once the extension is built in place
 (`python setup.py build_ext --inplace`): `PYTHONPATH=. python examples/...`.
 
-Data: SYNTHETIC Fashion-MNIST-shaped images (fastpar/datasets.py). The global
+Data: SYNTHETIC Fashion-MNIST-shaped images (benchmarks/training/datasets.py). The global
 batch of 50 does not divide by 3 on purpose: DataParallel splits it 17/17/16
 and still matches; DDP ranks weight their losses by their share of the batch.
 """
+import sys
 import argparse
 import os
 import tempfile
@@ -28,9 +29,10 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 import fastpar
-from fastpar.datasets import synthetic_fashion_like
-from fastpar.lenet import lenet
-from fastpar.training_benchmark import fastpar_backend_available
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
+from training.datasets import synthetic_fashion_like
+from training.lenet import lenet
+from training.modes import fastpar_backend_available
 
 
 def batches(steps: int, batch: int):

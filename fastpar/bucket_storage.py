@@ -41,9 +41,9 @@ def _registered_cuda(process_group: Optional[dist.ProcessGroup]) -> bool:
     CUDA backend whose arena has a registered region."""
     if not uses_fastpar_backend(process_group, "cuda"):
         return False
-    cuda = get_fastpar_backend(process_group, "cuda").cuda_backend
-    cuda_backend_type = getattr(_C, "CudaBackend", None)  # CUDA builds only
-    return cuda_backend_type is not None and isinstance(cuda, cuda_backend_type) and cuda.registered_bytes > 0
+    cuda = get_fastpar_backend(process_group, "cuda").cuda_engine
+    engine_type = getattr(_C, "CudaEngine", None)  # CUDA builds only
+    return engine_type is not None and isinstance(cuda, engine_type) and cuda.registered_bytes > 0
 
 
 def allocate_bucket_storage(numel: int, dtype: torch.dtype, device: torch.device,

@@ -1,13 +1,12 @@
 // The Python module fastpar._C: importing it registers the torch.ops.fastpar
 // ops (schema.cpp and the per-device files here) and the torch.distributed
-// backends (csrc/backends/), and exposes build facts and knobs.
+// backend (distributed/), and exposes build facts and knobs.
 #include <torch/extension.h>
 
-#include "distributed/hierarchical_backend.h"
-#include "distributed/shm_backend.h"
+#include "distributed/backend.h"
 #include "ops/tuning.h"
 #ifdef FASTPAR_WITH_CUDA
-#include "distributed/cuda_backend.h"
+#include "distributed/cuda_engine.h"
 #endif
 
 namespace fastpar {
@@ -31,9 +30,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     fastpar::ops::tuning().ring_segment_bytes = b;
   });
   m.def("_get_ring_segment_bytes", [] { return fastpar::ops::tuning().ring_segment_bytes; });
-  fastpar::ops::register_distributed(m);
-  fastpar::ops::register_hierarchical_backend(m);
+  fastpar::distributed::register_distributed(m);
 #ifdef FASTPAR_WITH_CUDA
-  fastpar::ops::register_cuda_backend(m);
+  fastpar::distributed::register_cuda_engine(m);
 #endif
 }

@@ -1,24 +1,27 @@
 """Creates the fastpar c10d backend for a process group.
 
+The group gets one fastpar._C.Backend, which checks every call and hands it to
+an engine (docs/architecture.md).
+
 CPU tensors: ranks are grouped by host (socket.gethostname(), or FASTPAR_HOST_ID to fake
 several hosts on one machine in tests). Inside a host the ranks share memory
-(fastpar._C.ShmBackend). With several hosts, the lowest rank of each host is
-its leader and the leaders form a gloo group; allreduce, barrier, broadcast,
-reduce, all_gather(_into_tensor) and reduce_scatter(_tensor) run
+(the backend's shared-memory engine). With several hosts, the lowest rank of
+each host is its leader and the leaders form a gloo group; allreduce, barrier,
+broadcast, reduce, all_gather(_into_tensor) and reduce_scatter(_tensor) run
 hierarchically (shm steps inside each host, one gloo call among the leaders
 that carries each host's data once; docs/algorithms.md gives the schedules),
 while gather, scatter and all_to_all run on a gloo group over all ranks. Hosts
 may hold different numbers of ranks and need not be contiguous in rank.
 
-CUDA tensors (CUDA builds of fastpar with a GPU present): the ShmBackend holds
-a CUDA backend and forwards CUDA tensors to it. On one host that is a
-fastpar._C.CudaBackend: every collective over CUDA IPC where the route allows
-(docs/cuda.md), the rest on a ProcessGroupNCCL built here on the group's
-store. On several hosts it is a fastpar._C.HierarchicalBackend: a CudaBackend
-over each host's ranks, one NCCL group of the hosts' leaders between them
-(the CPU path's hierarchical schedules, over IPC and NCCL), and an NCCL group
-of every rank for gather, scatter, all_to_all and point to point. Without CUDA
-support, CUDA tensors get an error naming the alternative ("cpu:fastpar,cuda:nccl").
+CUDA tensors (CUDA builds of fastpar with a GPU present): the engine is built
+here and handed to the backend. On one host a fastpar._C.CudaEngine: every
+collective over CUDA IPC where the route allows (docs/cuda.md), the rest on a
+ProcessGroupNCCL built here on the group's store. On several hosts a
+fastpar._C.HierarchicalEngine: a CudaEngine over each host's ranks, one NCCL
+group of the hosts' leaders between them (the CPU path's hierarchical
+schedules, over IPC and NCCL), and an NCCL group of every rank for gather,
+scatter, all_to_all and point to point. Without CUDA support, CUDA tensors get
+an error naming the alternative ("cpu:fastpar,cuda:nccl").
 
 torch calls the creator once for "fastpar" and "cpu:fastpar,cuda:fastpar"
 (every device maps to one backend name) and registers the one object for
@@ -156,12 +159,12 @@ def _nccl(store, rank: int, size: int, timeout: datetime.timedelta, global_ranks
     return dist.ProcessGroupNCCL(store, rank, size, _nccl_options(timeout, global_ranks, backend_options, group_name))
 
 
-def _cuda_backend(store, rank: int, size: int, timeout: datetime.timedelta, host_index: list[int],
+def _cuda_engine(store, rank: int, size: int, timeout: datetime.timedelta, host_index: list[int],
                   global_ranks, backend_options=None, group_name=None, device=None):
-    """The backend for the group's CUDA tensors, or None where CUDA is not
-    supported. One host: fastpar._C.CudaBackend (CUDA IPC) over a
-    ProcessGroupNCCL fallback. Several hosts: fastpar._C.HierarchicalBackend
-    composed of a CudaBackend over this host's ranks (its own NCCL fallback),
+    """The engine for the group's CUDA tensors, or None where CUDA is not
+    supported. One host: fastpar._C.CudaEngine (CUDA IPC) over a
+    ProcessGroupNCCL fallback. Several hosts: fastpar._C.HierarchicalEngine
+    composed of a CudaEngine over this host's ranks (its own NCCL fallback),
     an NCCL group of the hosts' leaders and an NCCL group of every rank.
     `device`: the GPU init_process_group(device_id=...) bound the group to;
     CUDA IPC is then set up now (all ranks create the group together)
@@ -173,7 +176,7 @@ def _cuda_backend(store, rank: int, size: int, timeout: datetime.timedelta, host
                   group_name)
     eager = device is not None and device.type == "cuda" and device.index is not None
     if max(host_index) == 0:
-        cuda = _C.CudaBackend(dist.PrefixStore("fastpar/cuda/", store), rank, size, ms, world)
+        cuda = _C.CudaEngine(dist.PrefixStore("fastpar/cuda/", store), rank, size, ms, world)
         if eager:
             cuda._connect(device.index)
         return cuda
@@ -183,7 +186,7 @@ def _cuda_backend(store, rank: int, size: int, timeout: datetime.timedelta, host
     sub = lambda what: f"{group_name}/{what}" if group_name else None  # noqa: E731
     local_nccl = _nccl(dist.PrefixStore(f"fastpar/nccl/host{h}/", store), local.index(rank), len(local), timeout,
                        [global_ranks[r] for r in local], backend_options, sub(f"host{h}"))
-    local_cuda = _C.CudaBackend(dist.PrefixStore(f"fastpar/cuda/host{h}/", store), local.index(rank), len(local), ms,
+    local_cuda = _C.CudaEngine(dist.PrefixStore(f"fastpar/cuda/host{h}/", store), local.index(rank), len(local), ms,
                                 local_nccl)
     if eager:
         local_cuda._connect(device.index)
@@ -191,7 +194,7 @@ def _cuda_backend(store, rank: int, size: int, timeout: datetime.timedelta, host
     if rank in leaders:
         leaders_nccl = _nccl(dist.PrefixStore("fastpar/nccl/leaders/", store), h, len(leaders), timeout,
                              [global_ranks[r] for r in leaders], backend_options, sub("leaders"))
-    return _C.HierarchicalBackend(rank, size, host_index, local_cuda, leaders_nccl, world)
+    return _C.HierarchicalEngine(rank, size, host_index, local_cuda, leaders_nccl, world)
 
 
 def create_backend(store, rank: int, size: int, timeout: datetime.timedelta, global_ranks=None,
@@ -206,16 +209,16 @@ def create_backend(store, rank: int, size: int, timeout: datetime.timedelta, glo
     global_ranks = list(global_ranks) if global_ranks and len(global_ranks) == size else list(range(size))
     ms = _millis(timeout)
     host_index = [order.index(h) for h in hosts]  # each rank's host, hosts in order of their lowest rank
-    cuda = _cuda_backend(store, rank, size, timeout, host_index, global_ranks, backend_options, group_name, device)
+    cuda = _cuda_engine(store, rank, size, timeout, host_index, global_ranks, backend_options, group_name, device)
     if len(order) == 1:
-        return _C.ShmBackend(store, rank, size, ms, local, global_ranks, cuda=cuda)
+        return _C.Backend(store, rank, size, ms, local, global_ranks, cuda=cuda)
     leaders = [min(r for r in range(size) if hosts[r] == h) for h in order]
     leader_pg = None
     if rank in leaders:
         leader_pg = _gloo(dist.PrefixStore("fastpar/leaders/", store), leaders.index(rank), len(leaders), timeout)
     world_pg = _gloo(dist.PrefixStore("fastpar/world/", store), rank, size, timeout)
     node_store = dist.PrefixStore(f"fastpar/host{order.index(me)}/", store)
-    return _C.ShmBackend(node_store, rank, size, ms, local, global_ranks, leader_pg, world_pg, host_index, cuda=cuda)
+    return _C.Backend(node_store, rank, size, ms, local, global_ranks, leader_pg, world_pg, host_index, cuda=cuda)
 
 
 def _bound_device(dist_opts):
@@ -255,7 +258,7 @@ def register() -> None:
     dist.Backend.register_backend(BACKEND_NAME, _create_from_options, extended_api=True, devices=["cpu", "cuda"])
 
 
-def get_fastpar_backend(group=None, device_type: str = "cpu") -> _C.ShmBackend:
+def get_fastpar_backend(group=None, device_type: str = "cpu") -> _C.Backend:
     """The fastpar backend object of `group` (default: the world group) for
     tensors on `device_type` ("cpu" or "cuda": one object serves both when the
     group runs fastpar for both)."""
@@ -263,7 +266,7 @@ def get_fastpar_backend(group=None, device_type: str = "cpu") -> _C.ShmBackend:
     if pg is None:
         raise RuntimeError("fastpar: no default process group; call dist.init_process_group('fastpar') first")
     backend = pg._get_backend(torch.device(device_type))
-    if not isinstance(backend, _C.ShmBackend):
+    if not isinstance(backend, _C.Backend):
         raise TypeError(
             f"fastpar: group's {device_type.upper()} backend is {type(backend).__name__}, not fastpar; "
             "initialize it with backend 'fastpar' (or 'cpu:fastpar,...')"
@@ -295,17 +298,7 @@ def registered_empty(shape, dtype: torch.dtype = torch.float32, group=None, devi
         shape = (shape,)
     sizes = [int(s) for s in shape]
     dev = torch.device(device) if device is not None else torch.device("cpu")
-    if dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"fastpar.registered_empty: device is '{dev}' but registered tensors are CPU or CUDA")
-    backend = get_fastpar_backend(group, dev.type)
-    if dev.type == "cpu":
-        return backend.registered_empty(sizes, dtype)
-    cuda = backend.cuda_backend
-    cuda_backend_type = getattr(_C, "CudaBackend", None)  # CUDA builds only
-    if cuda_backend_type is None or not isinstance(cuda, cuda_backend_type):
-        why = ("this group's ranks are on several hosts" if cuda is not None
-               else "this group has no fastpar CUDA backend (see fastpar.distributed.cuda_supported())")
-        raise ValueError(f"fastpar.registered_empty: device is '{dev}' but {why}; registered CUDA tensors live in "
-                         "one host's CUDA IPC arena")
-    index = dev.index if dev.index is not None else torch.cuda.current_device()
-    return cuda.registered_empty(sizes, dtype, index)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    backend = get_fastpar_backend(group, dev.type if dev.type in ("cpu", "cuda") else "cpu")
+    return backend.registered_empty(sizes, dtype, dev)

@@ -45,8 +45,8 @@ def init(backend="cpu:fastpar,cuda:fastpar", timeout_s=TIMEOUT_S, device_id=None
 
 
 def cuda_backend(group=None):
-    b = fd.get_fastpar_backend(group).cuda_backend
-    assert isinstance(b, fastpar._C.CudaBackend), type(b)
+    b = fd.get_fastpar_backend(group).cuda_engine
+    assert isinstance(b, fastpar._C.CudaEngine), type(b)
     return b
 
 

@@ -265,7 +265,7 @@ def sc_bad_input():
     expect(lambda: fd.registered_empty((-1,), torch.float32), "shape[0] is -1")
     expect(lambda: fd.registered_empty((3,), torch.float32, device="meta"),
            "fastpar.registered_empty: device is 'meta' but registered tensors are CPU or CUDA")
-    no_cuda_backend = fd.get_fastpar_backend().cuda_backend is None
+    no_cuda_backend = fd.get_fastpar_backend().cuda_engine is None
     if no_cuda_backend:
         expect(lambda: fd.registered_empty((3,), torch.float32, device="cuda"),
                "device is 'cuda' but this group has no fastpar CUDA backend")
@@ -520,7 +520,7 @@ def hier_collectives(g, host: str, be=None):
 
 
 def sc_composed_hierarchical():
-    """fastpar._C.HierarchicalBackend (the CUDA path's composition on several
+    """fastpar._C.HierarchicalEngine (the CUDA path's composition on several
     hosts) over CPU stand-ins: a fastpar group per fake host as `local`, gloo
     among the leaders and over the world; one group per layout in ARGS
     ("AABB": ranks 0,1 on host A, 2,3 on B), through torch.distributed."""
@@ -537,7 +537,7 @@ def sc_composed_hierarchical():
         lg = dist.new_group(leaders, backend="gloo")
         leaders_be = lg._get_backend(torch.device("cpu")) if RANK in leaders else None
         world_be = dist.new_group(list(range(WORLD)), backend="gloo")._get_backend(torch.device("cpu"))
-        hb = fastpar._C.HierarchicalBackend(RANK, WORLD, host_of, local, leaders_be, world_be)
+        hb = fastpar._C.HierarchicalEngine(RANK, WORLD, host_of, local, leaders_be, world_be)
         name = f"fastpar_composed_{layout.lower()}"
         dist.Backend.register_backend(name, lambda *_: hb, devices=["cpu"])
         g = dist.new_group(list(range(WORLD)), backend=name)
@@ -607,17 +607,17 @@ def sc_device_backends():
     init(backend=spec)
     pg = dist.group.WORLD
     on_cuda = pg._get_backend(torch.device("cuda"))
-    assert isinstance(on_cuda, fastpar._C.ShmBackend), f"{spec}: CUDA backend is {type(on_cuda).__name__}"
+    assert isinstance(on_cuda, fastpar._C.Backend), f"{spec}: CUDA backend is {type(on_cuda).__name__}"
     if fd.cuda_supported():
-        assert isinstance(on_cuda.cuda_backend, fastpar._C.CudaBackend), type(on_cuda.cuda_backend)
-        assert on_cuda.cuda_backend.ipc_state == "not set up", on_cuda.cuda_backend.ipc_state
+        assert isinstance(on_cuda.cuda_engine, fastpar._C.CudaEngine), type(on_cuda.cuda_engine)
+        assert on_cuda.cuda_engine.ipc_state == "not set up", on_cuda.cuda_engine.ipc_state
     else:  # CPU-only build or no GPU: CUDA tensors get the error, as before
-        assert on_cuda.cuda_backend is None, on_cuda.cuda_backend
+        assert on_cuda.cuda_engine is None, on_cuda.cuda_engine
     on_cpu = pg._get_backend(torch.device("cpu"))
     if spec.startswith("cpu:gloo"):
         assert isinstance(on_cpu, dist.ProcessGroupGloo), type(on_cpu)
     else:
-        assert isinstance(on_cpu, fastpar._C.ShmBackend) and on_cpu.local_size == WORLD, type(on_cpu)
+        assert isinstance(on_cpu, fastpar._C.Backend) and on_cpu.local_size == WORLD, type(on_cpu)
     for dtype in (torch.float32, torch.bfloat16, torch.int64):
         for n in (0, 5, 3001):
             xs = [data(q, n, dtype) for q in range(WORLD)]
@@ -694,7 +694,7 @@ def sc_torchrun():
     dist.all_reduce(t)
     assert torch.all(t == sum(range(w)))
     assert dist.get_backend() == spec, dist.get_backend()
-    assert isinstance(dist.group.WORLD._get_backend(torch.device("cuda")), fastpar._C.ShmBackend)
+    assert isinstance(dist.group.WORLD._get_backend(torch.device("cuda")), fastpar._C.Backend)
     dist.destroy_process_group()
     print(f"torchrun rank {r} ok")
 

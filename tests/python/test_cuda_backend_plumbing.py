@@ -1,4 +1,4 @@
-"""fastpar._C.CudaBackend without a GPU: construction, its knobs from the
+"""fastpar._C.CudaEngine without a GPU: construction, its knobs from the
 environment, its state before setup, argument errors of the IPC-capable
 collectives, and the forwarding of the other calls to its fallback backend,
 with a one-rank gloo group standing in for NCCL (the class itself never
@@ -20,7 +20,7 @@ def make():
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     store = dist.HashStore()
     gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", store), 0, 1, datetime.timedelta(seconds=10))
-    return fastpar._C.CudaBackend(store, 0, 1, 10_000, gloo)
+    return fastpar._C.CudaEngine(store, 0, 1, 10_000, gloo)
 
 
 @pytest.fixture(autouse=True)
@@ -60,7 +60,7 @@ def test_bad_knobs_are_refused_by_name(monkeypatch, name, value, words):
 
 def test_fallback_is_required():
     with pytest.raises((TypeError, ValueError)):
-        fastpar._C.CudaBackend(dist.HashStore(), 0, 1, 1000, None)
+        fastpar._C.CudaEngine(dist.HashStore(), 0, 1, 1000, None)
 
 
 def test_calls_without_ipc_schedule_go_to_the_fallback():

@@ -5,7 +5,7 @@ import struct
 import pytest
 import torch
 
-from fastpar.datasets import load_data, read_idx, synthetic_fashion_like
+from training.datasets import load_data, read_idx, synthetic_fashion_like
 
 
 def write_idx(path, t: torch.Tensor, code=0x08):

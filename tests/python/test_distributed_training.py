@@ -35,7 +35,7 @@ def test_hierarchical_two_hosts_of_two():
 
 
 def test_composed_hierarchical_backend():
-    """fastpar._C.HierarchicalBackend, the composition CUDA tensors get on
+    """fastpar._C.HierarchicalEngine, the composition CUDA tensors get on
     several hosts (CUDA IPC inside, NCCL between), run on CPU stand-ins: a
     fastpar group per fake host, gloo among the leaders and over the world.
     Hosts contiguous (AABB), interleaved (ABAB) and uneven (AAAB): every

@@ -1,4 +1,4 @@
-"""fastpar._C.HierarchicalBackend refuses a composition that does not match
+"""fastpar._C.HierarchicalEngine refuses a composition that does not match
 its host layout, naming the argument and both values, before any call.
 Its schedules: test_distributed_training.py::test_composed_hierarchical_backend."""
 import datetime
@@ -17,7 +17,7 @@ def gloo_of_one():
 
 
 def build(rank, size, host_of, local, leaders, world):
-    return fastpar._C.HierarchicalBackend(rank, size, host_of, local, leaders, world)
+    return fastpar._C.HierarchicalEngine(rank, size, host_of, local, leaders, world)
 
 
 def test_host_of_must_cover_the_group():

@@ -7,7 +7,7 @@ import torch.distributed as dist
 from torch import nn
 
 import fastpar
-from fastpar import training_benchmark as tb
+from training import modes as tb
 from fastpar.ddp import _assign_buckets
 
 

@@ -6,7 +6,7 @@
 #include <torch/headeronly/version.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
-namespace fastpar::ops {
+namespace fastpar::distributed {
 
 #define FASTPAR_TORCH_AT_LEAST(major, minor) \
   (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
@@ -26,4 +26,4 @@ inline constexpr c10d::OpType kReduceScatterTensorCoalesced = c10d::OpType::REDU
 inline constexpr c10d::OpType kReduceScatterTensorCoalesced = c10d::OpType::COALESCED;
 #endif
 
-}  // namespace fastpar::ops
+}  // namespace fastpar::distributed

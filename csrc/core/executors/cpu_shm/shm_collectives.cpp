@@ -57,16 +57,6 @@ void with_reducer(DType dt, ReduceOp op, F&& f) {
 // cannot be measured meaningfully here).
 int64_t default_one_shot_max(int n) { return n <= 2 ? 256 * 1024 : 32 * 1024; }
 
-int64_t env_int(const char* name, int64_t dflt) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return dflt;
-  char* end = nullptr;
-  const long long x = std::strtoll(v, &end, 10);
-  if (*end != '\0' || x < 0)
-    throw std::invalid_argument(std::string("fastpar: ") + name + " is '" + v + "' but must be an integer >= 0");
-  return x;
-}
-
 }  // namespace
 
 // The zero-copy schedule for registered buffers saves the copy-in but not
@@ -80,18 +70,7 @@ int64_t env_int(const char* name, int64_t dflt) {
 // starts at 16 MiB; FASTPAR_SHM_REGISTERED_MIN_BYTES moves the line (0: always).
 constexpr int64_t kRegisteredMinBytes = int64_t(16) << 20;
 
-ShmTuning default_shm_tuning() {
-  ShmTuning t{env_int("FASTPAR_SHM_ONESHOT_MAX_BYTES", -1), AllreduceAlgo::kAuto,
-              env_int("FASTPAR_SHM_REGISTERED_MIN_BYTES", kRegisteredMinBytes)};
-  const char* a = std::getenv("FASTPAR_SHM_ALLREDUCE");
-  const std::string s = a ? a : "auto";
-  if (s == "one_shot") t.algo = AllreduceAlgo::kOneShot;
-  else if (s == "two_shot") t.algo = AllreduceAlgo::kTwoShot;
-  else if (s != "auto" && !s.empty())
-    throw std::invalid_argument("fastpar: FASTPAR_SHM_ALLREDUCE is '" + s +
-                                "' but must be 'auto', 'one_shot' or 'two_shot'");
-  return t;
-}
+ShmTuning default_shm_tuning() { return ShmTuning{-1, AllreduceAlgo::kAuto, kRegisteredMinBytes}; }
 
 void allreduce(ShmComm& c, const ShmTuning& t, const void* in, void* out, int64_t count, DType dt, ReduceOp op) {
   const int64_t bytes = count * dtype_size(dt);

@@ -25,8 +25,9 @@ struct ShmTuning {
   int64_t registered_min_bytes;
 };
 
-// Defaults (measured, see shm_collectives.cpp), overridable by
-// FASTPAR_SHM_ONESHOT_MAX_BYTES and FASTPAR_SHM_ALLREDUCE=auto|one_shot|two_shot.
+// The measured defaults (shm_collectives.cpp); the torch layer overrides them
+// from FASTPAR_SHM_ONESHOT_MAX_BYTES, _REGISTERED_MIN_BYTES and
+// FASTPAR_SHM_ALLREDUCE=auto|one_shot|two_shot (torch/distributed/knobs.h).
 ShmTuning default_shm_tuning();
 
 // In place is allowed (in == out). If `in` lies in this rank's registered arena

@@ -80,13 +80,6 @@ inline void raise_abort_word(uint64_t* word, uint64_t code) {
 // draws the line in the same region for 2-8 GPUs).
 constexpr int64_t kOneShotMaxBytes = 256 * 1024;
 
-// Slot size of the front ends' arenas: messages larger than a slot go through
-// it in chunks. 8 MiB keeps the per-chunk phase overhead (a few microseconds)
-// under ~1% of the transfer time at NVLink speeds; the arena is three slots,
-// the graph slot, the p2p rings (4 MiB) and headers: 36 MiB of device memory
-// per rank.
-constexpr int64_t kDefaultSlotBytes = int64_t(8) << 20;
-
 // The "auto" schedule: one-shot for small messages that fit one slot.
 inline bool prefer_one_shot(int64_t nbytes, const IpcComm& c) {
   return nbytes <= kOneShotMaxBytes && nbytes <= int64_t(c.slot_bytes);

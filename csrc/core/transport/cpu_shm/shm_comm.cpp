@@ -45,17 +45,6 @@ constexpr long kSleepNs = 50 * 1000;
 // /proc/<pid>/stat is read at most this often while waiting on a peer.
 constexpr uint64_t kLivenessPeriodNs = 5 * 1000 * 1000;
 
-int64_t env_bytes(const char* name, int64_t dflt, int64_t min) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return dflt;
-  char* end = nullptr;
-  const long long x = std::strtoll(v, &end, 10);
-  if (*end != '\0' || x < min)
-    throw std::invalid_argument(std::string("fastpar: ") + name + " is '" + v +
-                                "' but must be an integer >= " + std::to_string(min));
-  return x;
-}
-
 }  // namespace
 
 ShmOptions default_shm_options(std::chrono::milliseconds timeout) {
@@ -72,15 +61,12 @@ ShmOptions default_shm_options(std::chrono::milliseconds timeout) {
   //   16 MiB    1.64 /  -    1.26 /  -    1.79 /  -
   // 1 MiB is best or within the noise of it in both: chunks stay in L2 while
   // the phases stay few.
-  o.slot_bytes = env_bytes("FASTPAR_SHM_SLOT_BYTES", int64_t(1) << 20, 1024);
-  o.slot_bytes = (o.slot_bytes + 63) / 64 * 64;
+  o.slot_bytes = int64_t(1) << 20;
   // Address space only: tmpfs commits a page when it is first touched.
-  o.arena_bytes = env_bytes("FASTPAR_SHM_REGISTERED_BYTES", int64_t(512) << 20, 0);
-  o.arena_bytes = (o.arena_bytes + 4095) / 4096 * 4096;
+  o.arena_bytes = int64_t(512) << 20;
   // 256 KiB chunks, 4 per channel: a large message streams through 1 MiB of
   // ring per peer, the same footprint as one collective slot.
-  o.p2p_chunk_bytes = env_bytes("FASTPAR_SHM_P2P_CHUNK_BYTES", int64_t(256) << 10, 64);
-  o.p2p_chunk_bytes = (o.p2p_chunk_bytes + 63) / 64 * 64;
+  o.p2p_chunk_bytes = int64_t(256) << 10;
   o.timeout = timeout;
   return o;
 }

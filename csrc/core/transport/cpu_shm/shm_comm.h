@@ -47,8 +47,9 @@ struct ShmOptions {
 // streaming a large message rarely waits for its receiver to free one.
 constexpr int kP2PChunks = 4;
 
-// Defaults, overridable by FASTPAR_SHM_SLOT_BYTES / FASTPAR_SHM_REGISTERED_BYTES /
-// FASTPAR_SHM_P2P_CHUNK_BYTES (tests shrink slots and chunks so small tensors
+// The measured defaults (shm_comm.cpp). The torch layer overrides them from
+// FASTPAR_SHM_SLOT_BYTES / _REGISTERED_BYTES / _P2P_CHUNK_BYTES
+// (torch/distributed/knobs.h; tests shrink slots and chunks so small tensors
 // cross many of them).
 ShmOptions default_shm_options(std::chrono::milliseconds timeout);
 

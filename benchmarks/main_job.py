@@ -1,14 +1,14 @@
 """The main job: data-parallel LeNet training on 2 local CPU processes.
 
     bash scripts/setup.sh                               # once, in a fresh clone
-    .venv/bin/python -m fastpar.main --quick            # ~1-2 minutes
-    .venv/bin/python -m fastpar.main                    # 3 epochs per mode, a few minutes on 2 cores
-    .venv/bin/python -m fastpar.main --data /path/to/fashion-mnist   # real IDX files
+    .venv/bin/python benchmarks/main_job.py --quick            # ~1-2 minutes
+    .venv/bin/python benchmarks/main_job.py             # 3 epochs per mode, a few minutes on 2 cores
+    .venv/bin/python benchmarks/main_job.py --data /path/to/fashion-mnist   # real IDX files
 
 Prints samples/s and final test accuracy for fastpar DDP, stock DDP over gloo
 and one process, with a progress bar on stderr, and writes the table as CSV
 to --out. Needs no GPU and no download: without --data it trains on
-synthetic Fashion-MNIST-shaped data (fastpar/datasets.py), and says so.
+synthetic Fashion-MNIST-shaped data (benchmarks/training/datasets.py), and says so.
 
 Optional: if benchmarks/bench_distributed.py (the collective sweep) exists in
 this checkout, it is run afterwards to produce its PNG plot in --out; when it
@@ -23,14 +23,14 @@ import subprocess
 import sys
 import tempfile
 
-from . import training_benchmark as tb
-from ._progress import ProgressBar
+from training import modes as tb
+from training.progress import ProgressBar
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _parse(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m fastpar.main", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="benchmarks/main_job.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="a short run (~1-2 minutes)")
     ap.add_argument("--data", default=None, help="folder with the Fashion-MNIST IDX files (default: synthetic)")
     ap.add_argument("--world", type=int, default=2, help="processes for the DDP modes (default 2)")

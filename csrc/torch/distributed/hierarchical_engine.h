@@ -29,8 +29,7 @@
 // step copies (broadcast, all_gather), so every dtype goes through.
 #pragma once
 
-#include <torch/csrc/distributed/c10d/Backend.hpp>
-#include <torch/extension.h>
+#include "engine.h"
 
 #include <chrono>
 #include <vector>
@@ -38,21 +37,18 @@
 namespace fastpar {
 namespace distributed {
 
-class HierarchicalBackend : public c10d::Backend {
+class HierarchicalEngine : public Engine {
  public:
   // host_of[r]: rank r's host, hosts numbered in order of their lowest rank.
-  HierarchicalBackend(int rank, int size, std::vector<int> host_of, c10::intrusive_ptr<c10d::Backend> local,
+  HierarchicalEngine(int rank, int size, std::vector<int> host_of, c10::intrusive_ptr<c10d::Backend> local,
                       c10::intrusive_ptr<c10d::Backend> leaders, c10::intrusive_ptr<c10d::Backend> world);
 
-  const std::string getBackendName() const override { return "fastpar"; }
   void setTimeout(std::chrono::milliseconds timeout) override;
   void shutdown() override;
   void abort() override;
 
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
-                                                     const c10d::AllreduceCoalescedOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override;
@@ -61,20 +57,8 @@ class HierarchicalBackend : public c10d::Backend {
                                            const c10d::AllgatherOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
                                                  const c10d::AllgatherOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
-                                                     std::vector<at::Tensor>& inputs,
-                                                     const c10d::AllgatherOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
-                                                                 std::vector<at::Tensor>& inputs,
-                                                                 const c10d::AllgatherOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
-                                                std::vector<std::vector<at::Tensor>>& inputs,
-                                                const c10d::ReduceScatterOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                       const c10d::ReduceScatterOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
-                                                                 std::vector<at::Tensor>& inputs,
-                                                                 const c10d::ReduceScatterOptions& opts) override;
 
   // `world`'s.
   c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -86,8 +70,6 @@ class HierarchicalBackend : public c10d::Backend {
                                                std::vector<int64_t>& output_split_sizes,
                                                std::vector<int64_t>& input_split_sizes,
                                                const c10d::AllToAllOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
-                                          const c10d::AllToAllOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) override;
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) override;
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
@@ -113,12 +95,9 @@ class HierarchicalBackend : public c10d::Backend {
   int64_t hier_calls_ = 0;
 };
 
-// A Work for a call whose steps are all enqueued: its Future holds `outputs`
-// and is complete on the current stream of their device (at once on the CPU).
-c10::intrusive_ptr<c10d::Work> enqueued_work(std::vector<at::Tensor> outputs);
 
-// Adds fastpar._C.HierarchicalBackend.
-void register_hierarchical_backend(pybind11::module& m);
+// Adds fastpar._C.HierarchicalEngine.
+void register_hierarchical_engine(pybind11::module& m);
 
 }  // namespace distributed
 }  // namespace fastpar

@@ -1,6 +1,6 @@
 """Data-parallel LeNet training on local CPU processes, timed per mode.
 
-Used by ``python -m fastpar.main`` and benchmarks/bench_training.py. Modes:
+Used by benchmarks/main_job.py and benchmarks/bench_training.py. Modes:
 
   fastpar_ddp     fastpar.DistributedDataParallel; backend "fastpar" when it is
                   registered, else gloo (the result says which)
@@ -78,7 +78,7 @@ def _global_batches(n: int, steps: int, global_batch: int, seed: int = 0):
 def _build(mode: str, groups: Dict[str, Optional[dist.ProcessGroup]], cfg: Config):
     """The model (wrapped as the mode says) and its optimizer, from seed 0."""
     import fastpar
-    from fastpar.lenet import lenet
+    from .lenet import lenet
 
     torch.manual_seed(0)
     net = lenet()
@@ -98,7 +98,7 @@ def _worker(rank: int, world: int, modes: List[str], cfg: Config, data_file: str
     mode's step starting from a barrier, so load from other processes on the
     machine falls on all modes alike (separate runs differed by 2x on our
     shared 2-core machine)."""
-    from fastpar.lenet import accuracy
+    from .lenet import accuracy
 
     # one thread per rank; "single" runs alone in its own process with one thread per rank it stands in for
     torch.set_num_threads(cfg.world if modes == ["single"] else 1)

@@ -1,4 +1,4 @@
-// CudaBackend's point to point (send, recv) and all-to-all: all_to_all_single
+// CudaEngine's point to point (send, recv) and all-to-all: all_to_all_single
 // without split sizes runs the phase-protocol schedule; with split sizes, and
 // the list form, every pair's message goes over the per-pair p2p rings
 // (core/executors/cuda_ipc/ipc_p2p.h), on a stream per peer and direction.
@@ -9,37 +9,32 @@
 #include <functional>
 #include <memory>
 
-#include "../ops/checks.h"
+#include "../ops/checks.h"  // all_to_all_split
 #include "../../core/executors/cuda_ipc/ipc_collectives.h"
 #include "../../core/executors/cuda_ipc/ipc_p2p.h"
 #include "route.h"
 #include "../../core/transport/cuda_p2p/handle_cache.h"
 #include "call_timeout.h"
-#include "cuda_backend.h"
-#include "cuda_backend_args.h"
+#include "cuda_engine.h"
+#include "cuda_engine_args.h"
 
 namespace fastpar {
 namespace distributed {
 
 using namespace cuda_args;
 
-c10::intrusive_ptr<c10d::Work> CudaBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
+c10::intrusive_ptr<c10d::Work> CudaEngine::alltoall_base(at::Tensor& output, at::Tensor& input,
                                                           std::vector<int64_t>& output_split_sizes,
                                                           std::vector<int64_t>& input_split_sizes,
                                                           const c10d::AllToAllOptions& opts) {
-  check_cuda("all_to_all_single", "input", input);
-  check_like("all_to_all_single", "output", output, input, "input", output.numel());
   const int n = getSize();
   const bool split = !input_split_sizes.empty() || !output_split_sizes.empty();
   std::vector<int64_t> in_b, out_b;
   if (split) {
-    // Checked before the route, as every argument: a rank whose splits are
-    // wrong raises before its peers enter the call.
     const int64_t in_rows = input.dim() == 0 ? 1 : input.size(0), out_rows = output.dim() == 0 ? 1 : output.size(0);
     auto row_bytes = [](const at::Tensor& t, int64_t rows) { return rows == 0 ? 0 : int64_t(t.nbytes()) / rows; };
-    in_b = all_to_all_split("input", input_split_sizes, in_rows, row_bytes(input, in_rows), n);
-    out_b = all_to_all_split("output", output_split_sizes, out_rows, row_bytes(output, out_rows), n);
-    check_own_block("all_to_all_single", in_b[size_t(getRank())], out_b[size_t(getRank())]);
+    in_b = ops::all_to_all_split("input", input_split_sizes, in_rows, row_bytes(input, in_rows), n);
+    out_b = ops::all_to_all_split("output", output_split_sizes, out_rows, row_bytes(output, out_rows), n);
   }
   std::unique_lock<std::mutex> g(mu_);
   cuda_ipc::RouteQuery q = query_for("all_to_all_single", input);
@@ -70,10 +65,6 @@ c10::intrusive_ptr<c10d::Work> CudaBackend::alltoall_base(at::Tensor& output, at
   }
   // No split sizes: n equal blocks, the same on every rank (the collective's
   // rules), so the phase-protocol schedule and the size threshold apply.
-  all_to_all_split("input", {}, input.dim() == 0 ? 1 : input.size(0), 1, n);
-  all_to_all_split("output", {}, output.dim() == 0 ? 1 : output.size(0), 1, n);
-  TORCH_CHECK_VALUE(output.numel() == input.numel(), "fastpar.all_to_all_single: without split sizes, output must "
-                    "have as many elements as input (", input.numel(), "), got ", output.numel());
   if (cuda_ipc::route_ipc(q) == cuda_ipc::Route::kFallback) {
     to_fallback("all_to_all_single", q);
     g.unlock();
@@ -94,27 +85,11 @@ c10::intrusive_ptr<c10d::Work> CudaBackend::alltoall_base(at::Tensor& output, at
   return ipc_work(c10d::OpType::ALLTOALL_BASE, "all_to_all_single", {output}, stream, timeout);
 }
 
-c10::intrusive_ptr<c10d::Work> CudaBackend::alltoall(std::vector<at::Tensor>& outputs,
+c10::intrusive_ptr<c10d::Work> CudaEngine::alltoall(std::vector<at::Tensor>& outputs,
                                                      std::vector<at::Tensor>& inputs,
                                                      const c10d::AllToAllOptions& opts) {
   const int n = getSize();
-  TORCH_CHECK_VALUE(int(inputs.size()) == n && int(outputs.size()) == n, "fastpar.all_to_all: input_tensor_list and "
-                    "output_tensor_list must hold ", n, " tensors (one per rank), got ", inputs.size(), " and ",
-                    outputs.size());
-  check_cuda("all_to_all", "input_tensor_list[0]", inputs[0]);
-  for (int r = 0; r < n; ++r) {
-    check_cuda("all_to_all", ("input_tensor_list[" + std::to_string(r) + "]").c_str(), inputs[size_t(r)]);
-    check_cuda("all_to_all", ("output_tensor_list[" + std::to_string(r) + "]").c_str(), outputs[size_t(r)]);
-    TORCH_CHECK_VALUE(inputs[size_t(r)].scalar_type() == inputs[0].scalar_type() &&
-                      outputs[size_t(r)].scalar_type() == inputs[0].scalar_type(),
-                      "fastpar.all_to_all: every tensor must have dtype ", inputs[0].scalar_type(),
-                      " (input_tensor_list[0]'s); entry ", r, " has ", inputs[size_t(r)].scalar_type(), " / ",
-                      outputs[size_t(r)].scalar_type());
-  }
-  // Before the route: an argument error raises on the rank that made it
-  // before any rank enters the call, not after its peers wait in IPC.
-  check_own_block("all_to_all", int64_t(inputs[size_t(getRank())].nbytes()),
-                  int64_t(outputs[size_t(getRank())].nbytes()));
+  // One device for every tensor: the kernels and the pairs' streams run there.
   for (int r = 0; r < n; ++r)
     TORCH_CHECK_VALUE(inputs[size_t(r)].device() == inputs[0].device() &&
                       outputs[size_t(r)].device() == inputs[0].device(),
@@ -151,7 +126,7 @@ c10::intrusive_ptr<c10d::Work> CudaBackend::alltoall(std::vector<at::Tensor>& ou
                           call_timeout(opts.timeout, timeout_), [staged] { staged->finish(); });
 }
 
-c10::intrusive_ptr<c10d::Work> CudaBackend::all_to_all_pairs(const char* op, c10d::OpType type,
+c10::intrusive_ptr<c10d::Work> CudaEngine::all_to_all_pairs(const char* op, c10d::OpType type,
                                                              const std::vector<const void*>& ins,
                                                              const std::vector<int64_t>& in_bytes,
                                                              const std::vector<void*>& outs,
@@ -195,15 +170,15 @@ c10::intrusive_ptr<c10d::Work> CudaBackend::all_to_all_pairs(const char* op, c10
   return ipc_work(type, op, std::move(outputs), current, timeout);
 }
 
-c10::intrusive_ptr<c10d::Work> CudaBackend::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
+c10::intrusive_ptr<c10d::Work> CudaEngine::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
   return point_to_point("send", tensors, dst_rank, tag, /*is_send=*/true);
 }
 
-c10::intrusive_ptr<c10d::Work> CudaBackend::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
+c10::intrusive_ptr<c10d::Work> CudaEngine::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
   return point_to_point("recv", tensors, src_rank, tag, /*is_send=*/false);
 }
 
-c10::intrusive_ptr<c10d::Work> CudaBackend::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+c10::intrusive_ptr<c10d::Work> CudaEngine::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
   // The IPC rings match in order per pair (p2p_ring.h): learning which peer's
   // message came first would need a device-to-host read before the copy is
   // enqueued. NCCL has no any-source receive either.
@@ -213,7 +188,7 @@ c10::intrusive_ptr<c10d::Work> CudaBackend::recvAnysource(std::vector<at::Tensor
   return fallback_->recvAnysource(tensors, tag);
 }
 
-c10::cuda::CUDAStream CudaBackend::p2p_stream(int peer, bool is_send) {
+c10::cuda::CUDAStream CudaEngine::p2p_stream(int peer, bool is_send) {
   if (own_streams_.empty()) {
     // Streams of our own, not torch's pool: the pool hands its 32 streams
     // round-robin to everyone (torch.cuda.Stream(), DDP's callbacks), and a
@@ -235,14 +210,9 @@ c10::cuda::CUDAStream CudaBackend::p2p_stream(int peer, bool is_send) {
   return *(is_send ? send_streams_ : recv_streams_)[size_t(peer)];
 }
 
-c10::intrusive_ptr<c10d::Work> CudaBackend::point_to_point(const char* op, std::vector<at::Tensor>& tensors,
+c10::intrusive_ptr<c10d::Work> CudaEngine::point_to_point(const char* op, std::vector<at::Tensor>& tensors,
                                                            int peer, int tag, bool is_send) {
-  TORCH_CHECK_VALUE(tensors.size() == 1, "fastpar.", op, ": expected exactly one tensor, got ", tensors.size());
   at::Tensor& t = tensors[0];
-  check_cuda(op, "tensors[0]", t);
-  TORCH_CHECK_VALUE(peer >= 0 && peer < getSize() && peer != getRank(), "fastpar.", op, ": ",
-                    is_send ? "dst" : "src", " is ", peer, " but must be another rank of the group (0..",
-                    getSize() - 1, ", not this rank ", getRank(), ")");
   std::unique_lock<std::mutex> g(mu_);
   // Setup is collective (every rank meets in the Store), a send is not: only
   // a group set up by its first CUDA collective, or at creation

@@ -1,18 +1,16 @@
-// fastpar's c10d backend for CUDA tensors (compiled in CUDA builds only).
+// The engine for CUDA tensors of one host (engine.h; compiled in CUDA builds
+// only).
 //
-// Ranks of one host. all_reduce, broadcast, reduce, all_gather (+
-// all_gather_into_tensor and the coalesced forms), reduce_scatter (+
-// reduce_scatter_tensor and its coalesced form), gather, scatter,
-// all_to_all (every form) and send/recv run over CUDA IPC
-// (transport/cuda_ipc: kernels on the caller's current stream; send/recv and
-// all_to_all with split sizes on a stream per peer and direction ordered
-// after it) when torch/distributed/route.h says so; any-source receives,
-// send/recv before the group's first CUDA collective and calls the route
-// refuses go to `fallback`, a ProcessGroupNCCL the Python
-// creator builds on the group's store (fastpar/distributed/backend.py).
-// barrier never gets here: the ShmBackend runs it on the CPU. Ranks on
-// several hosts: HierarchicalBackend composes one of these per host with
-// NCCL between hosts (hierarchical_backend.h).
+// all_reduce, broadcast, reduce, all_gather (+ all_gather_into_tensor and the
+// coalesced forms), reduce_scatter (+ reduce_scatter_tensor and its coalesced
+// form), gather, scatter, all_to_all (every form) and send/recv run over CUDA
+// IPC (core/executors/cuda_ipc: kernels on the caller's current stream;
+// send/recv and all_to_all with split sizes on a stream per peer and direction
+// ordered after it) when route.h says so; any-source receives, send/recv
+// before the group's first CUDA collective and calls the route refuses go to
+// `fallback`, a ProcessGroupNCCL the Python creator builds on the group's
+// store (fastpar/distributed/backend.py). Ranks on several hosts: a
+// HierarchicalEngine composes one of these per host with NCCL between hosts.
 //
 // Ranks may share a GPU (several processes on one device): IPC works there,
 // NCCL does not ("Duplicate GPU detected"), so such a group ignores the size
@@ -27,13 +25,10 @@
 //
 // Setup is lazy, at the first CUDA collective that IPC serves, or at group
 // creation through connect() (both collective, so every rank sets up
-// together, as NCCL creates its communicators):
-// the tensor's device becomes this rank's IPC device, then
-// cuda_ipc_rendezvous.h probes peer access and exchanges arena handles
-// through the Store. IPC is on for every rank or for none.
-//
-// Not registered with torch directly: ShmBackend (the "fastpar" backend torch
-// creates once for both devices) forwards calls on CUDA tensors here.
+// together, as NCCL creates its communicators): the tensor's device becomes
+// this rank's IPC device, then cuda_ipc_rendezvous.h probes peer access and
+// exchanges arena handles through the Store. IPC is on for every rank or for
+// none.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -56,20 +51,20 @@
 #include "../../core/transport/registered_arena.h"
 #include "cuda_event_pool.h"
 #include "cuda_ipc_work.h"
+#include "engine.h"
+#include "knobs.h"
 
 namespace fastpar {
 namespace distributed {
 
-class CudaBackend : public c10d::Backend {
+class CudaEngine : public Engine {
  public:
-  // Over the ranks of one host (on several hosts, HierarchicalBackend holds
-  // one per host). Reads FASTPAR_CUDA_IPC_MAX_BYTES,
-  // FASTPAR_CUDA_IPC_SLOT_BYTES, FASTPAR_BLOCKING_WAIT.
-  CudaBackend(c10::intrusive_ptr<c10d::Store> store, int rank, int size, std::chrono::milliseconds timeout,
-              c10::intrusive_ptr<c10d::Backend> fallback);
-  ~CudaBackend() override;
+  // Over the ranks of one host (on several hosts, a HierarchicalEngine holds
+  // one per host); `fallback` is NCCL over the same ranks.
+  CudaEngine(c10::intrusive_ptr<c10d::Store> store, int rank, int size, std::chrono::milliseconds timeout,
+             c10::intrusive_ptr<c10d::Backend> fallback, const CudaKnobs& knobs);
+  ~CudaEngine() override;
 
-  const std::string getBackendName() const override { return "fastpar"; }
   c10::intrusive_ptr<Options> getBackendOptions() override;
   void setTimeout(std::chrono::milliseconds timeout) override;
   void shutdown() override;
@@ -131,8 +126,8 @@ class CudaBackend : public c10d::Backend {
   // the copy-in (allreduce_registered). Collective: every rank calls it with
   // the same sizes in the same order (one phase checks the offsets agree; it
   // waits for the peers). Sets IPC up if the group has not yet.
-  at::Tensor registered_empty(const std::vector<int64_t>& sizes, at::ScalarType dtype, int device);
-  bool is_registered(const at::Tensor& t) const;
+  at::Tensor registered_empty(const std::vector<int64_t>& sizes, at::ScalarType dtype, int device) override;
+  bool is_registered(const at::Tensor& t) const override;
   int64_t registered_bytes() const { return registered_->bytes(); }
 
   // Diagnostics (Python properties): "not set up", "ipc on cuda:N" (plus
@@ -153,6 +148,12 @@ class CudaBackend : public c10d::Backend {
  private:
   void set_up(int device);  // the lazy, collective IPC setup (mu_ held)
   void release_ipc(bool farewell) noexcept;
+  // The shape of every IPC collective (cuda_engine_collectives.cpp): route,
+  // then launch on the caller's stream or hand the call to the fallback.
+  template <class Adjust, class Launch, class Fallback>
+  c10::intrusive_ptr<c10d::Work> run(const char* op, c10d::OpType type, const at::Tensor& t,
+                                     std::chrono::milliseconds given_timeout, std::vector<at::Tensor> outputs,
+                                     Adjust&& adjust, Launch&& launch, Fallback&& fallback, bool capturable = false);
   // Sets IPC up at the first eligible-looking CUDA call (mu_ held) and checks
   // the tensor is on the IPC device; the query's setup-dependent fields.
   cuda_ipc::RouteQuery query_for(const char* op, const at::Tensor& t);
@@ -231,8 +232,8 @@ class CudaBackend : public c10d::Backend {
   std::optional<c10::cuda::CUDAStream> last_ipc_stream_;
 };
 
-// Adds fastpar._C.CudaBackend (CUDA builds only).
-void register_cuda_backend(pybind11::module& m);
+// Adds fastpar._C.CudaEngine (CUDA builds only).
+void register_cuda_engine(pybind11::module& m);
 
 }  // namespace distributed
 }  // namespace fastpar

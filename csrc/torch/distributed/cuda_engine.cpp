@@ -1,8 +1,8 @@
-// CudaBackend's lifecycle (knobs, the lazy or eager IPC setup, teardown,
+// CudaEngine's lifecycle (knobs, the lazy or eager IPC setup, teardown,
 // abort), its state, the routing helpers every call starts with, and its
 // Python type. The collectives: cuda_backend_collectives.cpp; point to point
 // and all-to-all: cuda_backend_p2p.cpp.
-#include "cuda_backend.h"
+#include "cuda_engine.h"
 
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -26,22 +26,6 @@ namespace fastpar {
 namespace distributed {
 namespace {
 
-int64_t env_bytes(const char* name, int64_t dflt, int64_t min) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return dflt;
-  int64_t out = 0;
-  TORCH_CHECK_VALUE(cuda_ipc::parse_byte_count(v, &out) && out >= min, "fastpar: ", name, " is '", v,
-                    "' but must be a byte count (decimal digits) >= ", min);
-  return out;
-}
-
-bool env_flag(const char* name) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0' || std::string(v) == "0") return false;
-  TORCH_CHECK_VALUE(std::string(v) == "1", "fastpar: ", name, " is '", v, "' but must be 0 or 1");
-  return true;
-}
-
 // The teardown barrier waits this long at most: peers that are not there by
 // then are gone or stuck, and the arena is left to the driver instead.
 constexpr std::chrono::milliseconds kFarewellMax{10000};
@@ -60,26 +44,26 @@ cuda_ipc::Mps query_mps(int device) {
 
 }  // namespace
 
-CudaBackend::CudaBackend(c10::intrusive_ptr<c10d::Store> store, int rank, int size,
-                         std::chrono::milliseconds timeout, c10::intrusive_ptr<c10d::Backend> fallback)
-    : Backend(rank, size),
+CudaEngine::CudaEngine(c10::intrusive_ptr<c10d::Store> store, int rank, int size, std::chrono::milliseconds timeout,
+                       c10::intrusive_ptr<c10d::Backend> fallback, const CudaKnobs& knobs)
+    : Engine(rank, size),
       store_(std::move(store)),
       fallback_(std::move(fallback)),
       timeout_(timeout),
-      max_ipc_bytes_(env_bytes("FASTPAR_CUDA_IPC_MAX_BYTES", cuda_ipc::kDefaultMaxIpcBytes, 0)),
-      slot_bytes_(env_bytes("FASTPAR_CUDA_IPC_SLOT_BYTES", cuda_ipc::kDefaultSlotBytes, 4096)),
-      blocking_wait_(env_flag("FASTPAR_BLOCKING_WAIT")),
-      registered_(std::make_shared<RegisteredArena>(env_bytes("FASTPAR_CUDA_IPC_REGISTERED_BYTES", 0, 0))) {
-  TORCH_CHECK_VALUE(fallback_, "fastpar.CudaBackend: fallback is None but a backend for CUDA tensors is required");
+      max_ipc_bytes_(knobs.ipc_max_bytes),
+      slot_bytes_(knobs.ipc_slot_bytes),
+      blocking_wait_(knobs.blocking_wait),
+      registered_(std::make_shared<RegisteredArena>(knobs.registered_bytes)) {
+  TORCH_CHECK_VALUE(fallback_, "fastpar.CudaEngine: fallback is None but a backend for CUDA tensors is required");
 }
 
-CudaBackend::~CudaBackend() { release_ipc(/*farewell=*/false); }
+CudaEngine::~CudaEngine() { release_ipc(/*farewell=*/false); }
 
-c10::intrusive_ptr<c10d::Backend::Options> CudaBackend::getBackendOptions() {
+c10::intrusive_ptr<c10d::Backend::Options> CudaEngine::getBackendOptions() {
   return c10::make_intrusive<Options>("fastpar", timeout_);
 }
 
-void CudaBackend::setTimeout(std::chrono::milliseconds timeout) {
+void CudaEngine::setTimeout(std::chrono::milliseconds timeout) {
   {
     std::lock_guard<std::mutex> g(mu_);
     timeout_ = timeout;
@@ -87,7 +71,7 @@ void CudaBackend::setTimeout(std::chrono::milliseconds timeout) {
   fallback_->setTimeout(timeout);
 }
 
-void CudaBackend::shutdown() {
+void CudaEngine::shutdown() {
   {
     std::lock_guard<std::mutex> g(mu_);
     release_ipc(/*farewell=*/true);
@@ -95,7 +79,7 @@ void CudaBackend::shutdown() {
   fallback_->shutdown();
 }
 
-void CudaBackend::abort() {
+void CudaEngine::abort() {
   // No device synchronization and no mu_ here: abort must not wait for
   // kernels that may be spinning on a dead peer, nor for a call holding mu_
   // while it enqueues. The host abort word stops this rank's waiting kernels
@@ -109,7 +93,7 @@ void CudaBackend::abort() {
   fallback_->abort();
 }
 
-void CudaBackend::release_ipc(bool farewell) noexcept {
+void CudaEngine::release_ipc(bool farewell) noexcept {
   std::shared_ptr<IpcLink> link = std::atomic_exchange(&link_, std::shared_ptr<IpcLink>());
   if (!link) return;
   why_not_ = "shut down";
@@ -150,7 +134,7 @@ void CudaBackend::release_ipc(bool farewell) noexcept {
   cudaGetLastError();
 }
 
-void CudaBackend::set_up(int device) {
+void CudaEngine::set_up(int device) {
   device_ = device;
   // The transport saves and restores the current device around its CUDA
   // calls: with the IPC device current, restoring never makes a context on
@@ -196,12 +180,12 @@ void CudaBackend::set_up(int device) {
   }
 }
 
-void CudaBackend::connect(int device) {
+void CudaEngine::connect(int device) {
   std::lock_guard<std::mutex> g(mu_);
   if (!set_up_) set_up(device);
 }
 
-std::string CudaBackend::ipc_state() const {
+std::string CudaEngine::ipc_state() const {
   std::lock_guard<std::mutex> g(mu_);
   if (!set_up_) return "not set up";
   const std::string note = cuda_ipc::gpu_sharing_note(group_shares_gpu_, mps_);
@@ -209,23 +193,23 @@ std::string CudaBackend::ipc_state() const {
   return "fallback: " + why_not_;
 }
 
-bool CudaBackend::shares_gpu() const {
+bool CudaEngine::shares_gpu() const {
   std::lock_guard<std::mutex> g(mu_);
   return group_shares_gpu_;
 }
 
-std::string CudaBackend::mps() const {
+std::string CudaEngine::mps() const {
   std::lock_guard<std::mutex> g(mu_);
   if (!set_up_) return "";
   return mps_ == cuda_ipc::Mps::kOn ? "on" : mps_ == cuda_ipc::Mps::kOff ? "off" : "unknown";
 }
 
-int CudaBackend::dead_peer() const {
+int CudaEngine::dead_peer() const {
   const std::shared_ptr<IpcLink> link = std::atomic_load(&link_);
   return link ? link->watcher.dead_rank() : -1;
 }
 
-cuda_ipc::RouteQuery CudaBackend::query_for(const char* op, const at::Tensor& t) {
+cuda_ipc::RouteQuery CudaEngine::query_for(const char* op, const at::Tensor& t) {
   if (!set_up_) {
     // Setup allocates and exchanges handles through the Store: not
     // something a CUDA graph capture may contain (and a replay would skip).
@@ -252,19 +236,19 @@ cuda_ipc::RouteQuery CudaBackend::query_for(const char* op, const at::Tensor& t)
   return q;
 }
 
-void CudaBackend::to_fallback(const char* op, const cuda_ipc::RouteQuery& q) {
+void CudaEngine::to_fallback(const char* op, const cuda_ipc::RouteQuery& q) {
   TORCH_CHECK_VALUE(q.fallback_usable, "fastpar.", op, ": ranks of this group share a GPU, where NCCL cannot run "
                     "(it refuses two ranks on one device), and CUDA IPC cannot serve this call: ",
                     cuda_ipc::ipc_refusal(q));
   ++fallback_calls_;
 }
 
-c10::cuda::CUDAStream CudaBackend::begin_ipc(const char* op, const at::Tensor& t, std::chrono::milliseconds timeout,
+c10::cuda::CUDAStream CudaEngine::begin_ipc(const char* op, const at::Tensor& t, std::chrono::milliseconds timeout,
                                              bool capturable, bool phased) {
   return begin_ipc(op, t.get_device(), timeout, capturable, phased);
 }
 
-c10::cuda::CUDAStream CudaBackend::begin_ipc(const char* op, int device, std::chrono::milliseconds timeout,
+c10::cuda::CUDAStream CudaEngine::begin_ipc(const char* op, int device, std::chrono::milliseconds timeout,
                                              bool capturable, bool phased) {
   // A failure recorded by an earlier call makes the communicator unusable:
   // its phase numbers no longer match the peers'. A step this rank could not
@@ -303,7 +287,7 @@ c10::cuda::CUDAStream CudaBackend::begin_ipc(const char* op, int device, std::ch
   return stream;
 }
 
-c10::intrusive_ptr<c10d::Work> CudaBackend::ipc_work(c10d::OpType type, const char* op,
+c10::intrusive_ptr<c10d::Work> CudaEngine::ipc_work(c10d::OpType type, const char* op,
                                                      std::vector<at::Tensor> outputs,
                                                      const c10::cuda::CUDAStream& stream,
                                                      std::chrono::milliseconds timeout, bool host_wait) {
@@ -311,11 +295,9 @@ c10::intrusive_ptr<c10d::Work> CudaBackend::ipc_work(c10d::OpType type, const ch
                                       blocking_wait_ || host_wait);
 }
 
-at::Tensor CudaBackend::registered_empty(const std::vector<int64_t>& sizes, at::ScalarType dtype, int device) {
+at::Tensor CudaEngine::registered_empty(const std::vector<int64_t>& sizes, at::ScalarType dtype, int device) {
   int64_t numel = 1;
   for (size_t i = 0; i < sizes.size(); ++i) {
-    TORCH_CHECK_VALUE(sizes[i] >= 0, "fastpar.registered_empty: shape[", i, "] is ", sizes[i],
-                      " but sizes must be >= 0");
     TORCH_CHECK_VALUE(!c10::mul_overflows(numel, sizes[i], &numel), "fastpar.registered_empty: shape ",
                       c10::IntArrayRef(sizes), " has more elements than an int64 counts");
   }
@@ -356,58 +338,58 @@ at::Tensor CudaBackend::registered_empty(const std::vector<int64_t>& sizes, at::
       at::TensorOptions().dtype(dtype).device(at::Device(at::kCUDA, c10::DeviceIndex(device_))));
 }
 
-int64_t CudaBackend::registered_offset(const at::Tensor& t) const {
+int64_t CudaEngine::registered_offset(const at::Tensor& t) const {
   if (!link_ || !t.is_cuda() || t.get_device() != device_ || !t.is_contiguous()) return -1;
   const cuda_ipc::IpcComm& c = link_->ep->comm();
   return registered_->offset_of(t.data_ptr(), int64_t(t.nbytes()), cuda_ipc::registered_of(c.bases[c.rank],
                                                                                           c.slot_bytes));
 }
 
-bool CudaBackend::is_registered(const at::Tensor& t) const {
+bool CudaEngine::is_registered(const at::Tensor& t) const {
   std::lock_guard<std::mutex> g(mu_);
   return registered_offset(t) >= 0;
 }
 
-void CudaBackend::refuse_on_shared_gpu(const char* op) const {
+void CudaEngine::refuse_on_shared_gpu(const char* op) const {
   TORCH_CHECK_VALUE(!shares_gpu(), "fastpar.", op, ": ranks of this group share a GPU, where NCCL cannot run "
                     "(it refuses two ranks on one device), and this collective has no CUDA IPC schedule yet; "
                     "use CPU tensors for it (fastpar's shared-memory path) or one GPU per rank");
 }
 
-void register_cuda_backend(pybind11::module& m) {
+void register_cuda_engine(pybind11::module& m) {
   namespace py = pybind11;
   py::module::import("torch._C._distributed_c10d");  // registers c10d::Backend with pybind first
-  py::class_<CudaBackend, c10d::Backend, c10::intrusive_ptr<CudaBackend>>(m, "CudaBackend", R"(
-fastpar's backend for CUDA tensors of ranks on one host: every collective and
+  py::class_<CudaEngine, Engine, c10::intrusive_ptr<CudaEngine>>(m, "CudaEngine", R"(
+fastpar's engine for CUDA tensors of ranks on one host: every collective and
 send/recv over CUDA IPC where the route allows (docs/cuda.md), the rest through
 `fallback` (NCCL). Created by fastpar.distributed and held by the group's
-ShmBackend, which forwards CUDA tensors to it.)")
+fastpar._C.Backend, which hands it the checked calls on CUDA tensors.)")
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, int64_t timeout_ms,
                        const c10::intrusive_ptr<c10d::Backend>& fallback) {
-             return c10::make_intrusive<CudaBackend>(store, rank, size, std::chrono::milliseconds(timeout_ms),
-                                                     fallback);
+             return c10::make_intrusive<CudaEngine>(store, rank, size, std::chrono::milliseconds(timeout_ms),
+                                                    fallback, cuda_knobs());
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout_ms"), py::arg("fallback"),
            py::call_guard<py::gil_scoped_release>())
-      .def("_connect", &CudaBackend::connect, py::arg("device"), "Sets CUDA IPC up now on cuda:`device` "
+      .def("_connect", &CudaEngine::connect, py::arg("device"), "Sets CUDA IPC up now on cuda:`device` "
            "(collective; otherwise done at the group's first CUDA collective).",
            py::call_guard<py::gil_scoped_release>())
-      .def("registered_empty", &CudaBackend::registered_empty, py::arg("sizes"), py::arg("dtype"), py::arg("device"),
+      .def("registered_empty", &CudaEngine::registered_empty, py::arg("sizes"), py::arg("dtype"), py::arg("device"),
            "An uninitialized CUDA tensor in this rank's CUDA IPC arena (collective; see "
            "fastpar.distributed.registered_empty).", py::call_guard<py::gil_scoped_release>())
-      .def("is_registered", &CudaBackend::is_registered, py::arg("tensor"))
-      .def_property_readonly("registered_bytes", &CudaBackend::registered_bytes)
-      .def_property_readonly("ipc_state", &CudaBackend::ipc_state)
-      .def("abort", &CudaBackend::abort, "Stops this rank's CUDA IPC kernels now and aborts the fallback; never "
+      .def("is_registered", &CudaEngine::is_registered, py::arg("tensor"))
+      .def_property_readonly("registered_bytes", &CudaEngine::registered_bytes)
+      .def_property_readonly("ipc_state", &CudaEngine::ipc_state)
+      .def("abort", &CudaEngine::abort, "Stops this rank's CUDA IPC kernels now and aborts the fallback; never "
            "blocks. The group is unusable afterwards.", py::call_guard<py::gil_scoped_release>())
-      .def_property_readonly("shares_gpu", &CudaBackend::shares_gpu)
-      .def_property_readonly("mps", &CudaBackend::mps)
-      .def_property_readonly("dead_peer", &CudaBackend::dead_peer)
-      .def_property_readonly("ipc_calls", &CudaBackend::ipc_calls)
-      .def_property_readonly("fallback_calls", &CudaBackend::fallback_calls)
-      .def_property_readonly("max_ipc_bytes", &CudaBackend::max_ipc_bytes)
-      .def_property_readonly("blocking_wait", &CudaBackend::blocking_wait)
-      .def_property_readonly("fallback", &CudaBackend::fallback);
+      .def_property_readonly("shares_gpu", &CudaEngine::shares_gpu)
+      .def_property_readonly("mps", &CudaEngine::mps)
+      .def_property_readonly("dead_peer", &CudaEngine::dead_peer)
+      .def_property_readonly("ipc_calls", &CudaEngine::ipc_calls)
+      .def_property_readonly("fallback_calls", &CudaEngine::fallback_calls)
+      .def_property_readonly("max_ipc_bytes", &CudaEngine::max_ipc_bytes)
+      .def_property_readonly("blocking_wait", &CudaEngine::blocking_wait)
+      .def_property_readonly("fallback", &CudaEngine::fallback);
 }
 
 }  // namespace distributed

@@ -10,7 +10,7 @@
 #include <stdexcept>
 
 namespace fastpar {
-namespace ops {
+namespace distributed {
 
 template <class F>
 void run_transport(F&& f) {
@@ -25,5 +25,5 @@ void run_transport(F&& f) {
   }
 }
 
-}  // namespace ops
+}  // namespace distributed
 }  // namespace fastpar

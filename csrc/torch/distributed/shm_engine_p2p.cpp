@@ -1,14 +1,11 @@
-// Point-to-point on the fastpar backend: send, recv and recv from any source
-// (so dist.send / recv / isend / irecv / batch_isend_irecv and the object
-// helpers built on them) over the cpu_shm channels of core/executors/cpu_shm/shm_p2p.h.
-// Ranks on several hosts use the `world` gloo group for every point-to-point
-// call, so that a receive from any source sees every sender.
+// ShmEngine's point to point: send, recv and recv from any source (so
+// dist.send / recv / isend / irecv / batch_isend_irecv and the object helpers
+// built on them) over the cpu_shm channels of core/executors/cpu_shm/shm_p2p.h.
 #include <ATen/core/ivalue.h>
 
-#include "call_timeout.h"
-#include "../ops/checks.h"
-#include "shm_backend.h"
-#include "../ops/transport_errors.h"
+#include "../ops/checks.h"  // dtype_str
+#include "shm_engine.h"
+#include "transport_errors.h"
 
 namespace fastpar {
 namespace distributed {
@@ -51,22 +48,8 @@ class P2PWork : public c10d::Work {
   const char* name_;
 };
 
-// The one tensor of a point-to-point call: any dtype moves (it is bytes),
-// but it must be a defined, contiguous CPU tensor.
-const at::Tensor& p2p_tensor(const char* op, const std::vector<at::Tensor>& tensors) {
-  TORCH_CHECK_VALUE(tensors.size() == 1, "fastpar.", op, ": expected exactly one tensor in tensors, got ",
-                    tensors.size());
-  const at::Tensor& t = tensors[0];
-  TORCH_CHECK_VALUE(t.defined(), "fastpar.", op, ": tensors[0] is an undefined tensor");
-  TORCH_CHECK_VALUE(t.device().is_cpu(), "fastpar.", op, ": tensors[0] is on device '", t.device().str(),
-                    "' but this group has no fastpar CUDA backend for it");
-  TORCH_CHECK_VALUE(t.is_contiguous(), "fastpar.", op, ": tensors[0] must be contiguous, but it has sizes ",
-                    t.sizes(), " and strides ", t.strides(), " (call .contiguous() first)");
-  return t;
-}
-
 std::string describe(const at::Tensor& t) {
-  std::string s = dtype_str(t.scalar_type());
+  std::string s = ops::dtype_str(t.scalar_type());
   if (s.rfind("torch.", 0) == 0) s = s.substr(6);
   return s + " x " + std::to_string(t.numel());
 }
@@ -75,34 +58,22 @@ int64_t nbytes(const at::Tensor& t) { return t.numel() * int64_t(t.element_size(
 
 }  // namespace
 
-c10::intrusive_ptr<c10d::Work> ShmBackend::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
-  if (for_cuda(tensors)) return cuda_->send(tensors, dst_rank, tag);
-  const at::Tensor& t = p2p_tensor("send", tensors);
-  TORCH_CHECK_VALUE(dst_rank >= 0 && dst_rank < getSize() && dst_rank != getRank(), "fastpar.send: dst is ",
-                    dst_rank, " but must be another rank of the ", getSize(), "-rank group (this is rank ",
-                    getRank(), ")");
-  if (world_) return world_->send(tensors, dst_rank, tag);
+c10::intrusive_ptr<c10d::Work> ShmEngine::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
+  const at::Tensor& t = tensors[0];
   std::shared_ptr<cpu_shm::P2POp> op;
   run_transport([&] { op = p2p_->send(t.data_ptr(), nbytes(t), dst_rank, tag, describe(t), timeout_); });
   return c10::make_intrusive<P2PWork>(c10d::OpType::SEND, p2p_, std::move(op), tensors, "send");
 }
 
-c10::intrusive_ptr<c10d::Work> ShmBackend::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
-  if (for_cuda(tensors)) return cuda_->recv(tensors, src_rank, tag);
-  const at::Tensor& t = p2p_tensor("recv", tensors);
-  TORCH_CHECK_VALUE(src_rank >= 0 && src_rank < getSize() && src_rank != getRank(), "fastpar.recv: src is ",
-                    src_rank, " but must be another rank of the ", getSize(), "-rank group (this is rank ",
-                    getRank(), ")");
-  if (world_) return world_->recv(tensors, src_rank, tag);
+c10::intrusive_ptr<c10d::Work> ShmEngine::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
+  const at::Tensor& t = tensors[0];
   std::shared_ptr<cpu_shm::P2POp> op;
   run_transport([&] { op = p2p_->recv(t.data_ptr(), nbytes(t), src_rank, tag, describe(t), timeout_); });
   return c10::make_intrusive<P2PWork>(c10d::OpType::RECV, p2p_, std::move(op), tensors, "recv");
 }
 
-c10::intrusive_ptr<c10d::Work> ShmBackend::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
-  if (for_cuda(tensors)) return cuda_->recvAnysource(tensors, tag);
-  const at::Tensor& t = p2p_tensor("recv", tensors);
-  if (world_) return world_->recvAnysource(tensors, tag);
+c10::intrusive_ptr<c10d::Work> ShmEngine::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+  const at::Tensor& t = tensors[0];
   std::shared_ptr<cpu_shm::P2POp> op;
   run_transport([&] { op = p2p_->recv(t.data_ptr(), nbytes(t), -1, tag, describe(t), timeout_); });
   return c10::make_intrusive<P2PWork>(c10d::OpType::RECVANYSOURCE, p2p_, std::move(op), tensors, "recv");

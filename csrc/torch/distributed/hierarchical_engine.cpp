@@ -1,7 +1,7 @@
-// The hierarchical schedules over c10d calls (hierarchical_backend.h): every
+// The hierarchical schedules over c10d calls (hierarchical_engine.h): every
 // step is a Work waited in order; where a step reduces in place (c10d reduce)
 // and the schedule needs the input kept, a leader reduces into a copy.
-#include "hierarchical_backend.h"
+#include "hierarchical_engine.h"
 
 #include <ATen/core/ivalue.h>
 
@@ -46,15 +46,7 @@ bool reducible(const std::vector<at::Tensor>& ts, const ReduceOp& op) {
 
 }  // namespace
 
-c10::intrusive_ptr<c10d::Work> enqueued_work(std::vector<at::Tensor> outputs) {
-  std::vector<c10::Device> devices;
-  if (!outputs.empty() && !outputs[0].is_cpu()) devices.push_back(outputs[0].device());
-  auto fut = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()), devices);
-  fut->markCompleted(c10::IValue(outputs));
-  return c10d::Work::create_from_future(fut);
-}
-
-HierarchicalBackend::HierarchicalBackend(int rank, int size, std::vector<int> host_of,
+HierarchicalEngine::HierarchicalEngine(int rank, int size, std::vector<int> host_of,
                                          c10::intrusive_ptr<c10d::Backend> local,
                                          c10::intrusive_ptr<c10d::Backend> leaders,
                                          c10::intrusive_ptr<c10d::Backend> world)
@@ -65,7 +57,7 @@ HierarchicalBackend::HierarchicalBackend(int rank, int size, std::vector<int> ho
       world_(std::move(world)) {
   TORCH_CHECK_VALUE(int(host_of_.size()) == size, "fastpar: host_of has ", host_of_.size(),
                     " entries but the group has ", size, " ranks");
-  TORCH_CHECK_VALUE(local_ && world_, "fastpar: HierarchicalBackend needs a local and a world backend");
+  TORCH_CHECK_VALUE(local_ && world_, "fastpar: HierarchicalEngine needs a local and a world backend");
   for (int r = 0; r < size; ++r) {
     const int h = host_of_[r];
     TORCH_CHECK_VALUE(h >= 0 && h <= int(host_ranks_.size()), "fastpar: host_of[", r, "] is ", h,
@@ -92,26 +84,26 @@ HierarchicalBackend::HierarchicalBackend(int rank, int size, std::vector<int> ho
     for (int r : rs) hosts_contiguous_ = hosts_contiguous_ && r == next++;
 }
 
-void HierarchicalBackend::setTimeout(std::chrono::milliseconds timeout) {
+void HierarchicalEngine::setTimeout(std::chrono::milliseconds timeout) {
   local_->setTimeout(timeout);
   if (leaders_) leaders_->setTimeout(timeout);
   world_->setTimeout(timeout);
 }
 
-void HierarchicalBackend::shutdown() {
+void HierarchicalEngine::shutdown() {
   local_->shutdown();
   if (leaders_) leaders_->shutdown();
   world_->shutdown();
 }
 
-void HierarchicalBackend::abort() {
+void HierarchicalEngine::abort() {
   local_->abort();
   if (leaders_) leaders_->abort();
   world_->abort();
 }
 
 // local reduce to the leader -> leaders' allreduce -> local broadcast.
-c10::intrusive_ptr<c10d::Work> HierarchicalBackend::allreduce(std::vector<at::Tensor>& tensors,
+c10::intrusive_ptr<c10d::Work> HierarchicalEngine::allreduce(std::vector<at::Tensor>& tensors,
                                                               const c10d::AllreduceOptions& opts) {
   if (tensors.size() != 1 || !reducible(tensors, opts.reduceOp)) return world_->allreduce(tensors, opts);
   at::Tensor& t = tensors[0];
@@ -136,20 +128,10 @@ c10::intrusive_ptr<c10d::Work> HierarchicalBackend::allreduce(std::vector<at::Te
   return enqueued_work({t});
 }
 
-c10::intrusive_ptr<c10d::Work> HierarchicalBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
-                                                                        const c10d::AllreduceCoalescedOptions& opts) {
-  if (!reducible(tensors, opts.reduceOp)) return world_->allreduce_coalesced(tensors, opts);
-  for (auto& t : tensors) {
-    std::vector<at::Tensor> one{t};
-    allreduce(one, opts);
-  }
-  return enqueued_work(tensors);
-}
-
 // Root's host: local broadcast from the root (its leader gets the data with
 // the others), then the leaders' broadcast from that host; other hosts: the
 // leaders' broadcast into the leader, then the local broadcast from it.
-c10::intrusive_ptr<c10d::Work> HierarchicalBackend::broadcast(std::vector<at::Tensor>& tensors,
+c10::intrusive_ptr<c10d::Work> HierarchicalEngine::broadcast(std::vector<at::Tensor>& tensors,
                                                               const c10d::BroadcastOptions& opts) {
   if (tensors.size() != 1 || !dense(tensors) || opts.rootRank < 0 || opts.rootRank >= getSize())
     return world_->broadcast(tensors, opts);
@@ -188,7 +170,7 @@ c10::intrusive_ptr<c10d::Work> HierarchicalBackend::broadcast(std::vector<at::Te
 // input (gaining every other host's contribution), then a local reduce to the
 // root combines it with the host's other inputs. Non-root tensors are never
 // written.
-c10::intrusive_ptr<c10d::Work> HierarchicalBackend::reduce(std::vector<at::Tensor>& tensors,
+c10::intrusive_ptr<c10d::Work> HierarchicalEngine::reduce(std::vector<at::Tensor>& tensors,
                                                            const c10d::ReduceOptions& opts) {
   if (tensors.size() != 1 || !reducible(tensors, opts.reduceOp) || opts.rootRank < 0 ||
       opts.rootRank >= getSize())
@@ -237,7 +219,7 @@ c10::intrusive_ptr<c10d::Work> HierarchicalBackend::reduce(std::vector<at::Tenso
 // same number of ranks, else an all_to_all with each host's exact size; the
 // leader places remote blocks at their ranks' positions when hosts
 // interleave; local broadcast of the whole `out` from the leader.
-void HierarchicalBackend::all_gather_bytes(const at::Tensor& in, const at::Tensor& out,
+void HierarchicalEngine::all_gather_bytes(const at::Tensor& in, const at::Tensor& out,
                                            std::chrono::milliseconds timeout) {
   const int64_t B = in.numel();
   const auto& mine = host_ranks_[host_];
@@ -288,7 +270,7 @@ void HierarchicalBackend::all_gather_bytes(const at::Tensor& in, const at::Tenso
   local_->broadcast(whole, b)->wait();
 }
 
-c10::intrusive_ptr<c10d::Work> HierarchicalBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
+c10::intrusive_ptr<c10d::Work> HierarchicalEngine::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                               std::vector<at::Tensor>& inputs,
                                                               const c10d::AllgatherOptions& opts) {
   if (inputs.size() != 1 || outputs.size() != 1 || int(outputs[0].size()) != getSize() || !dense(inputs) ||
@@ -306,7 +288,7 @@ c10::intrusive_ptr<c10d::Work> HierarchicalBackend::allgather(std::vector<std::v
   return enqueued_work(outputs[0]);
 }
 
-c10::intrusive_ptr<c10d::Work> HierarchicalBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
+c10::intrusive_ptr<c10d::Work> HierarchicalEngine::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                                     const c10d::AllgatherOptions& opts) {
   if (!dense({output, input}) || output.numel() != input.numel() * getSize() ||
       output.scalar_type() != input.scalar_type())
@@ -316,30 +298,11 @@ c10::intrusive_ptr<c10d::Work> HierarchicalBackend::_allgather_base(at::Tensor& 
   return enqueued_work({output});
 }
 
-c10::intrusive_ptr<c10d::Work> HierarchicalBackend::allgather_coalesced(
-    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
-    const c10d::AllgatherOptions& opts) {
-  return world_->allgather_coalesced(outputs, inputs, opts);
-}
-
-c10::intrusive_ptr<c10d::Work> HierarchicalBackend::allgather_into_tensor_coalesced(
-    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts) {
-  bool ok = outputs.size() == inputs.size() && dense(outputs) && dense(inputs);
-  for (size_t i = 0; ok && i < inputs.size(); ++i)
-    ok = outputs[i].numel() == inputs[i].numel() * getSize() && outputs[i].scalar_type() == inputs[i].scalar_type();
-  if (!ok) return world_->allgather_into_tensor_coalesced(outputs, inputs, opts);
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    ++hier_calls_;
-    all_gather_bytes(bytes_of(inputs[i]), bytes_of(outputs[i]), opts.timeout);
-  }
-  return enqueued_work(outputs);
-}
-
 // Local reduce of the whole input to the leader; the leaders' reduce_scatter
 // hands each host only its ranks' blocks (host-major, every host padded to
 // the largest host's rank count when hosts differ); local scatter of each
 // local rank's block from the leader.
-void HierarchicalBackend::reduce_scatter_flat(const at::Tensor& output, const at::Tensor& input,
+void HierarchicalEngine::reduce_scatter_flat(const at::Tensor& output, const at::Tensor& input,
                                               const c10d::ReduceOp& op, bool avg, std::chrono::milliseconds timeout) {
   const int64_t count = output.numel();
   const auto& mine = host_ranks_[host_];
@@ -384,7 +347,7 @@ void HierarchicalBackend::reduce_scatter_flat(const at::Tensor& output, const at
   local_->scatter(outs, ins, s)->wait();
 }
 
-c10::intrusive_ptr<c10d::Work> HierarchicalBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+c10::intrusive_ptr<c10d::Work> HierarchicalEngine::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                          const c10d::ReduceScatterOptions& opts) {
   if (!reducible({output, input}, opts.reduceOp) || input.numel() != output.numel() * getSize() ||
       output.scalar_type() != input.scalar_type())
@@ -395,106 +358,50 @@ c10::intrusive_ptr<c10d::Work> HierarchicalBackend::_reduce_scatter_base(at::Ten
   return enqueued_work({output});
 }
 
-c10::intrusive_ptr<c10d::Work> HierarchicalBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
-                                                                   std::vector<std::vector<at::Tensor>>& inputs,
-                                                                   const c10d::ReduceScatterOptions& opts) {
-  bool ok = outputs.size() == 1 && inputs.size() == 1 && int(inputs[0].size()) == getSize() &&
-            reducible(outputs, opts.reduceOp) && reducible(inputs[0], opts.reduceOp);
-  for (size_t q = 0; ok && q < inputs[0].size(); ++q)
-    ok = inputs[0][q].numel() == outputs[0].numel() && inputs[0][q].scalar_type() == outputs[0].scalar_type();
-  if (!ok) return world_->reduce_scatter(outputs, inputs, opts);
-  ++hier_calls_;
-  std::vector<at::Tensor> flat;
-  for (const auto& t : inputs[0]) flat.push_back(t.reshape({-1}));
-  reduce_scatter_flat(outputs[0].view({-1}), at::cat(flat), step_op(opts.reduceOp), is_avg(opts.reduceOp),
-                      opts.timeout);
-  return enqueued_work(outputs);
-}
-
-c10::intrusive_ptr<c10d::Work> HierarchicalBackend::reduce_scatter_tensor_coalesced(
-    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
-  bool ok = outputs.size() == inputs.size() && reducible(outputs, opts.reduceOp) && reducible(inputs, opts.reduceOp);
-  for (size_t i = 0; ok && i < inputs.size(); ++i)
-    ok = inputs[i].numel() == outputs[i].numel() * getSize() && inputs[i].scalar_type() == outputs[i].scalar_type();
-  if (!ok) return world_->reduce_scatter_tensor_coalesced(outputs, inputs, opts);
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    ++hier_calls_;
-    reduce_scatter_flat(outputs[i].view({-1}), inputs[i].view({-1}), step_op(opts.reduceOp), is_avg(opts.reduceOp),
-                        opts.timeout);
-  }
-  return enqueued_work(outputs);
-}
-
-c10::intrusive_ptr<c10d::Work> HierarchicalBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
+c10::intrusive_ptr<c10d::Work> HierarchicalEngine::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                                            std::vector<at::Tensor>& inputs,
                                                            const c10d::GatherOptions& opts) {
   return world_->gather(outputs, inputs, opts);
 }
 
-c10::intrusive_ptr<c10d::Work> HierarchicalBackend::scatter(std::vector<at::Tensor>& outputs,
+c10::intrusive_ptr<c10d::Work> HierarchicalEngine::scatter(std::vector<at::Tensor>& outputs,
                                                             std::vector<std::vector<at::Tensor>>& inputs,
                                                             const c10d::ScatterOptions& opts) {
   return world_->scatter(outputs, inputs, opts);
 }
 
-c10::intrusive_ptr<c10d::Work> HierarchicalBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
+c10::intrusive_ptr<c10d::Work> HierarchicalEngine::alltoall_base(at::Tensor& output, at::Tensor& input,
                                                                   std::vector<int64_t>& output_split_sizes,
                                                                   std::vector<int64_t>& input_split_sizes,
                                                                   const c10d::AllToAllOptions& opts) {
   return world_->alltoall_base(output, input, output_split_sizes, input_split_sizes, opts);
 }
 
-// The list form as the world's alltoall_base over packed copies: gloo has the
-// list form only since torch 2.12 (the GPU machine's 2.11 lacks it), while
-// every world backend has alltoall_base. Lists it cannot pack go to the world
-// backend, which gives their semantics or their error.
-c10::intrusive_ptr<c10d::Work> HierarchicalBackend::alltoall(std::vector<at::Tensor>& outputs,
-                                                             std::vector<at::Tensor>& inputs,
-                                                             const c10d::AllToAllOptions& opts) {
-  if (int(inputs.size()) != getSize() || int(outputs.size()) != getSize() || !dense(inputs) || !dense(outputs))
-    return world_->alltoall(outputs, inputs, opts);
-  std::vector<int64_t> send, recv;
-  for (int r = 0; r < getSize(); ++r) {
-    if (inputs[r].scalar_type() != inputs[0].scalar_type() || outputs[r].scalar_type() != inputs[0].scalar_type())
-      return world_->alltoall(outputs, inputs, opts);
-    send.push_back(inputs[r].numel());
-    recv.push_back(outputs[r].numel());
-  }
-  std::vector<at::Tensor> flat_in;
-  for (const auto& t : inputs) flat_in.push_back(t.reshape({-1}));
-  at::Tensor packed_in = at::cat(flat_in);
-  at::Tensor packed_out = at::empty({std::accumulate(recv.begin(), recv.end(), int64_t(0))}, packed_in.options());
-  // copies: gloo leaves the split vectors it is given moved-from (a segfault here with torch 2.11)
-  std::vector<int64_t> recv_arg = recv, send_arg = send;
-  world_->alltoall_base(packed_out, packed_in, recv_arg, send_arg, opts)->wait();
-  int64_t off = 0;
-  for (int r = 0; r < getSize(); ++r) {
-    outputs[r].view({-1}).copy_(packed_out.narrow(0, off, recv[r]));
-    off += recv[r];
-  }
-  return enqueued_work(outputs);
-}
-
-c10::intrusive_ptr<c10d::Work> HierarchicalBackend::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
+c10::intrusive_ptr<c10d::Work> HierarchicalEngine::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
   return world_->send(tensors, dst_rank, tag);
 }
 
-c10::intrusive_ptr<c10d::Work> HierarchicalBackend::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
+c10::intrusive_ptr<c10d::Work> HierarchicalEngine::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
   return world_->recv(tensors, src_rank, tag);
 }
 
-c10::intrusive_ptr<c10d::Work> HierarchicalBackend::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+c10::intrusive_ptr<c10d::Work> HierarchicalEngine::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
   return world_->recvAnysource(tensors, tag);
 }
 
-c10::intrusive_ptr<c10d::Work> HierarchicalBackend::barrier(const c10d::BarrierOptions& opts) {
-  return world_->barrier(opts);
+// Everyone in the host, then the hosts' leaders, then everyone in the host
+// again: a rank leaves only after every rank of every host has arrived.
+c10::intrusive_ptr<c10d::Work> HierarchicalEngine::barrier(const c10d::BarrierOptions& opts) {
+  local_->barrier(opts)->wait();
+  if (leads()) leaders_->barrier(opts)->wait();
+  local_->barrier(opts)->wait();
+  return enqueued_work({});
 }
 
-void register_hierarchical_backend(pybind11::module& m) {
+void register_hierarchical_engine(pybind11::module& m) {
   namespace py = pybind11;
   py::module::import("torch._C._distributed_c10d");  // registers c10d::Backend with pybind first
-  py::class_<HierarchicalBackend, c10d::Backend, c10::intrusive_ptr<HierarchicalBackend>>(m, "HierarchicalBackend",
+  py::class_<HierarchicalEngine, Engine, c10::intrusive_ptr<HierarchicalEngine>>(m, "HierarchicalEngine",
                                                                                            R"(
 A torch.distributed backend for ranks on several hosts, composed of `local`
 (this host's ranks), `leaders` (each host's lowest rank; None elsewhere) and
@@ -505,15 +412,15 @@ it for CUDA tensors on several hosts (CUDA IPC inside a host, NCCL between).)")
       .def(py::init([](int rank, int size, std::vector<int> host_of, const c10::intrusive_ptr<c10d::Backend>& local,
                        std::optional<c10::intrusive_ptr<c10d::Backend>> leaders,
                        const c10::intrusive_ptr<c10d::Backend>& world) {
-             return c10::make_intrusive<HierarchicalBackend>(rank, size, std::move(host_of), local,
+             return c10::make_intrusive<HierarchicalEngine>(rank, size, std::move(host_of), local,
                                                              leaders.value_or(nullptr), world);
            }),
            py::arg("rank"), py::arg("size"), py::arg("host_of"), py::arg("local"), py::arg("leaders"),
            py::arg("world"))
-      .def_property_readonly("local", &HierarchicalBackend::local)
-      .def_property_readonly("leaders", &HierarchicalBackend::leaders)
-      .def_property_readonly("world", &HierarchicalBackend::world)
-      .def_property_readonly("hierarchical_calls", &HierarchicalBackend::hierarchical_calls);
+      .def_property_readonly("local", &HierarchicalEngine::local)
+      .def_property_readonly("leaders", &HierarchicalEngine::leaders)
+      .def_property_readonly("world", &HierarchicalEngine::world)
+      .def_property_readonly("hierarchical_calls", &HierarchicalEngine::hierarchical_calls);
 }
 
 }  // namespace distributed

@@ -1,0 +1,484 @@
+#include "backend.h"
+
+#include <torch/csrc/utils/pybind.h>
+
+#include "../../core/transport/cpu_shm/shm_segment.h"  // kSegmentPrefix
+#include "../ops/checks.h"                              // to_dtype
+#include "call_timeout.h"
+#include "checks.h"
+#include "engine.h"
+#include "hierarchical_engine.h"
+
+namespace fastpar {
+namespace distributed {
+
+namespace {
+
+using Work = c10::intrusive_ptr<c10d::Work>;
+
+// The Work endCoalescing returns: every call of the block, waited in order.
+class CoalescedWork : public c10d::Work {
+ public:
+  explicit CoalescedWork(std::vector<Work> works) : Work(-1, c10d::OpType::COALESCED), works_(std::move(works)) {}
+  bool isCompleted() override {
+    for (auto& w : works_)
+      if (!w->isCompleted()) return false;
+    return true;
+  }
+  bool isSuccess() const override {
+    for (const auto& w : works_)
+      if (!w->isSuccess()) return false;
+    return true;
+  }
+  bool wait(std::chrono::milliseconds timeout) override {
+    for (auto& w : works_) w->wait(timeout);
+    return true;
+  }
+  std::vector<at::Tensor> result() override {
+    std::vector<at::Tensor> all;
+    for (auto& w : works_) {
+      auto r = w->result();
+      all.insert(all.end(), r.begin(), r.end());
+    }
+    return all;
+  }
+
+ private:
+  std::vector<Work> works_;
+};
+
+}  // namespace
+
+Backend::Backend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::chrono::milliseconds timeout,
+                 std::vector<int> local_ranks, std::vector<int> global_ranks, c10::intrusive_ptr<c10d::Backend> leaders,
+                 c10::intrusive_ptr<c10d::Backend> world, std::vector<int> hosts, c10::intrusive_ptr<Engine> cuda)
+    : c10d::Backend(rank, size), timeout_(timeout), cuda_(std::move(cuda)) {
+  const auto it = std::find(local_ranks.begin(), local_ranks.end(), rank);
+  TORCH_CHECK_VALUE(it != local_ranks.end(), "fastpar: rank ", rank, " is not among its host's ranks ", local_ranks);
+  TORCH_CHECK_VALUE(global_ranks.size() == size_t(size), "fastpar: global_ranks has ", global_ranks.size(),
+                    " entries but the group has ", size, " ranks");
+  TORCH_CHECK_VALUE(!world || hosts.size() == size_t(size), "fastpar: hosts has ", hosts.size(),
+                    " entries but the group has ", size, " ranks");
+  std::vector<int> local_global;
+  for (int r : local_ranks) local_global.push_back(global_ranks[r]);
+  const ShmKnobs knobs = shm_knobs(timeout);
+  shm_ = c10::make_intrusive<ShmEngine>(store, int(it - local_ranks.begin()), int(local_ranks.size()),
+                                        std::move(local_global), knobs.options, knobs.tuning);
+  if (world) cpu_hier_ = c10::make_intrusive<HierarchicalEngine>(rank, size, std::move(hosts), shm_, leaders, world);
+}
+
+c10::intrusive_ptr<c10d::Backend::Options> Backend::getBackendOptions() {
+  return c10::make_intrusive<Options>("fastpar", timeout_);
+}
+
+void Backend::setTimeout(std::chrono::milliseconds timeout) {
+  timeout_ = timeout;
+  (cpu_hier_ ? *cpu_hier_ : static_cast<Engine&>(*shm_)).setTimeout(timeout);
+  if (cuda_) cuda_->setTimeout(timeout);
+}
+
+void Backend::shutdown() {
+  if (cuda_) cuda_->shutdown();
+}
+
+void Backend::abort() {
+  if (cuda_) cuda_->abort();
+}
+
+Engine& Backend::engine_for(const char* op, const std::string& name, const at::Tensor& t) {
+  if (t.is_cpu()) return cpu_hier_ ? *cpu_hier_ : static_cast<Engine&>(*shm_);
+  TORCH_CHECK_VALUE(cuda_, "fastpar.", op, ": ", name, " is on device '", t.device().str(),
+                    "' but this group has no fastpar CUDA backend (fastpar built without CUDA, or no GPU when the "
+                    "group was created; use \"cpu:fastpar,cuda:nccl\")");
+  return *cuda_;
+}
+
+Work Backend::record(Work work) {
+  ++calls_;
+  std::lock_guard<std::mutex> g(coalescing_mu_);
+  if (coalesced_) coalesced_->push_back(work);
+  return work;
+}
+
+void Backend::startCoalescing() {
+  std::lock_guard<std::mutex> g(coalescing_mu_);
+  TORCH_CHECK(!coalesced_, "fastpar: startCoalescing called twice without endCoalescing");
+  coalesced_.emplace();
+}
+
+Work Backend::endCoalescing() {
+  std::lock_guard<std::mutex> g(coalescing_mu_);
+  TORCH_CHECK(coalesced_, "fastpar: endCoalescing called without startCoalescing");
+  auto works = std::move(*coalesced_);
+  coalesced_.reset();
+  return c10::make_intrusive<CoalescedWork>(std::move(works));
+}
+
+// ---------------------------------------------------------------- collectives
+
+Work Backend::allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
+  checks::one("all_reduce", "tensors", tensors.size());
+  checks::tensor("all_reduce", "tensors[0]", tensors[0]);
+  checks::reduction("all_reduce", opts.reduceOp, "tensors[0]", tensors[0]);
+  return record(engine_for("all_reduce", "tensors[0]", tensors[0]).allreduce(tensors, opts));
+}
+
+Work Backend::allreduce_coalesced(std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
+  TORCH_CHECK_VALUE(!tensors.empty(), "fastpar.all_reduce_coalesced: tensors is an empty list");
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const std::string name = checks::indexed("tensors", i);
+    checks::tensor("all_reduce_coalesced", name, tensors[i]);
+    checks::like("all_reduce_coalesced", name, tensors[i], "tensors[0]", tensors[0], tensors[i].numel(), "");
+    checks::reduction("all_reduce_coalesced", opts.reduceOp, name, tensors[i]);
+  }
+  return record(engine_for("all_reduce_coalesced", "tensors[0]", tensors[0]).allreduce_coalesced(tensors, opts));
+}
+
+Work Backend::broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) {
+  checks::one("broadcast", "tensors", tensors.size());
+  checks::tensor("broadcast", "tensors[0]", tensors[0]);
+  checks::root("broadcast", opts.rootRank, getSize());
+  return record(engine_for("broadcast", "tensors[0]", tensors[0]).broadcast(tensors, opts));
+}
+
+Work Backend::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) {
+  checks::one("reduce", "tensors", tensors.size());
+  checks::tensor("reduce", "tensors[0]", tensors[0]);
+  checks::reduction("reduce", opts.reduceOp, "tensors[0]", tensors[0]);
+  checks::root("reduce", opts.rootRank, getSize());
+  return record(engine_for("reduce", "tensors[0]", tensors[0]).reduce(tensors, opts));
+}
+
+Work Backend::allgather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+                        const c10d::AllgatherOptions& opts) {
+  checks::one("all_gather", "input_tensors", inputs.size());
+  checks::one("all_gather", "output_tensors", outputs.size());
+  const at::Tensor& in = inputs[0];
+  checks::tensor("all_gather", "input_tensors[0]", in);
+  checks::per_rank("all_gather", "output_tensors[0]", outputs[0], getSize(), "input_tensors[0]", in, in.numel());
+  return record(engine_for("all_gather", "input_tensors[0]", in).allgather(outputs, inputs, opts));
+}
+
+Work Backend::_allgather_base(at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
+  checks::tensor("all_gather_into_tensor", "input_tensor", input);
+  checks::tensor("all_gather_into_tensor", "output_tensor", output);
+  checks::like("all_gather_into_tensor", "output_tensor", output, "input_tensor", input, input.numel() * getSize(),
+               "world size x input_tensor's elements");
+  return record(engine_for("all_gather_into_tensor", "input_tensor", input)._allgather_base(output, input, opts));
+}
+
+Work Backend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+                                  const c10d::AllgatherOptions& opts) {
+  const char* op = "all_gather_coalesced";
+  checks::pairs(op, outputs.size(), inputs.size());
+  TORCH_CHECK_VALUE(!inputs.empty(), "fastpar.", op, ": input_tensor_list is an empty list");
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const std::string in = checks::indexed("input_tensor_list", i);
+    checks::tensor(op, in, inputs[i]);
+    checks::like(op, in, inputs[i], "input_tensor_list[0]", inputs[0], inputs[i].numel(), "");
+    checks::per_rank(op, checks::indexed("output_tensor_lists", i), outputs[i], getSize(), in, inputs[i],
+                     inputs[i].numel());
+  }
+  return record(engine_for(op, "input_tensor_list[0]", inputs[0]).allgather_coalesced(outputs, inputs, opts));
+}
+
+Work Backend::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                              const c10d::AllgatherOptions& opts) {
+  const char* op = "all_gather_into_tensor_coalesced";
+  checks::pairs(op, outputs.size(), inputs.size());
+  TORCH_CHECK_VALUE(!inputs.empty(), "fastpar.", op, ": inputs is an empty list");
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const std::string in = checks::indexed("inputs", i), out = checks::indexed("outputs", i);
+    checks::tensor(op, in, inputs[i]);
+    checks::like(op, in, inputs[i], "inputs[0]", inputs[0], inputs[i].numel(), "");
+    checks::tensor(op, out, outputs[i]);
+    checks::like(op, out, outputs[i], in, inputs[i], inputs[i].numel() * getSize(),
+                 "world size x " + in + "'s elements");
+  }
+  return record(engine_for(op, "inputs[0]", inputs[0]).allgather_into_tensor_coalesced(outputs, inputs, opts));
+}
+
+Work Backend::gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+                     const c10d::GatherOptions& opts) {
+  checks::one("gather", "input_tensors", inputs.size());
+  checks::tensor("gather", "input_tensors[0]", inputs[0]);
+  checks::root_lists("gather", "output_tensors", outputs, getRank(), int(opts.rootRank), getSize(),
+                     "input_tensors[0]", inputs[0]);
+  return record(engine_for("gather", "input_tensors[0]", inputs[0]).gather(outputs, inputs, opts));
+}
+
+Work Backend::gather_into_tensor(at::Tensor& output, at::Tensor& input, const c10d::GatherOptions& opts) {
+  checks::tensor("gather_into_tensor", "input", input);
+  checks::root("gather_into_tensor", opts.rootRank, getSize());
+  if (getRank() == opts.rootRank) {
+    checks::tensor("gather_into_tensor", "output", output);
+    checks::like("gather_into_tensor", "output", output, "input", input, input.numel() * getSize(),
+                 "world size x input's elements");
+  }
+  return record(engine_for("gather_into_tensor", "input", input).gather_into_tensor(output, input, opts));
+}
+
+Work Backend::scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+                      const c10d::ScatterOptions& opts) {
+  checks::one("scatter", "output_tensors", outputs.size());
+  checks::tensor("scatter", "output_tensors[0]", outputs[0]);
+  checks::root_lists("scatter", "input_tensors", inputs, getRank(), int(opts.rootRank), getSize(),
+                     "output_tensors[0]", outputs[0]);
+  return record(engine_for("scatter", "output_tensors[0]", outputs[0]).scatter(outputs, inputs, opts));
+}
+
+Work Backend::reduce_scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+                             const c10d::ReduceScatterOptions& opts) {
+  checks::one("reduce_scatter", "output", outputs.size());
+  checks::one("reduce_scatter", "input_list", inputs.size());
+  checks::tensor("reduce_scatter", "output", outputs[0]);
+  checks::reduction("reduce_scatter", opts.reduceOp, "output", outputs[0]);
+  checks::per_rank("reduce_scatter", "input_list[0]", inputs[0], getSize(), "output", outputs[0],
+                   outputs[0].numel());
+  return record(engine_for("reduce_scatter", "output", outputs[0]).reduce_scatter(outputs, inputs, opts));
+}
+
+Work Backend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
+  checks::tensor("reduce_scatter_tensor", "output", output);
+  checks::tensor("reduce_scatter_tensor", "input", input);
+  checks::like("reduce_scatter_tensor", "input", input, "output", output, output.numel() * getSize(),
+               "world size x output's elements");
+  checks::reduction("reduce_scatter_tensor", opts.reduceOp, "output", output);
+  return record(engine_for("reduce_scatter_tensor", "output", output)._reduce_scatter_base(output, input, opts));
+}
+
+Work Backend::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                              const c10d::ReduceScatterOptions& opts) {
+  const char* op = "reduce_scatter_tensor_coalesced";
+  checks::pairs(op, outputs.size(), inputs.size());
+  TORCH_CHECK_VALUE(!outputs.empty(), "fastpar.", op, ": outputs is an empty list");
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const std::string in = checks::indexed("inputs", i), out = checks::indexed("outputs", i);
+    checks::tensor(op, out, outputs[i]);
+    checks::like(op, out, outputs[i], "outputs[0]", outputs[0], outputs[i].numel(), "");
+    checks::reduction(op, opts.reduceOp, out, outputs[i]);
+    checks::tensor(op, in, inputs[i]);
+    checks::like(op, in, inputs[i], out, outputs[i], outputs[i].numel() * getSize(),
+                 "world size x " + out + "'s elements");
+  }
+  return record(engine_for(op, "outputs[0]", outputs[0]).reduce_scatter_tensor_coalesced(outputs, inputs, opts));
+}
+
+Work Backend::alltoall_base(at::Tensor& output, at::Tensor& input, std::vector<int64_t>& output_split_sizes,
+                            std::vector<int64_t>& input_split_sizes, const c10d::AllToAllOptions& opts) {
+  const char* op = "all_to_all_single";
+  checks::tensor(op, "input", input);
+  checks::tensor(op, "output", output);
+  checks::like(op, "output", output, "input", input, output.numel(), "");
+  TORCH_CHECK_VALUE(checks::row_elems(input) == checks::row_elems(output) || input.numel() == 0 ||
+                        output.numel() == 0,
+                    "fastpar.", op, ": input rows have ", checks::row_elems(input), " elements but output rows have ",
+                    checks::row_elems(output));
+  const auto sends = checks::splits("input", input_split_sizes, input, getSize());
+  const auto expects = checks::splits("output", output_split_sizes, output, getSize());
+  checks::own_block(op, sends[getRank()] * int64_t(input.element_size()),
+                    expects[getRank()] * int64_t(output.element_size()));
+  return record(
+      engine_for(op, "input", input).alltoall_base(output, input, output_split_sizes, input_split_sizes, opts));
+}
+
+Work Backend::alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                       const c10d::AllToAllOptions& opts) {
+  const char* op = "all_to_all";
+  TORCH_CHECK_VALUE(int(inputs.size()) == getSize(), "fastpar.", op, ": input_tensor_list has ", inputs.size(),
+                    " tensors but the group has ", getSize(), " ranks");
+  TORCH_CHECK_VALUE(int(outputs.size()) == getSize(), "fastpar.", op, ": output_tensor_list has ", outputs.size(),
+                    " tensors but the group has ", getSize(), " ranks");
+  for (int q = 0; q < getSize(); ++q) {
+    const std::string in = checks::indexed("input_tensor_list", q), out = checks::indexed("output_tensor_list", q);
+    checks::tensor(op, in, inputs[q]);
+    checks::tensor(op, out, outputs[q]);
+    checks::like(op, in, inputs[q], "input_tensor_list[0]", inputs[0], inputs[q].numel(), "");
+    checks::like(op, out, outputs[q], "input_tensor_list[0]", inputs[0], outputs[q].numel(), "");
+  }
+  checks::own_block(op, int64_t(inputs[getRank()].nbytes()), int64_t(outputs[getRank()].nbytes()));
+  return record(engine_for(op, "input_tensor_list[0]", inputs[0]).alltoall(outputs, inputs, opts));
+}
+
+// A barrier names no tensor: it runs on the CPU engine, as gloo's does, unless
+// the call names CUDA devices (NCCL's device_ids).
+Work Backend::barrier(const c10d::BarrierOptions& opts) {
+  if (!opts.device_ids.empty() && cuda_) return record(cuda_->barrier(opts));
+  return record((cpu_hier_ ? *cpu_hier_ : static_cast<Engine&>(*shm_)).barrier(opts));
+}
+
+void Backend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {
+  // One byte each way over point to point, on a tag no user send can have.
+  constexpr int kTag = INT32_MIN + 7;
+  const auto timeout = call_timeout(opts.timeout, timeout_);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto left = [&] {
+    return std::max(std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                      deadline - std::chrono::steady_clock::now()));
+  };
+  Engine& engine = cpu_hier_ ? *cpu_hier_ : static_cast<Engine&>(*shm_);
+  std::vector<at::Tensor> token{at::zeros({1}, at::kByte)};
+  if (getRank() != 0) {
+    engine.send(token, 0, kTag)->wait(left());
+    try {
+      engine.recv(token, 0, kTag)->wait(left());
+    } catch (const std::exception& e) {
+      C10_THROW_ERROR(DistBackendError, "[Rank " + std::to_string(getRank()) +
+                                            "]: rank 0 did not release monitoredBarrier within " +
+                                            std::to_string(timeout.count()) + " ms (it waits for every rank): " +
+                                            e.what());
+    }
+    return;
+  }
+  std::vector<int> missing;
+  for (int r = 1; r < getSize(); ++r) {
+    std::vector<at::Tensor> got{at::zeros({1}, at::kByte)};
+    try {
+      engine.recv(got, r, kTag)->wait(left());
+    } catch (const std::exception&) {
+      missing.push_back(r);
+      if (!wait_all_ranks) break;
+    }
+  }
+  if (!missing.empty()) {
+    std::string ranks;
+    for (int r : missing) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+    C10_THROW_ERROR(DistBackendError, "[Rank 0]: Rank" + std::string(missing.size() > 1 ? "s " : " ") + ranks +
+                                          " failed to pass monitoredBarrier in " + std::to_string(timeout.count()) +
+                                          " ms");
+  }
+  for (int r = 1; r < getSize(); ++r) engine.send(token, r, kTag)->wait(left());
+}
+
+Work Backend::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
+  checks::one("send", "tensors", tensors.size());
+  checks::tensor("send", "tensors[0]", tensors[0]);
+  checks::peer("send", "dst", dst_rank, getRank(), getSize());
+  return record(engine_for("send", "tensors[0]", tensors[0]).send(tensors, dst_rank, tag));
+}
+
+Work Backend::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
+  checks::one("recv", "tensors", tensors.size());
+  checks::tensor("recv", "tensors[0]", tensors[0]);
+  checks::peer("recv", "src", src_rank, getRank(), getSize());
+  return record(engine_for("recv", "tensors[0]", tensors[0]).recv(tensors, src_rank, tag));
+}
+
+Work Backend::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+  checks::one("recv", "tensors", tensors.size());
+  checks::tensor("recv", "tensors[0]", tensors[0]);
+  return record(engine_for("recv", "tensors[0]", tensors[0]).recvAnysource(tensors, tag));
+}
+
+// ---------------------------------------------------------------- fastpar's own calls
+
+void Backend::direct_all_reduce(const at::Tensor& t, int64_t op) {
+  TORCH_CHECK_VALUE(op >= 0 && op <= 4, "fastpar.all_reduce: op ReduceOp value ", op,
+                    " is not supported (supported: SUM, AVG, PRODUCT, MIN, MAX)");
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = c10d::ReduceOp(static_cast<c10d::ReduceOp::RedOpType>(op));
+  if (!t.is_cpu() || cpu_hier_) {  // CUDA: wait() orders the current stream after it
+    std::vector<at::Tensor> ts{t};
+    allreduce(ts, opts)->wait();
+    return;
+  }
+  // The CPU path of allreduce() without its Work and tensor list.
+  checks::tensor("all_reduce", "tensors[0]", t);
+  const ReduceOp rop = checks::reduction("all_reduce", opts.reduceOp, "tensors[0]", t);
+  ++calls_;
+  shm_->allreduce_now(t, rop, std::chrono::milliseconds(0));
+}
+
+void Backend::direct_broadcast(const at::Tensor& t, int64_t root) {
+  c10d::BroadcastOptions opts;
+  opts.rootRank = root;
+  std::vector<at::Tensor> ts{t};
+  broadcast(ts, opts)->wait();
+}
+
+void Backend::direct_all_gather_into_tensor(const at::Tensor& output, const at::Tensor& input) {
+  at::Tensor out = output, in = input;
+  _allgather_base(out, in, c10d::AllgatherOptions())->wait();
+}
+
+at::Tensor Backend::registered_empty(const std::vector<int64_t>& sizes, at::ScalarType dtype,
+                                     const at::Device& device) {
+  ops::to_dtype("registered_empty", "dtype", dtype);
+  for (size_t i = 0; i < sizes.size(); ++i)
+    TORCH_CHECK_VALUE(sizes[i] >= 0, "fastpar.registered_empty: shape[", i, "] is ", sizes[i],
+                      " but sizes must be >= 0");
+  TORCH_CHECK_VALUE(device.is_cpu() || device.is_cuda(), "fastpar.registered_empty: device is '", device.str(),
+                    "' but registered tensors are CPU or CUDA tensors");
+  // CPU: this host's segment, also when the group spans hosts.
+  if (device.is_cpu()) return shm_->registered_empty(sizes, dtype, -1);
+  TORCH_CHECK_VALUE(cuda_, "fastpar.registered_empty: device is '", device.str(),
+                    "' but this group has no fastpar CUDA backend (see fastpar.distributed.cuda_supported())");
+  return cuda_->registered_empty(sizes, dtype, device.index());
+}
+
+bool Backend::is_registered(const at::Tensor& t) const {
+  if (!t.defined()) return false;
+  if (t.is_cpu()) return shm_->is_registered(t);
+  return cuda_ && t.is_cuda() && cuda_->is_registered(t);
+}
+
+int64_t Backend::hierarchical_calls() const {
+  return cpu_hier_ ? static_cast<HierarchicalEngine&>(*cpu_hier_).hierarchical_calls() : 0;
+}
+
+void Backend::set_allreduce_tuning(int64_t one_shot_max_bytes, int algo) {
+  TORCH_CHECK_VALUE(one_shot_max_bytes >= -1, "fastpar: one_shot_max_bytes is ", one_shot_max_bytes,
+                    " but must be >= 0, or -1 for the default");
+  TORCH_CHECK_VALUE(algo >= 0 && algo <= 2, "fastpar: algo is ", algo,
+                    " but must be 0 (auto), 1 (one_shot) or 2 (two_shot)");
+  shm_->set_allreduce_tuning(one_shot_max_bytes, algo);
+}
+
+void register_distributed(pybind11::module& m) {
+  namespace py = pybind11;
+  py::module::import("torch._C._distributed_c10d");  // registers c10d::Backend with pybind first
+  py::class_<Engine, c10d::Backend, c10::intrusive_ptr<Engine>>(m, "Engine", R"(
+One of fastpar's engines (the group's fastpar._C.Backend hands them its checked
+calls): CudaEngine, HierarchicalEngine.)");
+  py::class_<Backend, c10d::Backend, c10::intrusive_ptr<Backend>>(m, "Backend", R"(
+fastpar's torch.distributed backend (created by fastpar.distributed; not meant
+to be constructed by hand).)")
+      .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, int64_t timeout_ms,
+                       std::vector<int> local_ranks, std::vector<int> global_ranks,
+                       std::optional<c10::intrusive_ptr<c10d::Backend>> leaders,
+                       std::optional<c10::intrusive_ptr<c10d::Backend>> world, std::vector<int> hosts,
+                       std::optional<c10::intrusive_ptr<Engine>> cuda) {
+             return c10::make_intrusive<Backend>(store, rank, size, std::chrono::milliseconds(timeout_ms),
+                                                 std::move(local_ranks), std::move(global_ranks),
+                                                 leaders.value_or(nullptr), world.value_or(nullptr), std::move(hosts),
+                                                 cuda.value_or(nullptr));
+           }),
+           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout_ms"), py::arg("local_ranks"),
+           py::arg("global_ranks"), py::arg("leaders") = py::none(), py::arg("world") = py::none(),
+           py::arg("hosts") = std::vector<int>{}, py::arg("cuda") = py::none(),
+           py::call_guard<py::gil_scoped_release>())
+      .def("registered_empty", &Backend::registered_empty, py::arg("sizes"), py::arg("dtype"), py::arg("device"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("is_registered", &Backend::is_registered, py::arg("tensor"))
+      .def("_direct_all_reduce", &Backend::direct_all_reduce, py::arg("tensor"), py::arg("op"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("_direct_broadcast", &Backend::direct_broadcast, py::arg("tensor"), py::arg("root"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("_direct_all_gather_into_tensor", &Backend::direct_all_gather_into_tensor, py::arg("output"),
+           py::arg("input"), py::call_guard<py::gil_scoped_release>())
+      .def("_set_allreduce_tuning", &Backend::set_allreduce_tuning, py::arg("one_shot_max_bytes"),
+           py::arg("algo"))
+      .def_property_readonly("hierarchical", &Backend::hierarchical)
+      .def_property_readonly("local_size", &Backend::local_size)
+      .def_property_readonly("hierarchical_calls", &Backend::hierarchical_calls)
+      .def_property_readonly("cuda_engine", [](const Backend& b) -> py::object {
+        // The CudaEngine or HierarchicalEngine (their own Python types), or None.
+        if (!b.cuda_engine()) return py::none();
+        return py::cast(b.cuda_engine());
+      });
+  register_hierarchical_engine(m);
+  m.attr("SHM_SEGMENT_PREFIX") = cpu_shm::kSegmentPrefix;
+}
+
+}  // namespace distributed
+}  // namespace fastpar

@@ -1,0 +1,150 @@
+// fastpar's torch.distributed backend: the one c10d::Backend torch creates
+// for "fastpar" and hands every device of the group.
+//
+// Each call is written once, for every device: the front checks its
+// arguments (checks.h: one table of messages), picks the engine that serves
+// its tensors (engine_for) and hands it the checked call:
+//   CPU tensors   ShmEngine (one host) or HierarchicalEngine (several hosts:
+//                 ShmEngine inside each, gloo between the hosts' leaders)
+//   CUDA tensors  the engine the group was created with: CudaEngine (one
+//                 host: CUDA IPC, NCCL as its fallback) or HierarchicalEngine
+//                 over CudaEngines (NCCL between hosts); none in CPU-only
+//                 builds or without a GPU, and CUDA tensors then get an error
+// Forms torch spells several ways (list / flat / coalesced, the torchcomms
+// `*_single` names of torch 2.14) reach the engines as the forms they
+// implement (engine.h), so adding a collective means one method here, the
+// engines that have their own path for it, and one test.
+//
+// Coalescing (startCoalescing / endCoalescing, which batch_isend_irecv and
+// torch's coalescing manager use): the calls in between run as they come
+// and endCoalescing returns one Work over all of them.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+#include <torch/extension.h>
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+#include "knobs.h"
+#include "shm_engine.h"
+
+namespace fastpar {
+namespace distributed {
+
+class Backend : public c10d::Backend {
+ public:
+  // `local_ranks`: the group ranks on this host, ascending, including `rank`.
+  // Several hosts: `leaders` is the gloo group of the lowest rank of every
+  // host (on those ranks only), `world` gloo over all ranks, `hosts` the host
+  // index of every group rank (hosts numbered in order of their lowest rank).
+  // `cuda`: the engine for CUDA tensors, or null.
+  Backend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::chrono::milliseconds timeout,
+          std::vector<int> local_ranks, std::vector<int> global_ranks, c10::intrusive_ptr<c10d::Backend> leaders,
+          c10::intrusive_ptr<c10d::Backend> world, std::vector<int> hosts, c10::intrusive_ptr<c10d::Backend> cuda);
+
+  const std::string getBackendName() const override { return "fastpar"; }
+  c10::intrusive_ptr<Options> getBackendOptions() override;
+  void setSequenceNumberForGroup() override {}
+  uint64_t getSequenceNumberForGroup() override { return calls_; }
+  void setTimeout(std::chrono::milliseconds timeout) override;
+  void shutdown() override;
+  void abort() override;
+  bool supportsCoalescing() const override { return true; }
+  void startCoalescing() override;
+  c10::intrusive_ptr<c10d::Work> endCoalescing() override;
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                     const c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                     std::vector<at::Tensor>& inputs,
+                                                     const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                        std::vector<at::Tensor>& inputs, const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> gather_into_tensor(at::Tensor& output, at::Tensor& input,
+                                                    const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
+                                         std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                      const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& output_split_sizes,
+                                               std::vector<int64_t>& input_split_sizes,
+                                               const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+  // As gloo's: rank 0 waits for every rank within the timeout and names the
+  // ranks that did not arrive (all of them with wait_all_ranks), then lets
+  // them go; the others wait for rank 0.
+  void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
+
+  // fastpar.distributed.all_reduce / broadcast / all_gather_into_tensor: the
+  // collective itself, synchronous, without torch's Python wrapper, the op
+  // dispatcher or a Work (latency-critical code such as tensor-parallel
+  // inference). Same checks and errors as the c10d entry points.
+  void direct_all_reduce(const at::Tensor& t, int64_t op);
+  void direct_broadcast(const at::Tensor& t, int64_t root);
+  void direct_all_gather_into_tensor(const at::Tensor& output, const at::Tensor& input);
+
+  // A tensor on `device` in memory every peer maps: this host's shared
+  // segment (CPU) or CUDA IPC arena (collective: every rank of the group calls
+  // it with the same sizes, in the same order).
+  at::Tensor registered_empty(const std::vector<int64_t>& sizes, at::ScalarType dtype, const at::Device& device);
+  bool is_registered(const at::Tensor& t) const;
+  bool hierarchical() const { return bool(cpu_hier_); }
+  int local_size() const { return shm_->getSize(); }
+  // Collectives this rank ran with a hierarchical schedule (tests check an op
+  // did not go to the world gloo group).
+  int64_t hierarchical_calls() const;
+  c10::intrusive_ptr<Engine> cuda_engine() const { return cuda_; }
+  void set_allreduce_tuning(int64_t one_shot_max_bytes, int algo);
+
+ private:
+  // The engine for tensors like `t` (named `name` in `op`'s errors).
+  Engine& engine_for(const char* op, const std::string& name, const at::Tensor& t);
+  // Counts the call; inside a coalescing block, keeps its Work for endCoalescing.
+  c10::intrusive_ptr<c10d::Work> record(c10::intrusive_ptr<c10d::Work> work);
+
+  std::chrono::milliseconds timeout_;
+  c10::intrusive_ptr<ShmEngine> shm_;
+  c10::intrusive_ptr<Engine> cpu_hier_;         // several hosts: over shm_, leaders and world
+  c10::intrusive_ptr<Engine> cuda_;             // CudaEngine / HierarchicalEngine, or null
+  std::atomic<uint64_t> calls_{0};
+  std::mutex coalescing_mu_;
+  std::optional<std::vector<c10::intrusive_ptr<c10d::Work>>> coalesced_;  // set between start/endCoalescing
+};
+
+// Adds fastpar._C.Backend, HierarchicalEngine and the module's constants.
+void register_distributed(pybind11::module& m);
+
+}  // namespace distributed
+}  // namespace fastpar

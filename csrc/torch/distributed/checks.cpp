@@ -1,0 +1,101 @@
+#include "checks.h"
+
+#include "../ops/checks.h"  // dtype_str, to_dtype: the list ops' words for dtypes
+
+namespace fastpar {
+namespace distributed {
+namespace checks {
+
+std::string indexed(const std::string& arg, size_t i) { return arg + "[" + std::to_string(i) + "]"; }
+
+static std::string device_str(const at::Tensor& t) { return "'" + t.device().str() + "'"; }
+
+void one(const char* op, const char* arg, size_t got) {
+  TORCH_CHECK_VALUE(got == 1, "fastpar.", op, ": expected exactly one tensor in ", arg, " (one per process), got ",
+                    got);
+}
+
+void tensor(const char* op, const std::string& name, const at::Tensor& t, bool contiguous) {
+  TORCH_CHECK_VALUE(t.defined(), "fastpar.", op, ": ", name, " is an undefined tensor");
+  TORCH_CHECK_VALUE(t.is_cpu() || t.is_cuda(), "fastpar.", op, ": ", name, " is on device ", device_str(t),
+                    " but the fastpar backend handles CPU and CUDA tensors only");
+  TORCH_CHECK_VALUE(!t.is_sparse(), "fastpar.", op, ": ", name, " is a sparse tensor (layout ", t.layout(),
+                    "); fastpar reduces dense tensors (call .to_dense() first)");
+  TORCH_CHECK_VALUE(!contiguous || t.is_contiguous(), "fastpar.", op, ": ", name,
+                    " must be contiguous, but it has sizes ", t.sizes(), " and strides ", t.strides(),
+                    " (call .contiguous() first)");
+}
+
+void like(const char* op, const std::string& name, const at::Tensor& t, const std::string& ref_name,
+          const at::Tensor& ref, int64_t numel, const std::string& why) {
+  TORCH_CHECK_TYPE(t.scalar_type() == ref.scalar_type(), "fastpar.", op, ": ", name, " has dtype ",
+                   ops::dtype_str(t.scalar_type()), " but ", ref_name, " has dtype ",
+                   ops::dtype_str(ref.scalar_type()));
+  TORCH_CHECK_VALUE(t.device().type() == ref.device().type(), "fastpar.", op, ": ", name, " is on device ",
+                    device_str(t), " but ", ref_name, " is on device ", device_str(ref),
+                    "; all tensors must be CPU tensors or all CUDA tensors");
+  TORCH_CHECK_VALUE(t.numel() == numel, "fastpar.", op, ": ", name, " has ", t.numel(), " elements but ", numel,
+                    " were expected (", why, ")");
+}
+
+void per_rank(const char* op, const std::string& arg, const std::vector<at::Tensor>& list, int ranks,
+              const std::string& ref_name, const at::Tensor& ref, int64_t numel, bool contiguous) {
+  TORCH_CHECK_VALUE(list.size() == size_t(ranks), "fastpar.", op, ": ", arg, " has ", list.size(),
+                    " tensors but the group has ", ranks, " ranks");
+  for (size_t q = 0; q < list.size(); ++q) {
+    const std::string name = indexed(arg, q);
+    tensor(op, name, list[q], contiguous);
+    like(op, name, list[q], ref_name, ref, numel, "the same number of elements as " + ref_name);
+  }
+}
+
+void root(const char* op, int64_t root, int ranks) {
+  TORCH_CHECK_VALUE(root >= 0 && root < ranks, "fastpar.", op, ": root is ", root, " but the group has ", ranks,
+                    " ranks (0..", ranks - 1, ")");
+}
+
+void peer(const char* op, const char* arg, int64_t peer, int rank, int ranks) {
+  TORCH_CHECK_VALUE(peer >= 0 && peer < ranks && peer != rank, "fastpar.", op, ": ", arg, " is ", peer,
+                    " but must be another rank of the ", ranks, "-rank group (this is rank ", rank, ")");
+}
+
+void root_lists(const char* op, const char* arg, const std::vector<std::vector<at::Tensor>>& lists, int rank,
+                int root_rank, int ranks, const std::string& ref_name, const at::Tensor& ref) {
+  root(op, root_rank, ranks);
+  if (rank == root_rank) {
+    one(op, arg, lists.size());
+    per_rank(op, std::string(arg) + "[0]", lists[0], ranks, ref_name, ref, ref.numel(), /*contiguous=*/false);
+  } else {
+    TORCH_CHECK_VALUE(lists.empty() || (lists.size() == 1 && lists[0].empty()), "fastpar.", op, ": rank ", rank,
+                      " is not the root (", root_rank, ") and must pass no ", arg, ", got ", lists.size(), " lists");
+  }
+}
+
+ReduceOp reduction(const char* op, const c10d::ReduceOp& r, const std::string& name, const at::Tensor& t) {
+  const int v = int(r.op_);
+  TORCH_CHECK_VALUE(v >= 0 && v <= 4, "fastpar.", op, ": op ReduceOp value ", v,
+                    " is not supported (supported: SUM, AVG, PRODUCT, MIN, MAX)");
+  const ReduceOp rop = ReduceOp(v);
+  ops::check_op_dtype(op, rop, name, t);
+  return rop;
+}
+
+void pairs(const char* op, size_t outputs, size_t inputs) {
+  TORCH_CHECK_VALUE(outputs == inputs, "fastpar.", op, ": outputs has ", outputs, " entries but inputs has ", inputs,
+                    " (one output per input)");
+}
+
+void own_block(const char* op, int64_t sends, int64_t expects) {
+  TORCH_CHECK_VALUE(sends == expects, "fastpar.", op, ": this rank sends itself ", sends, " bytes but expects ",
+                    expects, " from itself");
+}
+
+int64_t row_elems(const at::Tensor& t) { return t.dim() == 0 || t.size(0) == 0 ? 0 : t.numel() / t.size(0); }
+
+std::vector<int64_t> splits(const char* arg, const std::vector<int64_t>& sizes, const at::Tensor& t, int ranks) {
+  return ops::all_to_all_split(arg, sizes, t.dim() == 0 ? 1 : t.size(0), row_elems(t), ranks);
+}
+
+}  // namespace checks
+}  // namespace distributed
+}  // namespace fastpar

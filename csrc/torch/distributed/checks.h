@@ -1,0 +1,67 @@
+// Every argument check of the torch.distributed backend, once, for every
+// device: the front (backend.h) runs them before it picks an engine, so a
+// bad call gets the same words on CPU and CUDA tensors and no engine checks
+// again. Each message names the op (as torch.distributed spells it), the
+// argument, the index and both values, e.g.
+//   "fastpar.all_gather: output_tensors[0][1] has 4 elements but 3 were expected (...)"
+// tests/python/test_distributed_errors.py pins them.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Types.hpp>
+#include <torch/extension.h>
+
+#include <string>
+#include <vector>
+
+#include "../../core/kernels/reduce_ops.h"
+
+namespace fastpar {
+namespace distributed {
+namespace checks {
+
+// Torch's API passes lists; fastpar runs one tensor per process, as NCCL does.
+void one(const char* op, const char* arg, size_t got);
+
+// A tensor the call reads or writes: defined, on a CPU or CUDA device,
+// contiguous (unless `contiguous` is false: list entries the engines stage).
+void tensor(const char* op, const std::string& name, const at::Tensor& t, bool contiguous = true);
+
+// `t` like `ref`: same dtype and device type, `numel` elements.
+void like(const char* op, const std::string& name, const at::Tensor& t, const std::string& ref_name,
+          const at::Tensor& ref, int64_t numel, const std::string& why);
+
+// `list` holds one tensor per rank, each like `ref` with `numel` elements.
+void per_rank(const char* op, const std::string& arg, const std::vector<at::Tensor>& list, int ranks,
+              const std::string& ref_name, const at::Tensor& ref, int64_t numel, bool contiguous = true);
+
+// gather's output lists / scatter's input lists: on the root exactly one list
+// of one tensor per rank, each like `ref`; elsewhere none.
+void root_lists(const char* op, const char* arg, const std::vector<std::vector<at::Tensor>>& lists, int rank,
+                int root, int ranks, const std::string& ref_name, const at::Tensor& ref);
+
+void root(const char* op, int64_t root, int ranks);
+void peer(const char* op, const char* arg, int64_t peer, int rank, int ranks);
+
+// The reduction of `t` (named `name`): a ReduceOp fastpar computes, on a dtype
+// it reduces. Returns it as the element math names it.
+ReduceOp reduction(const char* op, const c10d::ReduceOp& r, const std::string& name, const at::Tensor& t);
+
+// Coalesced forms: `outputs` and `inputs` pair up, entry by entry.
+void pairs(const char* op, size_t outputs, size_t inputs);
+
+// all_to_all_single's element counts per rank for `arg` ("input"/"output"),
+// from its split sizes (rows; even when empty).
+std::vector<int64_t> splits(const char* arg, const std::vector<int64_t>& sizes, const at::Tensor& t, int ranks);
+
+// An all-to-all's block to itself: the bytes a rank sends itself must be the
+// bytes it expects from itself (both are its own arguments).
+void own_block(const char* op, int64_t sends, int64_t expects);
+
+// Elements in one row (first dimension) of `t`.
+int64_t row_elems(const at::Tensor& t);
+
+std::string indexed(const std::string& arg, size_t i);
+
+}  // namespace checks
+}  // namespace distributed
+}  // namespace fastpar

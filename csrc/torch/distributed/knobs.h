@@ -1,0 +1,35 @@
+// The FASTPAR_* environment variables the torch.distributed backend reads, in
+// one place: parsed when a group is created, refused by name when malformed,
+// and handed to the torch-free core as options structs (the core reads no
+// environment). docs/knobs.md lists them.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+
+#include "../../core/executors/cpu_shm/shm_collectives.h"
+#include "../../core/transport/cpu_shm/shm_comm.h"
+
+namespace fastpar {
+namespace distributed {
+
+struct ShmKnobs {
+  cpu_shm::ShmOptions options;  // FASTPAR_SHM_SLOT_BYTES, _REGISTERED_BYTES, _P2P_CHUNK_BYTES
+  cpu_shm::ShmTuning tuning;    // FASTPAR_SHM_ONESHOT_MAX_BYTES, _REGISTERED_MIN_BYTES, _ALLREDUCE
+};
+ShmKnobs shm_knobs(std::chrono::milliseconds timeout);
+
+struct CudaKnobs {
+  int64_t ipc_max_bytes;    // FASTPAR_CUDA_IPC_MAX_BYTES: larger calls between distinct GPUs go to NCCL
+  int64_t ipc_slot_bytes;   // FASTPAR_CUDA_IPC_SLOT_BYTES
+  int64_t registered_bytes; // FASTPAR_CUDA_IPC_REGISTERED_BYTES
+  bool blocking_wait;       // FASTPAR_BLOCKING_WAIT
+};
+CudaKnobs cuda_knobs();
+
+// Byte counts and flags as the knobs take them; `name` is in the errors.
+int64_t env_bytes(const char* name, int64_t dflt, int64_t min);
+bool env_flag(const char* name);
+
+}  // namespace distributed
+}  // namespace fastpar
