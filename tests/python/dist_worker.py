@@ -663,6 +663,89 @@ def sc_device_backends():
     finish()
 
 
+# The device the surface scenarios run on (FASTPAR_TEST_DEVICE: "cpu", or
+# "cuda" where ranks share cuda:0).
+DEVICE = torch.device(os.environ.get("FASTPAR_TEST_DEVICE", "cpu"))
+
+
+def sc_surface():
+    """Every torch.distributed call shape torch 2.11-2.14 programs use beyond
+    the classic collectives (the *_single and coalesced forms, coalescing
+    blocks, gather into one tensor, mixed batch_isend_irecv, monitored
+    barrier), on DEVICE, checked against values every rank can compute."""
+    init()
+    dev, w, r = DEVICE, WORLD, RANK
+    full = lambda v, n=5: torch.full((n,), float(v), device=dev)  # noqa: E731
+    # all_gather / reduce_scatter in one tensor, under their 2.14 names where torch has them
+    gather_single = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
+    rs_single = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
+    out = torch.empty(5 * w, device=dev)
+    gather_single(out, full(r))
+    assert torch.equal(out, torch.cat([full(q) for q in range(w)])), out
+    out = torch.empty(5, device=dev)
+    rs_single(out, torch.cat([full(r + q) for q in range(w)]))
+    assert torch.equal(out, full(sum(q + r for q in range(w)))), out
+    # coalescing blocks: torch turns these into all_gather_single_coalesced /
+    # reduce_scatter_single_coalesced / allreduce_coalesced on the backend
+    outs = [torch.empty(3 * w, device=dev), torch.empty(2 * w, device=dev)]
+    with dist._coalescing_manager(device=dev, async_ops=True) as cm:
+        dist.all_gather_into_tensor(outs[0], full(r, 3))
+        dist.all_gather_into_tensor(outs[1], full(10 * r, 2))
+    cm.wait()
+    assert torch.equal(outs[0], torch.cat([full(q, 3) for q in range(w)])), outs
+    assert torch.equal(outs[1], torch.cat([full(10 * q, 2) for q in range(w)])), outs
+    outs = [torch.empty(3, device=dev), torch.empty(2, device=dev)]
+    with dist._coalescing_manager(device=dev):
+        dist.reduce_scatter_tensor(outs[0], full(r, 3 * w))
+        dist.reduce_scatter_tensor(outs[1], full(1, 2 * w), op=dist.ReduceOp.MAX)
+    assert torch.equal(outs[0], full(sum(range(w)), 3)) and torch.equal(outs[1], full(1, 2)), outs
+    ts = [full(r, 4), full(2 * r, 6)]
+    with dist._coalescing_manager(device=dev):
+        for t in ts:
+            dist.all_reduce(t)
+    assert torch.equal(ts[0], full(sum(range(w)), 4)) and torch.equal(ts[1], full(2 * sum(range(w)), 6)), ts
+    ts = [full(r, 4), full(r, 1)]
+    dist.all_reduce_coalesced(ts, op=dist.ReduceOp.MAX)
+    assert torch.equal(ts[0], full(w - 1, 4)) and torch.equal(ts[1], full(w - 1, 1)), ts
+    lists = [[torch.empty(2, device=dev) for _ in range(w)], [torch.empty(3, device=dev) for _ in range(w)]]
+    dist.all_gather_coalesced(lists, [full(r, 2), full(-r, 3)])
+    assert all(torch.equal(lists[0][q], full(q, 2)) and torch.equal(lists[1][q], full(-q, 3)) for q in range(w))
+    # gather into one tensor on the root (torch >= 2.14)
+    if hasattr(dist, "gather_single"):
+        root = w - 1
+        out = torch.empty(4 * w, device=dev) if r == root else torch.empty(0, device=dev)
+        dist.gather_single(out, full(r + 1, 4), dst=root)
+        if r == root:
+            assert torch.equal(out, torch.cat([full(q + 1, 4) for q in range(w)])), out
+    # mixed point to point in one batch: a ring both ways
+    right, left = (r + 1) % w, (r - 1) % w
+    got_left, got_right = torch.empty(3, device=dev), torch.empty(3, device=dev)
+    ops = [dist.P2POp(dist.isend, full(r, 3), right), dist.P2POp(dist.irecv, got_left, left),
+           dist.P2POp(dist.isend, full(-r, 3), left), dist.P2POp(dist.irecv, got_right, right)]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+    assert torch.equal(got_left, full(left, 3)) and torch.equal(got_right, full(-right, 3)), (got_left, got_right)
+    # every form also as async_op=True
+    t = full(r)
+    dist.all_reduce(t, async_op=True).wait()
+    assert torch.equal(t, full(sum(range(w))))
+    dist.monitored_barrier(timeout=datetime.timedelta(seconds=TIMEOUT_S), wait_all_ranks=True)
+    finish()
+
+
+def sc_monitored_barrier_timeout():
+    """A rank that comes late: rank 0 names it, as gloo does."""
+    init()
+    if RANK == WORLD - 1:
+        time.sleep(2.5)
+    try:
+        dist.monitored_barrier(timeout=datetime.timedelta(seconds=1), wait_all_ranks=True)
+    except RuntimeError as e:
+        print("ERROR:", e, flush=True)
+    dist.barrier()
+    finish()
+
+
 def sc_suite():
     """Several scenarios in one process group (process start-up dominates the
     test time on a loaded 2-core machine): ARGS name them; allreduce_one_shot /

@@ -19,7 +19,7 @@ using Work = c10::intrusive_ptr<c10d::Work>;
 // The Work endCoalescing returns: every call of the block, waited in order.
 class CoalescedWork : public c10d::Work {
  public:
-  explicit CoalescedWork(std::vector<Work> works) : Work(-1, c10d::OpType::COALESCED), works_(std::move(works)) {}
+  explicit CoalescedWork(std::vector<c10::intrusive_ptr<c10d::Work>> works) : Work(-1, c10d::OpType::COALESCED), works_(std::move(works)) {}
   bool isCompleted() override {
     for (auto& w : works_)
       if (!w->isCompleted()) return false;
@@ -44,7 +44,7 @@ class CoalescedWork : public c10d::Work {
   }
 
  private:
-  std::vector<Work> works_;
+  std::vector<c10::intrusive_ptr<c10d::Work>> works_;
 };
 
 }  // namespace
@@ -118,9 +118,52 @@ Work Backend::endCoalescing() {
 
 Work Backend::allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
   checks::one("all_reduce", "tensors", tensors.size());
+  if (tensors[0].defined() && tensors[0].is_sparse()) return allreduce_sparse(tensors, opts);
   checks::tensor("all_reduce", "tensors[0]", tensors[0]);
   checks::reduction("all_reduce", opts.reduceOp, "tensors[0]", tensors[0]);
   return record(engine_for("all_reduce", "tensors[0]", tensors[0]).allreduce(tensors, opts));
+}
+
+Work Backend::allreduce_sparse(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
+  const char* op = "all_reduce";
+  checks::one(op, "tensors", tensors.size());
+  at::Tensor& t = tensors[0];
+  TORCH_CHECK_VALUE(t.defined() && t.is_sparse(), "fastpar.", op, ": tensors[0] is not a sparse COO tensor");
+  TORCH_CHECK_VALUE(opts.reduceOp == c10d::ReduceOp::SUM, "fastpar.", op, ": sparse tensors reduce with "
+                    "ReduceOp.SUM only, got ReduceOp value ", int(opts.reduceOp.op_));
+  Engine& engine = engine_for(op, "tensors[0]", t);
+  const int n = getSize();
+  const at::Tensor mine = t.coalesce();
+  const auto i64 = at::TensorOptions().dtype(at::kLong).device(t.device());
+  // How many entries each rank has; then every rank's indices and values,
+  // padded to the largest count, in one all_gather each.
+  at::Tensor counts = at::empty({n}, i64);
+  at::Tensor nnz = at::full({1}, mine._nnz(), i64);
+  engine._allgather_base(counts, nnz, {})->wait();
+  const at::Tensor host_counts = counts.cpu();
+  const int64_t most = host_counts.max().item<int64_t>();
+  auto padded = [&](const at::Tensor& x, int64_t dim) {
+    std::vector<int64_t> sizes = x.sizes().vec();
+    sizes[dim] = most;
+    at::Tensor p = at::zeros(sizes, x.options());
+    p.narrow(dim, 0, x.size(dim)).copy_(x);
+    return p;
+  };
+  at::Tensor idx = padded(mine._indices(), 1), val = padded(mine._values(), 0);
+  std::vector<int64_t> idx_all = idx.sizes().vec(), val_all = val.sizes().vec();
+  idx_all.insert(idx_all.begin(), n);
+  val_all.insert(val_all.begin(), n);
+  at::Tensor idxs = at::empty(idx_all, idx.options()), vals = at::empty(val_all, val.options());
+  engine._allgather_base(idxs, idx, {})->wait();
+  engine._allgather_base(vals, val, {})->wait();
+  at::Tensor sum;
+  for (int r = 0; r < n; ++r) {
+    const int64_t k = host_counts[r].item<int64_t>();
+    at::Tensor part = at::sparse_coo_tensor(idxs[r].narrow(1, 0, k), vals[r].narrow(0, 0, k), t.sizes());
+    sum = r == 0 ? part : sum + part;
+  }
+  t.copy_(sum.coalesce());
+  return record(enqueued_work(tensors));
 }
 
 Work Backend::allreduce_coalesced(std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {

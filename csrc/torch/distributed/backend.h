@@ -46,7 +46,7 @@ class Backend : public c10d::Backend {
   // `cuda`: the engine for CUDA tensors, or null.
   Backend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::chrono::milliseconds timeout,
           std::vector<int> local_ranks, std::vector<int> global_ranks, c10::intrusive_ptr<c10d::Backend> leaders,
-          c10::intrusive_ptr<c10d::Backend> world, std::vector<int> hosts, c10::intrusive_ptr<c10d::Backend> cuda);
+          c10::intrusive_ptr<c10d::Backend> world, std::vector<int> hosts, c10::intrusive_ptr<Engine> cuda);
 
   const std::string getBackendName() const override { return "fastpar"; }
   c10::intrusive_ptr<Options> getBackendOptions() override;
@@ -63,6 +63,10 @@ class Backend : public c10d::Backend {
                                            const c10d::BroadcastOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts) override;
+  // Sparse tensors (COO), as gloo: SUM only; every rank's indices and values
+  // gathered, summed in rank order, copied back into the input.
+  c10::intrusive_ptr<c10d::Work> allreduce_sparse(std::vector<at::Tensor>& tensors,
+                                                  const c10d::AllreduceOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                      const c10d::AllreduceCoalescedOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override;
