@@ -298,7 +298,7 @@ def registered_empty(shape, dtype: torch.dtype = torch.float32, group=None, devi
         shape = (shape,)
     sizes = [int(s) for s in shape]
     dev = torch.device(device) if device is not None else torch.device("cpu")
-    if dev.type == "cuda" and dev.index is None:
-        dev = torch.device("cuda", torch.cuda.current_device())
     backend = get_fastpar_backend(group, dev.type if dev.type in ("cpu", "cuda") else "cpu")
+    if dev.type == "cuda" and dev.index is None and backend.cuda_engine is not None:
+        dev = torch.device("cuda", torch.cuda.current_device())
     return backend.registered_empty(sizes, dtype, dev)

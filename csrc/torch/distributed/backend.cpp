@@ -250,6 +250,7 @@ Work Backend::gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<
   return record(engine_for("gather", "input_tensors[0]", inputs[0]).gather(outputs, inputs, opts));
 }
 
+#if FASTPAR_TORCH_AT_LEAST(2, 14)
 Work Backend::gather_into_tensor(at::Tensor& output, at::Tensor& input, const c10d::GatherOptions& opts) {
   checks::tensor("gather_into_tensor", "input", input);
   checks::root("gather_into_tensor", opts.rootRank, getSize());
@@ -260,6 +261,7 @@ Work Backend::gather_into_tensor(at::Tensor& output, at::Tensor& input, const c1
   }
   return record(engine_for("gather_into_tensor", "input", input).gather_into_tensor(output, input, opts));
 }
+#endif
 
 Work Backend::scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
                       const c10d::ScatterOptions& opts) {

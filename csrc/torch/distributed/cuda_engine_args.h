@@ -27,7 +27,7 @@ inline std::string device_words(const at::Tensor& t) {
 // names it): fastpar's DType, or kForeignDType + torch's code for dtypes the
 // copy collectives move but fastpar has no element math for.
 inline int32_t descriptor_dtype(const at::Tensor& t) {
-  const std::optional<DType> d = maybe_dtype(t.scalar_type());
+  const std::optional<DType> d = ops::maybe_dtype(t.scalar_type());
   return d ? int32_t(*d) : kForeignDType + int32_t(t.scalar_type());
 }
 

@@ -85,6 +85,7 @@ c10::intrusive_ptr<c10d::Work> Engine::alltoall(std::vector<at::Tensor>& outputs
   return enqueued_work(outputs);
 }
 
+#if FASTPAR_TORCH_AT_LEAST(2, 14)
 c10::intrusive_ptr<c10d::Work> Engine::gather_into_tensor(at::Tensor& output, at::Tensor& input,
                                                           const c10d::GatherOptions& opts) {
   std::vector<std::vector<at::Tensor>> outs;
@@ -97,6 +98,7 @@ c10::intrusive_ptr<c10d::Work> Engine::gather_into_tensor(at::Tensor& output, at
   gather(outs, ins, opts)->wait();
   return enqueued_work({output});
 }
+#endif
 
 at::Tensor Engine::registered_empty(const std::vector<int64_t>&, at::ScalarType, int) {
   TORCH_CHECK_VALUE(false, "fastpar.registered_empty: this group's ranks are on several hosts; registered tensors "

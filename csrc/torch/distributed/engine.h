@@ -13,6 +13,8 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/extension.h>
 
+#include "c10d_compat.h"
+
 #include <vector>
 
 namespace fastpar {
@@ -48,9 +50,11 @@ class Engine : public c10d::Backend {
   virtual at::Tensor registered_empty(const std::vector<int64_t>& sizes, at::ScalarType dtype, int device);
   virtual bool is_registered(const at::Tensor& t) const;
 
+#if FASTPAR_TORCH_AT_LEAST(2, 14)  // gather_single / gather_into_tensor are new in torch 2.14
   // gather into one flat tensor on the root: gather into its rows.
   c10::intrusive_ptr<c10d::Work> gather_into_tensor(at::Tensor& output, at::Tensor& input,
                                                     const c10d::GatherOptions& opts) override;
+#endif
 };
 
 // A Work for a call whose steps are all enqueued: its Future holds `outputs`

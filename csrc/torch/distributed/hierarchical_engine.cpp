@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <type_traits>
 
 namespace fastpar {
 namespace distributed {
@@ -44,13 +45,35 @@ bool reducible(const std::vector<at::Tensor>& ts, const ReduceOp& op) {
   return true;
 }
 
+// The options of one step: the call's timeout, and the step's root and
+// reduction.
+template <class O>
+O timed(std::chrono::milliseconds timeout) {
+  O o;
+  o.timeout = timeout;
+  return o;
+}
+template <class O>
+O rooted(int root, std::chrono::milliseconds timeout) {
+  O o = timed<O>(timeout);
+  o.rootRank = root;
+  return o;
+}
+template <class O>
+O reducing(const ReduceOp& op, std::chrono::milliseconds timeout, int root = 0) {
+  O o = timed<O>(timeout);
+  o.reduceOp = op;
+  if constexpr (std::is_same_v<O, c10d::ReduceOptions>) o.rootRank = root;
+  return o;
+}
+
 }  // namespace
 
 HierarchicalEngine::HierarchicalEngine(int rank, int size, std::vector<int> host_of,
                                          c10::intrusive_ptr<c10d::Backend> local,
                                          c10::intrusive_ptr<c10d::Backend> leaders,
                                          c10::intrusive_ptr<c10d::Backend> world)
-    : c10d::Backend(rank, size),
+    : Engine(rank, size),
       host_of_(std::move(host_of)),
       local_(std::move(local)),
       leaders_(std::move(leaders)),
@@ -105,26 +128,16 @@ void HierarchicalEngine::abort() {
 // local reduce to the leader -> leaders' allreduce -> local broadcast.
 c10::intrusive_ptr<c10d::Work> HierarchicalEngine::allreduce(std::vector<at::Tensor>& tensors,
                                                               const c10d::AllreduceOptions& opts) {
-  if (tensors.size() != 1 || !reducible(tensors, opts.reduceOp)) return world_->allreduce(tensors, opts);
+  if (!reducible(tensors, opts.reduceOp)) return world_->allreduce(tensors, opts);
   at::Tensor& t = tensors[0];
   ++hier_calls_;
   std::vector<at::Tensor> v{t};
-  c10d::ReduceOptions r;
-  r.reduceOp = step_op(opts.reduceOp);
-  r.rootRank = 0;
-  r.timeout = opts.timeout;
-  local_->reduce(v, r)->wait();
+  local_->reduce(v, reducing<c10d::ReduceOptions>(step_op(opts.reduceOp), opts.timeout))->wait();
   if (leads()) {
-    c10d::AllreduceOptions o;
-    o.reduceOp = step_op(opts.reduceOp);
-    o.timeout = opts.timeout;
-    leaders_->allreduce(v, o)->wait();
+    leaders_->allreduce(v, reducing<c10d::AllreduceOptions>(step_op(opts.reduceOp), opts.timeout))->wait();
     if (is_avg(opts.reduceOp)) t.div_(getSize());
   }
-  c10d::BroadcastOptions b;
-  b.rootRank = 0;
-  b.timeout = opts.timeout;
-  local_->broadcast(v, b)->wait();
+  local_->broadcast(v, rooted<c10d::BroadcastOptions>(0, opts.timeout))->wait();
   return enqueued_work({t});
 }
 
@@ -133,24 +146,17 @@ c10::intrusive_ptr<c10d::Work> HierarchicalEngine::allreduce(std::vector<at::Ten
 // leaders' broadcast into the leader, then the local broadcast from it.
 c10::intrusive_ptr<c10d::Work> HierarchicalEngine::broadcast(std::vector<at::Tensor>& tensors,
                                                               const c10d::BroadcastOptions& opts) {
-  if (tensors.size() != 1 || !dense(tensors) || opts.rootRank < 0 || opts.rootRank >= getSize())
-    return world_->broadcast(tensors, opts);
+  if (!dense(tensors)) return world_->broadcast(tensors, opts);
   at::Tensor& t = tensors[0];
   const int root = int(opts.rootRank), root_host = host_of_[root];
   ++hier_calls_;
   auto leaders_step = [&] {
     if (!leads()) return;
-    c10d::BroadcastOptions o;
-    o.rootRank = root_host;
-    o.timeout = opts.timeout;
     std::vector<at::Tensor> v{bytes_of(t)};
-    leaders_->broadcast(v, o)->wait();
+    leaders_->broadcast(v, rooted<c10d::BroadcastOptions>(root_host, opts.timeout))->wait();
   };
   auto local_step = [&](int local_root) {
-    c10d::BroadcastOptions o;
-    o.rootRank = local_root;
-    o.timeout = opts.timeout;
-    local_->broadcast(tensors, o)->wait();
+    local_->broadcast(tensors, rooted<c10d::BroadcastOptions>(local_root, opts.timeout))->wait();
   };
   if (host_ == root_host) {
     const auto& mine = host_ranks_[host_];
@@ -172,28 +178,18 @@ c10::intrusive_ptr<c10d::Work> HierarchicalEngine::broadcast(std::vector<at::Ten
 // written.
 c10::intrusive_ptr<c10d::Work> HierarchicalEngine::reduce(std::vector<at::Tensor>& tensors,
                                                            const c10d::ReduceOptions& opts) {
-  if (tensors.size() != 1 || !reducible(tensors, opts.reduceOp) || opts.rootRank < 0 ||
-      opts.rootRank >= getSize())
-    return world_->reduce(tensors, opts);
+  if (!reducible(tensors, opts.reduceOp)) return world_->reduce(tensors, opts);
   at::Tensor& t = tensors[0];
   const int root = int(opts.rootRank), root_host = host_of_[root];
   const auto& mine = host_ranks_[host_];
   ++hier_calls_;
   auto leaders_step = [&](const at::Tensor& buf) {
-    c10d::ReduceOptions o;
-    o.reduceOp = step_op(opts.reduceOp);
-    o.rootRank = root_host;
-    o.timeout = opts.timeout;
     std::vector<at::Tensor> v{buf};
-    leaders_->reduce(v, o)->wait();
+    leaders_->reduce(v, reducing<c10d::ReduceOptions>(step_op(opts.reduceOp), opts.timeout, root_host))->wait();
   };
   auto local_step = [&](const at::Tensor& buf, int local_root) {
-    c10d::ReduceOptions o;
-    o.reduceOp = step_op(opts.reduceOp);
-    o.rootRank = local_root;
-    o.timeout = opts.timeout;
     std::vector<at::Tensor> v{buf};
-    local_->reduce(v, o)->wait();
+    local_->reduce(v, reducing<c10d::ReduceOptions>(step_op(opts.reduceOp), opts.timeout, local_root))->wait();
   };
   if (host_ != root_host) {
     const at::Tensor buf = leads() ? t.clone() : t;  // only the leader's is written
@@ -225,12 +221,8 @@ void HierarchicalEngine::all_gather_bytes(const at::Tensor& in, const at::Tensor
   const auto& mine = host_ranks_[host_];
   const int H = int(host_ranks_.size()), nl = int(mine.size());
   std::vector<at::Tensor> ins{in};
-  c10d::GatherOptions g;
-  g.rootRank = 0;
-  g.timeout = timeout;
-  c10d::BroadcastOptions b;
-  b.rootRank = 0;
-  b.timeout = timeout;
+  const auto g = rooted<c10d::GatherOptions>(0, timeout);
+  const auto b = rooted<c10d::BroadcastOptions>(0, timeout);
   std::vector<at::Tensor> whole{out};
   if (!leads()) {
     std::vector<std::vector<at::Tensor>> none;
@@ -248,16 +240,12 @@ void HierarchicalEngine::all_gather_bytes(const at::Tensor& in, const at::Tensor
   for (const auto& rs : host_ranks_) even = even && rs.size() == size_t(nl);
   at::Tensor all = hosts_contiguous_ ? out : at::empty_like(out);  // host-major
   if (even) {
-    c10d::AllgatherOptions o;
-    o.timeout = timeout;
-    leaders_->_allgather_base(all, host_block, o)->wait();
+    leaders_->_allgather_base(all, host_block, timed<c10d::AllgatherOptions>(timeout))->wait();
   } else {
     std::vector<int64_t> send(H, nl * B), recv(H);
     for (int h = 0; h < H; ++h) recv[h] = int64_t(host_ranks_[h].size()) * B;
     at::Tensor rep = host_block.repeat({H});
-    c10d::AllToAllOptions o;
-    o.timeout = timeout;
-    leaders_->alltoall_base(all, rep, recv, send, o)->wait();
+    leaders_->alltoall_base(all, rep, recv, send, timed<c10d::AllToAllOptions>(timeout))->wait();
   }
   if (!hosts_contiguous_) {
     int64_t off = 0;
@@ -273,13 +261,8 @@ void HierarchicalEngine::all_gather_bytes(const at::Tensor& in, const at::Tensor
 c10::intrusive_ptr<c10d::Work> HierarchicalEngine::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                               std::vector<at::Tensor>& inputs,
                                                               const c10d::AllgatherOptions& opts) {
-  if (inputs.size() != 1 || outputs.size() != 1 || int(outputs[0].size()) != getSize() || !dense(inputs) ||
-      !dense(outputs[0]))
-    return world_->allgather(outputs, inputs, opts);
+  if (!dense(outputs[0])) return world_->allgather(outputs, inputs, opts);
   const at::Tensor& in = inputs[0];
-  for (const auto& o : outputs[0])
-    if (o.numel() != in.numel() || o.scalar_type() != in.scalar_type())
-      return world_->allgather(outputs, inputs, opts);
   const int64_t B = in.numel() * int64_t(in.element_size());
   ++hier_calls_;
   at::Tensor flat = at::empty({B * getSize()}, in.options().dtype(at::kByte));
@@ -290,9 +273,6 @@ c10::intrusive_ptr<c10d::Work> HierarchicalEngine::allgather(std::vector<std::ve
 
 c10::intrusive_ptr<c10d::Work> HierarchicalEngine::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                                     const c10d::AllgatherOptions& opts) {
-  if (!dense({output, input}) || output.numel() != input.numel() * getSize() ||
-      output.scalar_type() != input.scalar_type())
-    return world_->_allgather_base(output, input, opts);
   ++hier_calls_;
   all_gather_bytes(bytes_of(input), bytes_of(output), opts.timeout);
   return enqueued_work({output});
@@ -307,13 +287,8 @@ void HierarchicalEngine::reduce_scatter_flat(const at::Tensor& output, const at:
   const int64_t count = output.numel();
   const auto& mine = host_ranks_[host_];
   const int H = int(host_ranks_.size()), nl = int(mine.size());
-  c10d::ReduceOptions r;
-  r.reduceOp = op;
-  r.rootRank = 0;
-  r.timeout = timeout;
-  c10d::ScatterOptions s;
-  s.rootRank = 0;
-  s.timeout = timeout;
+  const auto r = reducing<c10d::ReduceOptions>(op, timeout);
+  const auto s = rooted<c10d::ScatterOptions>(0, timeout);
   std::vector<at::Tensor> outs{output};
   if (!leads()) {
     std::vector<at::Tensor> v{input};  // read, not written: this rank is not the local root
@@ -337,10 +312,7 @@ void HierarchicalEngine::reduce_scatter_flat(const at::Tensor& output, const at:
             .copy_(host_sum.narrow(0, host_ranks_[h][i] * count, count));
   }
   at::Tensor block = at::empty({per_host}, output.options());
-  c10d::ReduceScatterOptions o;
-  o.reduceOp = op;
-  o.timeout = timeout;
-  leaders_->_reduce_scatter_base(block, host_major, o)->wait();
+  leaders_->_reduce_scatter_base(block, host_major, reducing<c10d::ReduceScatterOptions>(op, timeout))->wait();
   if (avg) block.narrow(0, 0, nl * count).div_(getSize());
   std::vector<std::vector<at::Tensor>> ins(1);
   for (int l = 0; l < nl; ++l) ins[0].push_back(block.narrow(0, l * count, count));
@@ -349,9 +321,7 @@ void HierarchicalEngine::reduce_scatter_flat(const at::Tensor& output, const at:
 
 c10::intrusive_ptr<c10d::Work> HierarchicalEngine::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                          const c10d::ReduceScatterOptions& opts) {
-  if (!reducible({output, input}, opts.reduceOp) || input.numel() != output.numel() * getSize() ||
-      output.scalar_type() != input.scalar_type())
-    return world_->_reduce_scatter_base(output, input, opts);
+  if (!reducible({output}, opts.reduceOp)) return world_->_reduce_scatter_base(output, input, opts);
   ++hier_calls_;
   reduce_scatter_flat(output.view({-1}), input.view({-1}), step_op(opts.reduceOp), is_avg(opts.reduceOp),
                       opts.timeout);
