@@ -24,8 +24,12 @@ def test_dry_run_writes_csv_summary_and_plots(tmp_path, capsys):
         assert len(list(csv.DictReader(f))) == len(rows)
     summary = (tmp_path / "summary.txt").read_text().splitlines()
     by_name = {line.split("  ")[0].strip(): line for line in summary}
-    assert " met " in by_name["4 KiB list allreduce, k=2, host us/call"]  # synthetic 7.5 us <= 8
-    assert "MISSED" in by_name["4 KiB list allreduce, k=8, host us/call"]  # synthetic 14 us > 12
+    # synthetic: one launch 5.8 us, k=2 7.5 us = 1.29 launches, k=8 14 us = 2.4 launches
+    assert " met " in by_name["list allreduce 4 KiB, k=2, host per call, in launches"]
+    assert "MISSED" in by_name["list allreduce 4 KiB, k=8, host per call, in launches"]
+    # synthetic: n ranks take (n - 1) times 2 ranks' time: 3 ranks 2x (met), 4 ranks 3x
+    assert " met " in by_name["3 ranks on one GPU, time / 2 ranks' from 256 KiB (worst)"]
+    assert "MISSED" in by_name["4 ranks on one GPU, time / 2 ranks' from 256 KiB (worst)"]
     assert "not measured" in by_name["distinct GPUs, busbw / NCCL from 64 MiB (worst)"]
     assert "error: host: RuntimeError: synthetic failure" in summary
     assert " met " in by_name["registered / plain all_reduce time from 1 MiB (worst)"]  # synthetic: faster
@@ -49,7 +53,39 @@ def test_targets_take_the_worst_row_and_pair_ring_with_direct():
     assert ring["measured"] == pytest.approx(1 / 3) and ring["status"] == "MISSED"
     assert lines["direct / copy from 16 MiB (worst)"]["measured"] == pytest.approx(0.95)
     assert lines["direct / copy from 16 MiB (worst)"]["status"] == "met"
-    assert lines["4 KiB list allreduce, k=2, host us/call"]["measured"] == "not measured"
+    assert lines["list allreduce 4 KiB, k=2, host per call, in launches"]["measured"] == "not measured"
+
+
+def test_gpu_targets_are_in_launches_and_copies_of_the_same_run():
+    """A launch and a copy's rate measured in the 2-rank run's own process
+    are the units: 4 KiB host time over a launch, the 8N / 4N bytes of HBM
+    traffic at the copy's rate over the measured time."""
+    one = "shared cuda:0"
+    rows = [gs.ref_row("launch_us", one, 2, 10.0), gs.ref_row("copy_GBps", one, 2, 4000.0),
+            gs.ipc_row("fastpar", one, 2, 4 * 1024, 20e-6, 12e-6),
+            gs.ipc_row("fastpar graph", one, 2, 4 * 1024, 7e-6, 6e-6),
+            gs.ipc_row("fastpar", one, 2, 256 * 1024, 20e-6), gs.ipc_row("fastpar", one, 2, MiB, 40e-6),
+            gs.ipc_row("fastpar", one, 2, 32 * MiB, 100e-6), gs.ipc_row("fastpar registered", one, 2, 32 * MiB, 50e-6),
+            gs.ipc_row("fastpar", one, 3, MiB, 1.0), gs.ipc_row("fastpar", one, 3, 32 * MiB, 150e-6)]
+    lines = {t["target"]: t for t in gs.targets(rows)}
+    host = lines["dist.all_reduce 4 KiB, 2 ranks on one GPU, host per call, in launches"]
+    assert host["measured"] == pytest.approx(1.2) and host["status"] == "met"
+    assert lines["the same replayed in a CUDA graph, host per replay, in launches"]["measured"] == pytest.approx(0.6)
+    assert lines["2 ranks on one GPU, 1 MiB time / 256 KiB time"]["measured"] == pytest.approx(2.0)
+    plain = lines["2 ranks on one GPU from 8 MiB, of the ceiling (8N at the copy's rate), plain (worst)"]
+    assert plain["measured"] == pytest.approx(8 * 32 * MiB / 4000e9 / 100e-6)
+    reg = lines["2 ranks on one GPU from 8 MiB, of the ceiling (4N), registered (worst)"]
+    assert reg["measured"] == pytest.approx(4 * 32 * MiB / 4000e9 / 50e-6)
+    three = lines["3 ranks on one GPU, time / 2 ranks' from 256 KiB (worst)"]
+    assert three["measured"] == pytest.approx(1.0 / 40e-6) and three["status"] == "MISSED"  # the 1 s calls
+    assert lines["4 ranks on one GPU, time / 2 ranks' from 256 KiB (worst)"]["measured"] == "not measured"
+
+
+def test_ranks_are_a_list_of_counts():
+    assert bench_cuda.parse_args([]).ranks == [2, 3, 4]
+    assert bench_cuda.parse_args(["--ranks", "2"]).ranks == [2]
+    with pytest.raises(SystemExit):
+        bench_cuda.parse_args(["--ranks", "2,9"])
 
 
 def test_rows_count_bytes_as_the_readme_does():
