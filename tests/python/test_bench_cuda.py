@@ -135,12 +135,28 @@ def test_gpu_check_stops_at_once_without_a_gpu(tmp_path):
     smi = tmp_path / "nvidia-smi"
     smi.write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed' >&2\nexit 9\n")
     smi.chmod(0o755)
-    env = dict(os.environ, PATH=f"{tmp_path}:{os.environ['PATH']}", GPU_CHECK_BUDGET_S="60")
+    env = dict(os.environ, PATH=f"{tmp_path}:{os.environ['PATH']}", GPU_CHECK_BUDGET_S="540")
     env.pop("OUT", None)
+    env.pop("GPU_CHECK_PHASES", None)
     r = subprocess.run(["bash", GPU_CHECK], capture_output=True, text=True, env=env, timeout=60)
-    assert r.returncode == 1
+    assert r.returncode == 1, r.stdout + r.stderr
     assert "gpu_check: no NVIDIA GPU here (nvidia-smi finds none)" in r.stdout
     assert "== build" not in r.stdout
+
+
+def test_gpu_check_refuses_a_budget_that_would_starve_the_build(tmp_path):
+    """GPU_CHECK_BUDGET_S=170 once gave the build 10 s: now refused up front
+    (exit 2, before nvidia-smi or the build), naming the minimum and its parts."""
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPU_CHECK_")}
+    env.update(GPU_CHECK_BUDGET_S="170", GPU_CHECK_BUILD_S="120")
+    env.pop("OUT", None)
+    r = subprocess.run(["bash", GPU_CHECK], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert ("gpu_check: GPU_CHECK_BUDGET_S=170 is below the minimum of 510 s for the selected phases (build 120 s, "
+            "smoke test and MPS 30 s, single 60 s, lists 50 s, multi 140 s, ipc 110 s)") in r.stdout
+    assert "== build" not in r.stdout and "nvidia-smi" not in r.stdout
 
 
 def _phases(script: str, env: dict) -> list:
@@ -148,33 +164,42 @@ def _phases(script: str, env: dict) -> list:
 
     lib = os.path.join(os.path.dirname(GPU_CHECK), "gpu_check_phases.sh")
     base = {k: v for k, v in os.environ.items() if not k.startswith("GPU_CHECK_")}
-    r = subprocess.run(["bash", "-c", f"BUDGET=570; START=$SECONDS; source {lib}; {script}"], capture_output=True,
-                       text=True, env=dict(base, **env), timeout=30)
+    r = subprocess.run(["bash", "-c", f"BUDGET=540; START=$SECONDS; source {lib}; {script}"], capture_output=True,
+                       text=True, env=dict(base, GPU_CHECK_BUILD_S="120", **env), timeout=30,
+                       cwd=os.path.dirname(os.path.dirname(GPU_CHECK)))
     assert r.returncode == 0, r.stderr
     return r.stdout.split()
 
 
-def test_gpu_check_runs_every_phase_by_default_with_time_kept_for_later_ones():
-    """Each phase leaves the needs of the selected phases after it (lists 150 s,
-    multi 150 s, ipc 110 s with the report) and may take the rest."""
-    got = _phases("for p in single lists multi ipc; do want $p && echo $p; done; "
-                  "reserve_after single; reserve_after lists; reserve_after multi; reserve_after ipc; "
-                  "phase_limit 150 280; phase_limit 900 0; phase_limit 150 565", {})
-    assert got == ["single", "lists", "multi", "ipc", "410", "260", "110", "0", "150", "570", "10"], got
+def test_gpu_check_fits_one_nine_minute_call_with_time_kept_for_later_phases():
+    """The default budget (540 s, from the start) holds the build's need and
+    every phase's (single 60, lists 50, multi 140, ipc 110); the build may take
+    what the phases' needs leave; each phase keeps the needs of those after it."""
+    got = _phases("for p in single lists multi ipc; do want $p && echo $p; done; min_budget; build_limit; "
+                  "reserve_after build; reserve_after single; reserve_after lists; reserve_after multi; "
+                  "reserve_after ipc; phase_limit 150 280; phase_limit 900 0; phase_limit 150 535", {})
+    assert got == ["single", "lists", "multi", "ipc", "510", "150", "390", "300", "250", "110", "0", "150", "540",
+                   "10"], got
 
 
 def test_gpu_check_phase_selection_gives_the_last_phase_the_rest_of_the_budget():
     """GPU_CHECK_PHASES=multi: only that phase, and nothing kept after it;
     single,multi: single keeps multi's need; the last phase gets the rest."""
-    got = _phases("for p in single lists multi ipc; do want $p && echo $p; done; reserve_after multi",
+    got = _phases("for p in single lists multi ipc; do want $p && echo $p; done; reserve_after multi; min_budget",
                   {"GPU_CHECK_PHASES": "multi"})
-    assert got == ["multi", "0"], got
+    assert got == ["multi", "0", "290"], got
     got = _phases("reserve_after single; reserve_after multi", {"GPU_CHECK_PHASES": "single,multi"})
-    assert got == ["150", "0"], got
-    # the README's plan: call 1 gives single the whole budget, call 2 lists its need and multi the rest
+    assert got == ["140", "0"], got
     got = _phases("reserve_after single", {"GPU_CHECK_PHASES": "single"})
     assert got == ["0"], got
     got = _phases("phase_cap lists; reserve_after lists; phase_cap multi", {"GPU_CHECK_PHASES": "lists,multi"})
-    assert got == ["150", "150", "570"], got
+    assert got == ["50", "140", "540"], got
     got = _phases("phase_cap lists", {"GPU_CHECK_PHASES": "single,lists"})
-    assert got == ["570"], got
+    assert got == ["540"], got
+
+
+def test_gpu_check_budget_refusal_names_the_minimum():
+    got = _phases("check_budget; echo rc=$?", {"GPU_CHECK_PHASES": "multi"})
+    assert got[-1] == "rc=0", got
+    r = _phases("BUDGET=200; check_budget; echo rc=$?", {"GPU_CHECK_PHASES": "multi"})
+    assert r[-1] == "rc=1" and "minimum of 290 s" in " ".join(r), r
