@@ -105,7 +105,7 @@ _batches: dict = {}
 
 def _scenario_of(item):
     """(layout, world, scenario id) a collected test checks, or None (a test with a launch of its own)."""
-    sid = getattr(item.function, "scenario", None)
+    sid = getattr(getattr(item, "function", None), "scenario", None)
     if sid is None:
         return None
     params = item.callspec.params if hasattr(item, "callspec") else {}
