@@ -20,8 +20,8 @@ Scenarios run batched: one launch of WORLD processes per (layout, world) runs
 every selected scenario of that shape in turn (cuda_backend_worker.py,
 "batch"), each in its own process group, and each test below checks its own
 scenario's report, so a failure is still reported by the test's name. A launch
-costs seconds (processes, CUDA contexts, MPS clients): ~47 launches did not fit
-the GPU check's time, ~15 do. Scenarios that end their processes (a SIGKILL,
+costs seconds (processes, CUDA contexts, MPS clients): 46 launches did not fit
+the GPU check's time, 14 do on one GPU. Scenarios that end their processes (a SIGKILL,
 abort(), the p2p mismatch) keep a launch each.
 
 Skips without a GPU (and in CPU-only builds of fastpar): it has never run on
@@ -136,3 +136,141 @@ def scenario_result(request, layout, world, sid):
         _batches[key] = _run_batch(layout, world, [s[2] for s in sids] or [sid])
     results = _batches[key]
     return [section(r, sid) for r in results]
+
+
+@pytest.mark.parametrize("layout,world", LAYOUTS)
+@batched("allreduce")
+def test_all_reduce_every_op_and_dtype_below_and_above_the_ipc_threshold(request, layout, world):
+    results = scenario_result(request, layout, world, "allreduce")
+    assert_ok(results)
+    assert all(f"allreduce rank {r.rank} ok" in r.out for r in results)
+
+
+@pytest.mark.parametrize("layout", ["shared", pytest.param("distinct", marks=needs_two_gpus)])
+@batched("allreduce-slot4096")
+def test_all_reduce_with_a_small_slot_crosses_many_chunks(request, layout):
+    # 4 KiB slots: the IPC sizes above 4 KiB run chunked (slot rotation, pipelining).
+    assert_ok(scenario_result(request, layout, 2, "allreduce-slot4096"))
+
+
+@pytest.mark.parametrize("layout,world", LAYOUTS)
+@batched("collectives")
+def test_every_ipc_collective_every_dtype_and_op(request, layout, world):
+    results = scenario_result(request, layout, world, "collectives")
+    assert_ok(results)
+    assert all(f"collectives rank {r.rank} ok" in r.out for r in results)
+
+
+@pytest.mark.parametrize("layout", ["shared", pytest.param("distinct", marks=needs_two_gpus)])
+@batched("collectives-slot4096")
+def test_collectives_with_a_small_slot(request, layout):
+    assert_ok(scenario_result(request, layout, 2, "collectives-slot4096"))
+
+
+@pytest.mark.parametrize("layout,world", LAYOUTS)
+@batched("root_and_alltoall")
+def test_gather_scatter_all_to_all_and_what_has_no_ipc_schedule(request, layout, world):
+    results = scenario_result(request, layout, world, "root_and_alltoall")
+    assert_ok(results)
+    assert all(f"root_and_alltoall rank {r.rank} ok" in r.out for r in results)
+
+
+@pytest.mark.parametrize("layout,world", LAYOUTS)
+@batched("p2p")
+def test_send_recv_and_batch_isend_irecv_over_ipc(request, layout, world):
+    results = scenario_result(request, layout, world, "p2p")
+    assert_ok(results)
+    assert all(f"p2p rank {r.rank} ok" in r.out for r in results)
+
+
+@pytest.mark.parametrize("layout,world", LAYOUTS)
+@batched("p2p_first")
+def test_send_recv_first_with_a_bound_device(request, layout, world):
+    results = scenario_result(request, layout, world, "p2p_first")
+    assert_ok(results)
+    assert all(f"p2p_first rank {r.rank} ok" in r.out for r in results)
+
+
+@pytest.mark.parametrize("layout,world", LAYOUTS)
+@batched("graph")
+def test_all_reduce_captured_in_a_cuda_graph(request, layout, world):
+    results = scenario_result(request, layout, world, "graph")
+    assert_ok(results)
+    assert all(f"graph rank {r.rank} ok" in r.out for r in results)
+
+
+@pytest.mark.parametrize("layout,world", LAYOUTS)
+@batched("registered")
+def test_registered_cuda_tensors_all_reduce_without_copy_in(request, layout, world):
+    results = scenario_result(request, layout, world, "registered")
+    assert_ok(results)
+    assert all(f"registered rank {r.rank} ok" in r.out for r in results)
+
+
+@pytest.mark.parametrize("layout,world", LAYOUTS)
+@batched("registered_alone")
+def test_registered_empty_is_collective_a_rank_alone_fails_at_once(request, layout, world):
+    results = scenario_result(request, layout, world, "registered_alone")
+    assert_ok(results)
+    assert all(f"registered_alone rank {r.rank} ok" in r.out for r in results)
+
+
+@pytest.mark.parametrize("variant", ["tag", "size"])
+def test_a_receive_that_does_not_match_the_next_message_fails(variant):
+    results = run_cuda("p2p_mismatch", 2, "shared", env={"FASTPAR_BLOCKING_WAIT": "1"}, args=(variant,))
+    assert_ok(results)
+
+
+@pytest.mark.parametrize("layout", ["shared", pytest.param("distinct", marks=needs_two_gpus)])
+@batched("state")
+def test_state_and_the_mps_note(request, layout):
+    results = scenario_result(request, layout, 2, "state")
+    assert_ok(results)
+    if layout == "shared":
+        line = next(l for l in results[0].out.splitlines() if l.startswith("state: "))
+        if "mps=on" not in line:
+            # The one-time warning: a Python warning or, where torch does not
+            # forward C++ warnings, a line on stderr.
+            assert ("mps-warning-python: True" in results[0].out or "time-slice" in results[0].err), (
+                results[0].out + results[0].err)
+
+
+@batched("async")
+def test_async_op_wait_and_future_then(request):
+    assert_ok(scenario_result(request, TWO_RANK_LAYOUT, 2, "async"))
+
+
+@pytest.mark.parametrize("layout,world", [p for p in LAYOUTS if p[1] in (2, 3)])
+@pytest.mark.parametrize("buckets", ["plain", "registered"])
+@batched(lambda p: f"ddp-{p['buckets']}")
+def test_stock_and_fastpar_ddp_match_a_reference(request, layout, world, buckets):
+    # "registered": fastpar DDP's CUDA buckets live in the IPC arena (bucket_storage.py).
+    assert_ok(scenario_result(request, layout, world, f"ddp-{buckets}"))
+
+
+@pytest.mark.parametrize("layout,world", [("shared", 2), ("shared", 3)] +
+                         ([("distinct", 2)] if NGPU >= 2 else []))
+@pytest.mark.parametrize("mode", ["blocking", "async"])
+@pytest.mark.parametrize("op", ["all_reduce", "broadcast"])
+def test_sigkilled_peer_makes_every_survivor_raise_within_seconds(layout, world, mode, op):
+    if layout == "distinct" and not (torch.cuda.can_device_access_peer(0, 1) and
+                                     torch.cuda.can_device_access_peer(1, 0)):
+        pytest.skip("GPUs 0 and 1 have no peer access: the calls go to NCCL, whose faults are NCCL's")
+    env = {"FASTPAR_BLOCKING_WAIT": "1"} if mode == "blocking" else {}
+    results = run_cuda("sigkill", world, layout, env=env, args=[mode, op], timeout=120)
+    for survivor in results[:-1]:
+        assert survivor.rc == 0, survivor.out + survivor.err
+        assert "raised after" in survivor.out, survivor.out
+    assert results[-1].rc == -9, results[-1].err  # SIGKILL
+
+
+@pytest.mark.parametrize("variant", ["numel", "root", "op"])
+@batched(lambda p: f"desync-{p['variant']}")
+def test_desynced_calls_fail_on_every_rank(request, variant):
+    assert_ok(scenario_result(request, TWO_RANK_LAYOUT, 2, f"desync-{variant}"))
+
+
+def test_abort_stops_a_waiting_kernel():
+    results = run_cuda("abort", 2, "shared", timeout=120)
+    assert all(r.rc == 0 for r in results), [(r.rc, r.out, r.err) for r in results]
+    assert "aborted kernel returned after" in results[0].out, results[0].out
