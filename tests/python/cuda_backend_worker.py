@@ -539,10 +539,16 @@ def sc_sigkill():
         os.kill(os.getpid(), signal.SIGKILL)
     time.sleep(0.5)
     t0 = time.monotonic()
+
+    def step(what):  # where the time goes, should a run ever hang again (issue 20, defect 3)
+        print(f"[{time.monotonic() - t0:6.2f}s] {what}", flush=True)
     try:
         work = dist.all_reduce(t, async_op=True) if op == "all_reduce" else dist.broadcast(t, src=0, async_op=True)
+        step(f"{op} enqueued")
         work.wait()
+        step("wait() returned")
         torch.cuda.synchronize()
+        step("synchronize() returned")
         dist.all_reduce(t)  # refused at the start if wait() did not raise
         raise AssertionError("no error after the peer was killed")
     except dist.DistBackendError as e:
@@ -551,12 +557,14 @@ def sc_sigkill():
         print(f"raised after {elapsed:.1f}s: {msg}", flush=True)
         assert f"rank {RANK}" in msg and f"rank {dead} (pid" in msg and "exited" in msg, msg
         assert op in msg or "all_reduce" in msg, msg
-        assert elapsed < 20, f"took {elapsed:.1f}s: the watcher should stop the kernels within seconds"
+        assert elapsed < 10, f"took {elapsed:.1f}s: the watcher should stop the kernels within seconds"
     assert cuda_backend().dead_peer == dead, cuda_backend().dead_peer
     # abort must not wait for anything: the arena is abandoned, no process stays stuck.
     t1 = time.monotonic()
     dist.destroy_process_group()
     print(f"destroy after the death took {time.monotonic() - t1:.1f}s", flush=True)
+    total = time.monotonic() - t0
+    assert total < 10, f"the scenario took {total:.1f}s after the death (the issue's bound: 10 s)"
     os._exit(0)
 
 
