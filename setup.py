@@ -14,6 +14,12 @@ and define none of libstdc++'s symbols. Otherwise the build stops with the
 cause and the fix (e.g. `CXX=/usr/bin/g++`), instead of producing an
 extension that crashes at its first error message.
 
+Release builds carry no debug information: Python's sysconfig CFLAGS (which
+torch's build puts on every C++ compile line) hold `-g`, and the extension grew
+to ~94 MiB for one GPU architecture with it; `-g0` last on the C++ lines and
+on nvcc's host-compiler lines takes it off. FASTPAR_DEBUG_INFO=1 keeps it (and
+adds `-g` for the host side of .cu files) for debugging with gdb.
+
 Install with `pip install --no-build-isolation .` so the extension is built
 against the torch you will import (its C++ ABI must match).
 """
@@ -64,6 +70,13 @@ def _want_cuda():
     return possible
 
 
+def _debug_info():
+    flag = os.environ.get("FASTPAR_DEBUG_INFO", "").strip()
+    if flag not in ("", "0", "1"):
+        sys.exit(f"FASTPAR_DEBUG_INFO must be 0 or 1, got {flag!r}")
+    return flag == "1"
+
+
 def _sources(cuda):
     """Every .cpp under csrc/ is torch glue or CPU code; files whose path says
     "cuda" (csrc/ops/cuda_*.cpp, csrc/backends/cuda_*.cpp, csrc/transport/cuda_*/)
@@ -78,19 +91,26 @@ def _sources(cuda):
 
 def _extension():
     cuda = _want_cuda()
-    cxx = ["-O3", "-fno-strict-aliasing", ABI_DEFINE]  # the C++ standard is torch's choice (C++20 for 2.14)
+    debug = _debug_info()
+    # -g0/-g last: the flags from sysconfig come first on the line, the last -g* wins
+    host_debug = "-g" if debug else "-g0"
+    # the C++ standard is torch's choice (C++20 for 2.14)
+    cxx = ["-O3", "-fno-strict-aliasing", ABI_DEFINE, host_debug]
     print(f"fastpar: building {'CPU + CUDA' if cuda else 'CPU-only'} extension "
           f"(torch {torch.__version__}, CUDA_HOME={_cuda_home}, "
-          f"TORCH_CUDA_ARCH_LIST={os.environ['TORCH_CUDA_ARCH_LIST']})")
+          f"TORCH_CUDA_ARCH_LIST={os.environ['TORCH_CUDA_ARCH_LIST']}, "
+          f"{'with debug info (FASTPAR_DEBUG_INFO=1)' if debug else 'no debug info'})")
     if not cuda:
         return CppExtension("fastpar._C", _sources(False), extra_compile_args={"cxx": cxx})
-    nvcc = ["-O3", "--expt-relaxed-constexpr", "-lineinfo", ABI_DEFINE]
+    # -lineinfo (device line tables, a few %) stays: compute-sanitizer and
+    # Nsight name the source line of a kernel that traps or stalls
+    nvcc = ["-O3", "--expt-relaxed-constexpr", "-lineinfo", ABI_DEFINE, "-Xcompiler", host_debug]
     return CUDAExtension(
         "fastpar._C",
         _sources(True),
         include_dirs=cuda_toolkit.nvidia_wheel_includes(),
         define_macros=[("FASTPAR_WITH_CUDA", "1")],
-        extra_compile_args={"cxx": cxx + ["-DFASTPAR_WITH_CUDA=1"], "nvcc": nvcc},
+        extra_compile_args={"cxx": cxx[:-1] + ["-DFASTPAR_WITH_CUDA=1", host_debug], "nvcc": nvcc},
     )
 
 

@@ -9,11 +9,14 @@ figures (gpu_summary.py holds the rows, targets, tables, CSV and plots).
          torch.cuda.nccl.all_reduce (distinct GPUs); ceiling: one
          device-to-device copy of the same 2*k*size bytes. CUDA events.
   host   host time per call at 4 KiB: k = 2 and 8, N calls, one synchronize
-  ipc    dist.all_reduce on a "fastpar" group, 2 ranks as processes sharing
-         cuda:0 (start an MPS daemon first, or they time-slice), and on
-         distinct GPUs beside an NCCL group when there are 2+; up to 256 KiB
-         also captured in a CUDA graph (one all_reduce per replay), above it
-         also on registered tensors (registered_empty: no copy-in)
+  ipc    dist.all_reduce on a "fastpar" group, 2, 3 and 4 ranks as
+         processes sharing cuda:0 (start an MPS daemon first, or they
+         time-slice), and on distinct GPUs beside an NCCL group when there
+         are enough; with 2 ranks, up to 256 KiB also captured in a CUDA graph
+         (one all_reduce per replay), above it also on registered tensors
+         (registered_empty: no copy-in). Each run's rank 0 also measures the
+         targets' units in its own process (gpu_summary.ref_row): one kernel
+         launch from Python and a device-to-device copy's rate.
 
   python benchmarks/bench_cuda.py                      # all parts, ~3 minutes on one H100
   python benchmarks/bench_cuda.py --part lists --quick
@@ -209,6 +212,20 @@ def host_rows(args) -> list:
     return rows
 
 
+def ref_rows(placement: str, ranks: int, host_calls: int) -> list:
+    """The targets' units, in this process: one launch from Python (x.add_(y),
+    4 KiB, host time per call) and a 64 MiB device-to-device copy's rate
+    (read + write bytes per second)."""
+    import torch
+
+    x, y = torch.zeros(1024, device="cuda"), torch.zeros(1024, device="cuda")
+    src = torch.empty(64 * MiB, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    t_copy = event_time(lambda: dst.copy_(src))
+    return [gs.ref_row("launch_us", placement, ranks, host_time(lambda: x.add_(y), host_calls) * 1e6),
+            gs.ref_row("copy_GBps", placement, ranks, 2 * src.numel() / t_copy / 1e9)]
+
+
 def ipc_worker(args) -> None:
     """One rank: dist.all_reduce on a fastpar group (and an NCCL group on
     distinct GPUs); rank 0 writes its rows (the slowest rank's times) as JSON."""
@@ -218,7 +235,7 @@ def ipc_worker(args) -> None:
     import fastpar  # noqa: F401  (registers "fastpar")
     import fastpar.distributed as fd
 
-    rank, n = args.rank, args.ranks
+    rank, n = args.rank, args.ranks[0]
     ngpu = torch.cuda.device_count()
     placement = "shared cuda:0" if args.placement == "shared" else "distinct GPUs"
     torch.cuda.set_device(0 if args.placement == "shared" else rank % ngpu)
@@ -249,11 +266,23 @@ def ipc_worker(args) -> None:
     def agreed_calls(k: int) -> int:
         return int(over_gloo(k, dist.ReduceOp.MIN))
 
+    # The units first, while the other ranks wait (a launch's host time and a
+    # copy's rate are what this process sees, on a GPU shared with them).
+    if rank == 0:
+        for row in ref_rows(placement, n, args.host_calls):
+            keep(row)
+    dist.barrier(group=gloo)
+
     def series(name: str, sizes_: list, measure) -> None:
         """measure(size) -> (seconds, host seconds) for each size, the ranks
         in step: a failure on any rank (its exception, or a peer's) ends the
-        series on every rank, which then go on to the next one together."""
-        for size in sizes_:
+        series on every rank, which then go on to the next one together; so
+        does the run's time limit (--stop-at), the sizes left then marked."""
+        for i, size in enumerate(sizes_):
+            if over_gloo(1.0 if time.time() < args.stop_at else 0.0, dist.ReduceOp.MIN) == 0.0:
+                for s in sizes_[i:]:
+                    keep(gs.ipc_row(name, placement, n, s, None, None, "not measured: time limit"))
+                return
             err, sec, host = None, None, None
             try:
                 sec, host = measure(size)
@@ -294,12 +323,13 @@ def ipc_worker(args) -> None:
 
     for name, group in groups:
         series(name, args.ipc_sizes, lambda size: plain(group, size))
-    # The same all_reduce on registered tensors (registered_empty: no
-    # copy-in) at the two-shot sizes, where that schedule runs.
-    series("fastpar registered", [s for s in args.ipc_sizes if s > 256 * KiB], registered)
-    # The same all_reduce captured in a CUDA graph (fastpar's graphed kernel):
-    # one all_reduce per graph, so host time per replay is per call.
-    series("fastpar graph", [s for s in args.ipc_sizes if s <= 256 * KiB], graphed)
+    if n == 2:  # 3 and 4 ranks are measured against 2 on the plain all_reduce only (the time it takes)
+        # The same all_reduce on registered tensors (registered_empty: no
+        # copy-in) at the two-shot sizes, where that schedule runs.
+        series("fastpar registered", [s for s in args.ipc_sizes if s > 256 * KiB], registered)
+        # The same all_reduce captured in a CUDA graph (fastpar's graphed kernel):
+        # one all_reduce per graph, so host time per replay is per call.
+        series("fastpar graph", [s for s in args.ipc_sizes if s <= 256 * KiB], graphed)
     dist.destroy_process_group()
 
 
@@ -307,24 +337,27 @@ def ipc_rows(args) -> list:
     import torch
 
     rows = []
-    placements = ["shared"] + (["distinct"] if torch.cuda.device_count() >= args.ranks else [])
+    ngpu = torch.cuda.device_count()
+    runs = [("shared", n) for n in args.ranks] + [("distinct", n) for n in args.ranks if 2 <= n <= ngpu]
     # every size over fastpar's own path (the default sends 8+ MiB to NCCL),
     # and room for the registered rows' largest tensor
     os.environ.setdefault("FASTPAR_CUDA_IPC_MAX_BYTES", str(max(args.ipc_sizes)))
     os.environ.setdefault("FASTPAR_CUDA_IPC_REGISTERED_BYTES", str(max(args.ipc_sizes)))
-    for i, placement in enumerate(placements):
+    for i, (placement, n) in enumerate(runs):
         # what is left of --ipc-timeout (counted from this process's start:
-        # the caller's `timeout` is) for this placement and those after it
-        budget = (args.ipc_timeout - (time.monotonic() - _STARTED)) / (len(placements) - i)
+        # the caller's `timeout` is) for this run and those after it; the
+        # ranks stop starting sizes 10 s before it ends (a slow call, as 3
+        # ranks' took 1 s, must not cost the rows measured before it)
+        budget = (args.ipc_timeout - (time.monotonic() - _STARTED)) / (len(runs) - i)
         with tempfile.TemporaryDirectory(prefix="fastpar-bench-") as d:
             out = os.path.join(d, "rows.json")
-            argv = ["--ipc-worker", "--placement", placement, "--ipc-out", out, "--ranks", str(args.ranks),
-                    "--host-calls", str(args.host_calls), "--ipc-sizes", ",".join(map(str, args.ipc_sizes))]
+            argv = ["--ipc-worker", "--placement", placement, "--ipc-out", out, "--ranks", str(n),
+                    "--host-calls", str(args.host_calls), "--ipc-sizes", ",".join(map(str, args.ipc_sizes)),
+                    "--stop-at", str(time.time() + max(budget - 10, budget / 2))]
             try:
-                run_ranks(os.path.abspath(__file__), argv, args.ranks, timeout=max(budget, 1.0))
+                run_ranks(os.path.abspath(__file__), argv, n, timeout=max(budget, 1.0))
             except SystemExit as e:  # run_ranks exits when a rank fails
-                rows.append(gs.ipc_row("fastpar", f"{placement} (ranks failed)", args.ranks, 0, None, None,
-                                       str(e)))
+                rows.append(gs.ipc_row("fastpar", f"{placement} (ranks failed)", n, 0, None, None, str(e)))
             if os.path.exists(out):  # whole: rank 0 renames a finished file over it
                 with open(out) as f:
                     rows += json.load(f)
@@ -346,13 +379,17 @@ def synthetic_rows(args) -> list:
                                             t_copy))
     rows += [gs.host_row("torch add_ (one launch)", 1, 5.8e-6), gs.host_row("direct", 2, 7.5e-6),
              gs.host_row("direct", 8, 14e-6), gs.host_row("ring", 2, None, "RuntimeError: synthetic failure")]
-    for size in args.ipc_sizes:
-        rows.append(gs.ipc_row("fastpar", "shared cuda:0", 2, size, 10e-6 + size / 500e9,
-                               9e-6 if size <= 256 * KiB else None))
-        if size <= 256 * KiB:
-            rows.append(gs.ipc_row("fastpar graph", "shared cuda:0", 2, size, 8e-6 + size / 500e9, 3e-6))
-        else:
-            rows.append(gs.ipc_row("fastpar registered", "shared cuda:0", 2, size, 10e-6 + size / 600e9))
+    for n in args.ranks:
+        rows += [gs.ref_row("launch_us", "shared cuda:0", n, 6.9), gs.ref_row("copy_GBps", "shared cuda:0", n, 4200)]
+        for size in args.ipc_sizes:
+            rows.append(gs.ipc_row("fastpar", "shared cuda:0", n, size, (n - 1) * (10e-6 + size / 500e9),
+                                   9e-6 if size <= 256 * KiB else None))
+            if n > 2:
+                continue
+            if size <= 256 * KiB:
+                rows.append(gs.ipc_row("fastpar graph", "shared cuda:0", n, size, 8e-6 + size / 500e9, 3e-6))
+            else:
+                rows.append(gs.ipc_row("fastpar registered", "shared cuda:0", n, size, 10e-6 + size / 600e9))
     return rows
 
 
@@ -381,7 +418,7 @@ def parse_args(argv=None):
     p.add_argument("--algorithms", default="direct,ring")
     p.add_argument("--min-size", type=int, default=4 * KiB)
     p.add_argument("--max-size", type=int, default=256 * MiB)
-    p.add_argument("--ranks", type=int, default=2, help="processes for the ipc part")
+    p.add_argument("--ranks", default="2,3,4", help="processes for the ipc part: one run per count (2..8)")
     p.add_argument("--ipc-sizes", default=f"{4 * KiB},{256 * KiB},{MiB},{8 * MiB},{32 * MiB},{128 * MiB}")
     p.add_argument("--host-calls", type=int, default=3000)
     p.add_argument("--ipc-timeout", type=float, default=90,
@@ -399,6 +436,7 @@ def parse_args(argv=None):
     p.add_argument("--ipc-out", default="", help=argparse.SUPPRESS)
     p.add_argument("--rank", type=int, default=-1, help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--stop-at", type=float, default=float("inf"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.parts = PARTS if args.part == "all" else tuple(x for x in args.part.split(",") if x)
     bad = [x for x in args.parts if x not in PARTS]
@@ -412,8 +450,13 @@ def parse_args(argv=None):
     args.sizes = sizes(args.min_size, args.max_size, 16 if args.quick else 4)
     args.ipc_sizes = [int(s) for s in args.ipc_sizes.split(",")]
     args.stop_at = time.time() + args.time_limit if args.time_limit > 0 else float("inf")
-    if not 2 <= args.ranks <= 8:
-        p.error(f"--ranks is {args.ranks} but must be between 2 and 8")
+    try:
+        args.ranks = [int(x) for x in str(args.ranks).split(",") if x]
+    except ValueError:
+        p.error(f"--ranks is {args.ranks!r} but must be comma-separated counts between 2 and 8")
+    bad = [n for n in args.ranks if not 2 <= n <= 8]
+    if bad or not args.ranks:
+        p.error(f"--ranks has {bad[0] if bad else 'nothing'} but every count must be between 2 and 8")
     return args
 
 

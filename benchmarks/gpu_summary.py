@@ -10,6 +10,11 @@ Row kinds (the "part" column):
   host   host time per call at 4 KiB: N calls, then one synchronize
   ipc    dist.all_reduce across processes (fastpar or NCCL group); algbw =
          bytes / time, busbw = algbw * 2(n-1)/n (nccl-tests' convention)
+  ref    the units the GPU targets are stated in, measured in the process
+         (and run) whose rows they judge: "launch_us", the host time of one
+         kernel launch from Python (x.add_(y), 4 KiB), and "copy_GBps", what
+         a device-to-device copy moves (read + write bytes per second). So a
+         target holds on any host: "1.3 launches", "0.8 of a copy".
 """
 from __future__ import annotations
 
@@ -52,6 +57,11 @@ def ipc_row(backend: str, placement: str, ranks: int, size: int, seconds: Option
             "algbw_GBps": algbw, "busbw_GBps": algbw * 2 * (ranks - 1) / ranks, "error": error}
 
 
+def ref_row(what: str, placement: str, ranks: int, value: Optional[float], error: str = "") -> Dict:
+    return {"part": "ref", "what": what, "placement": placement, "ranks": ranks,
+            "value": value if value else float("nan"), "error": error}
+
+
 def _ok(values) -> List[float]:
     return [v for v in values if isinstance(v, (int, float)) and not math.isnan(v)]
 
@@ -70,10 +80,14 @@ def _target(name: str, target: str, values: List[float], better: str, bound: flo
 
 
 def targets(rows: List[Dict]) -> List[Dict]:
-    """The issues' targets (issue 9 items 3-4, issue 8 item 3) beside what was measured."""
+    """The targets (issue 20's table in kernel launches and fractions of a
+    copy measured in the same run; issues 8 and 9 for what it left) beside
+    what was measured: each line the worst row's ratio and its goal."""
     lists = [r for r in rows if r["part"] == "lists" and r["placement"] == ONE_GPU]
     host = {(r["call"], r["k"]): r["host_us"] for r in rows if r["part"] == "host"}
     ipc = [r for r in rows if r["part"] == "ipc"]
+    ref = {(r["what"], r["placement"], r["ranks"]): r["value"] for r in rows if r["part"] == "ref"}
+    nan = float("nan")
 
     def direct(min_b=0, max_b=1 << 62):
         return [r for r in lists if r["algorithm"] == "direct" and min_b <= r["bytes"] <= max_b]
@@ -84,7 +98,25 @@ def targets(rows: List[Dict]) -> List[Dict]:
             d = [x for x in direct(r["bytes"], r["bytes"]) if x["k"] == r["k"] and x["dtype"] == r["dtype"]]
             if d:
                 ring_vs_direct.append(r["fastpar_GBps"] / d[0]["fastpar_GBps"])
-    shared = [r for r in ipc if r["backend"] == "fastpar" and r["placement"] == "shared cuda:0" and r["ranks"] == 2]
+    one = "shared cuda:0"
+
+    def fastpar_on_one(ranks, backend="fastpar"):
+        return {r["bytes"]: r for r in ipc if r["backend"] == backend and r["placement"] == one and r["ranks"] == ranks}
+
+    two, two_graph, two_reg = fastpar_on_one(2), fastpar_on_one(2, "fastpar graph"), fastpar_on_one(2, "fastpar registered")
+    launch_lists = host.get(("torch add_ (one launch)", 1), nan)
+    launch_two = ref.get(("launch_us", one, 2), nan)
+    copy_two = ref.get(("copy_GBps", one, 2), nan)  # read + write GB/s
+
+    def of_ceiling(row, traffic_per_byte):
+        """The physical ceiling's time (traffic_per_byte x N bytes of HBM traffic
+        at the copy's rate) over the measured time."""
+        return traffic_per_byte * row["bytes"] / (copy_two * 1e9) / (row["us"] * 1e-6)
+
+    def vs_two(ranks):
+        rows_n = fastpar_on_one(ranks)
+        return [rows_n[b]["us"] / two[b]["us"] for b in sorted(rows_n) if b >= 256 * KiB and b in two]
+
     distinct = [r for r in ipc if r["placement"] == "distinct GPUs"]
     nccl = {(r["ranks"], r["bytes"]): r["busbw_GBps"] for r in distinct if r["backend"] == "nccl"}
     vs_nccl = [r["busbw_GBps"] / nccl[(r["ranks"], r["bytes"])] for r in distinct
@@ -95,24 +127,31 @@ def targets(rows: List[Dict]) -> List[Dict]:
     registered_vs_plain = [r["us"] / plain[(r["placement"], r["ranks"], r["bytes"])] for r in ipc
                            if r["backend"] == "fastpar registered"
                            and (r["placement"], r["ranks"], r["bytes"]) in plain]
+    i20 = "issue 20"
     return [
-        _target("4 KiB list allreduce, k=2, host us/call", "<= 8", [host.get(("direct", 2))], "lower", 8,
-                "issue 9.3"),
-        _target("4 KiB list allreduce, k=8, host us/call", "<= 12", [host.get(("direct", 8))], "lower", 12,
-                "issue 9.3"),
+        _target("list allreduce 4 KiB, k=2, host per call, in launches", "<= 1.3",
+                [host.get(("direct", 2), nan) / launch_lists], "lower", 1.3, i20),
+        _target("list allreduce 4 KiB, k=8, host per call, in launches", "<= 1.6",
+                [host.get(("direct", 8), nan) / launch_lists], "lower", 1.6, i20),
+        _target("list direct at 1 MiB, k=2..8, of a copy (worst)", ">= 0.8",
+                [r["of_copy"] for r in direct(MiB, MiB)], "higher", 0.8, i20),
+        _target("dist.all_reduce 4 KiB, 2 ranks on one GPU, host per call, in launches", "<= 1.3",
+                [r["host_us"] / launch_two for b, r in two.items() if b == 4 * KiB], "lower", 1.3, i20),
+        _target("the same replayed in a CUDA graph, host per replay, in launches", "<= 0.8",
+                [r["host_us"] / launch_two for b, r in two_graph.items() if b == 4 * KiB], "lower", 0.8, i20),
+        _target("2 ranks on one GPU, 1 MiB time / 256 KiB time", "<= 1.5",
+                [two[MiB]["us"] / two[256 * KiB]["us"]] if MiB in two and 256 * KiB in two else [], "lower", 1.5,
+                i20),
+        _target("2 ranks on one GPU from 8 MiB, of the ceiling (8N at the copy's rate), plain (worst)", ">= 0.8",
+                [of_ceiling(r, 8) for b, r in two.items() if b >= 8 * MiB], "higher", 0.8, i20),
+        _target("2 ranks on one GPU from 8 MiB, of the ceiling (4N), registered (worst)", ">= 0.8",
+                [of_ceiling(r, 4) for b, r in two_reg.items() if b >= 8 * MiB], "higher", 0.8, i20),
+        _target("3 ranks on one GPU, time / 2 ranks' from 256 KiB (worst)", "<= 2", vs_two(3), "lower", 2, i20),
+        _target("4 ranks on one GPU, time / 2 ranks' from 256 KiB (worst)", "<= 2", vs_two(4), "lower", 2, i20),
         _target("ring / direct GB/s from 1 MiB, one GPU (worst)", ">= 0.5", ring_vs_direct, "higher", 0.5,
                 "issue 9.3"),
         _target("direct / copy from 16 MiB (worst)", ">= 0.9", [r["of_copy"] for r in direct(16 * MiB)],
                 "higher", 0.9, "issue 9.4"),
-        _target("direct / copy at 1 MiB (worst)", ">= 0.6", [r["of_copy"] for r in direct(MiB, MiB)],
-                "higher", 0.6, "issue 9.4"),
-        _target("2 ranks on one GPU, 4 KiB dist.all_reduce host us/call", "<= 8",
-                [r["host_us"] for r in shared if r["bytes"] == 4 * KiB], "lower", 8, "issue 8.3"),
-        _target("2 ranks on one GPU, 4 KiB all_reduce in a CUDA graph, host us/replay", "<= 8",
-                [r["host_us"] for r in ipc if r["backend"] == "fastpar graph" and r["placement"] == "shared cuda:0"
-                 and r["ranks"] == 2 and r["bytes"] == 4 * KiB], "lower", 8, "issue 8.3 (graphs)"),
-        _target("2 ranks on one GPU, 32 MiB algbw GB/s", ">= 468",
-                [r["algbw_GBps"] for r in shared if r["bytes"] == 32 * MiB], "higher", 468, "issue 8.3"),
         _target("distinct GPUs, 256 KiB dist.all_reduce us", "<= 10",
                 [r["us"] for r in distinct if r["backend"] == "fastpar" and r["bytes"] == 256 * KiB], "lower", 10,
                 "issue 8.3"),
@@ -139,6 +178,10 @@ def report(rows: List[Dict], out_dir: str, header: str = "") -> List[Dict]:
     host = [r for r in rows if r["part"] == "host"]
     if host:
         print_table(host, ["call", "k", "host_us", "error"], "Host time per call, 4 KiB (N calls, one synchronize)")
+    ref = [r for r in rows if r["part"] == "ref"]
+    if ref:
+        print_table(ref, ["what", "placement", "ranks", "value", "error"],
+                    "Units of the targets, measured in the same processes (one launch: us; a copy: GB/s read+write)")
     ipc = [r for r in rows if r["part"] == "ipc"]
     if ipc:
         print_table(ipc, ["backend", "placement", "ranks", "size", "us", "host_us", "algbw_GBps", "busbw_GBps",
@@ -153,7 +196,7 @@ def report(rows: List[Dict], out_dir: str, header: str = "") -> List[Dict]:
         f.write(header)
         for t in lines:
             m = t["measured"]
-            f.write(f"{t['target']:<70} {t['goal']:>7}  {m if isinstance(m, str) else f'{m:.3g}':>12}  "
+            f.write(f"{t['target']:<92} {t['goal']:>7}  {m if isinstance(m, str) else f'{m:.3g}':>12}  "
                     f"{t['status']:<6}  {t['how']}\n")
         for e in errs:
             f.write(f"error: {e}\n")

@@ -1,7 +1,8 @@
-"""The two facts about a shared library that the build guard needs, read from
-the ELF file itself (no readelf/ldd: they are not on every machine, and ldd
-would run the loader): the libraries it depends on (DT_NEEDED) and the dynamic
-symbols it defines. 32- and 64-bit, either byte order."""
+"""The facts about a shared library that the build guard and the build tests
+need, read from the ELF file itself (no readelf/ldd: they are not on every
+machine, and ldd would run the loader): the libraries it depends on
+(DT_NEEDED), the dynamic symbols it defines, and its section names (debug
+information or not). 32- and 64-bit, either byte order."""
 from __future__ import annotations
 
 import mmap
@@ -28,17 +29,26 @@ class ElfFile:
         else:
             shoff, = self._unpack("I", 0x20)
             shentsize, shnum = self._unpack("HH", 0x2E)
+        shstrndx, = self._unpack("H", 0x3E if self.is64 else 0x32)
         self.sections = [self._section(shoff + i * shentsize) for i in range(shnum)]
+        self.shstrndx = shstrndx if shstrndx < len(self.sections) else 0
 
     def _unpack(self, fmt: str, offset: int):
         return struct.unpack_from(self.end + fmt, self.data, offset)
 
     def _section(self, at: int) -> dict:
         if self.is64:
-            _, typ, _, _, off, size, link, _, _, entsize = self._unpack("IIQQQQIIQQ", at)
+            name, typ, _, _, off, size, link, _, _, entsize = self._unpack("IIQQQQIIQQ", at)
         else:
-            _, typ, _, _, off, size, link, _, _, entsize = self._unpack("IIIIIIIIII", at)
-        return {"type": typ, "offset": off, "size": size, "link": link, "entsize": entsize}
+            name, typ, _, _, off, size, link, _, _, entsize = self._unpack("IIIIIIIIII", at)
+        return {"name": name, "type": typ, "offset": off, "size": size, "link": link, "entsize": entsize}
+
+    def section_sizes(self) -> dict:
+        """Section name -> bytes in the file (".debug_info", ".text", ...)."""
+        if not self.shstrndx:
+            return {}
+        names = self.sections[self.shstrndx]
+        return {self._string(names, sec["name"]): sec["size"] for sec in self.sections}
 
     def _string(self, strtab: dict, index: int) -> str:
         start = strtab["offset"] + index
@@ -95,3 +105,8 @@ def needed(path: str) -> List[str]:
 def defined_symbols(path: str) -> Set[str]:
     with ElfFile(path) as f:
         return f.defined_symbols()
+
+
+def section_sizes(path: str) -> dict:
+    with ElfFile(path) as f:
+        return f.section_sizes()

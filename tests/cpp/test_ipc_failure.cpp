@@ -41,6 +41,14 @@ static void failed_and_message() {
                "allreduce(count=10, dtype=bfloat16, op=SUM, schedule=fused_one_shot)"));
   f.theirs = CollCall{Coll::kAllgather, 3, DType(kForeignDType + 11)}.desc(7);
   CHECK(has(failure_message("broadcast", 2, f, 5000), "rank 1 called allgather(count=3, dtype=torch#11)"));
+  // registered_empty on one rank alone (it is collective): the allocation in bytes, not "count=..., dtype=uint8".
+  f.mine = CollCall{Coll::kRegister, 1200000, DType::U8, -1, -1, 0}.desc(7);
+  f.theirs = CollCall{Coll::kAllreduce, 300000, DType::F32, -1, int(ReduceOp::SUM), kAuxTwoShot}.desc(7);
+  CHECK(has(failure_message("registered_empty", 0, f, 30000),
+            "collective mismatch: rank 0 called registered_empty(bytes=1200000, offset=0) but rank 1 called "
+            "allreduce(count=300000, dtype=float32, op=SUM, schedule=two_shot)"));
+  f.mine = CollCall{Coll::kRegister, 64, DType::U8, -1, -1, kAuxNoFit}.desc(7);
+  CHECK(has(failure_message("registered_empty", 0, f, 30000), "registered_empty(bytes=64, registered arena full)"));
   f.mismatch_peer = -1;
   // A dead peer is named whatever the status word says.
   f.status = uint32_t(flags::WaitStatus::kPeerAborted);

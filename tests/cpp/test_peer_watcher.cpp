@@ -45,6 +45,22 @@ static void liveness_of_self_child_and_zombie() {
   CHECK(!process_alive(child));  // gone
 }
 
+static void stat_text_states_and_the_exiting_flag() {
+  // pid (comm) state ppid pgrp session tty_nr tpgid flags ...
+  CHECK(stat_says_alive("42 (python3) R 1 42 42 0 -1 4194304 100 0 0"));
+  CHECK(stat_says_alive("42 (python3) S 1 42 42 0 -1 1077936128 100 0 0"));
+  CHECK(!stat_says_alive("42 (python3) Z 1 42 42 0 -1 4227340 0 0 0"));
+  // SIGKILLed, still in its exit (the driver tearing the CUDA context down): PF_EXITING
+  CHECK(!stat_says_alive("42 (python3) D 1 42 42 0 -1 4194308 100 0 0"));
+  CHECK(!stat_says_alive("42 (python3) R 1 42 42 0 -1 1077936132 100 0 0"));
+  // a name with ") " in it, and one with spaces
+  CHECK(stat_says_alive("42 (a) b) R 1 42 42 0 -1 4194304 1"));
+  CHECK(!stat_says_alive("42 (pt main thread) D 1 42 42 0 -1 4194308 1"));
+  // what cannot be read is never called dead
+  CHECK(stat_says_alive("42 (python3"));
+  CHECK(stat_says_alive("42 (python3) R 1 42"));
+}
+
 static void watcher_reports_the_killed_peer_once() {
   const pid_t a = spawn_sleeper(), b = spawn_sleeper();
   std::atomic<int> calls{0}, reported{-1};
@@ -123,6 +139,7 @@ static void stop_in_a_forked_child_returns() {
 }
 
 int main() {
+  stat_text_states_and_the_exiting_flag();
   liveness_of_self_child_and_zombie();
   watcher_reports_the_killed_peer_once();
   invisible_peers_are_not_watched_and_stop_is_prompt();

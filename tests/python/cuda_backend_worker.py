@@ -1,6 +1,18 @@
 """Scenarios of test_cuda_backend.py, one process per rank:
 
     python cuda_backend_worker.py SCENARIO RANK WORLD PORT [ARGS...]
+    python cuda_backend_worker.py batch RANK WORLD PORT SPECS_JSON
+
+A batch runs several scenarios in one launch (a process start, CUDA context
+and MPS client each cost seconds; one launch per scenario did not fit the GPU
+check's time): SPECS_JSON is a list of {"id", "name", "args", "env"}; each
+scenario gets the env set around it, its own process group (a prefix of the
+launch's TCPStore), and reports on stdout between "[scenario ID] begin" and
+"[scenario ID] ok" or "[scenario ID] FAILED" (the traceback in between), so
+the test of each scenario fails by name. A failed scenario aborts its group,
+so peers waiting on this rank fail that scenario at once and go on with the
+next. Scenarios that end their process (sigkill, abort, p2p_mismatch) run
+alone.
 
 FASTPAR_TEST_GPU_LAYOUT picks the GPUs: "distinct" (rank r uses cuda:r, needs
 >= WORLD GPUs) or "shared" (every rank on cuda:0: one GPU is enough; NCCL
@@ -23,7 +35,23 @@ import fastpar.distributed as fd
 
 SCENARIO, RANK, WORLD, PORT = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 ARGS = sys.argv[5:]
-TIMEOUT_S = float(os.environ.get("FASTPAR_TEST_TIMEOUT_S", "60"))
+STORE_PREFIX = ""  # a batch gives each scenario its own keys of the one TCPStore
+_BASE_STORE = None
+
+
+def group_timeout_s() -> float:
+    """The scenario's group timeout (read at each init: a batch sets it per scenario)."""
+    return float(os.environ.get("FASTPAR_TEST_TIMEOUT_S", "60"))
+
+
+def base_store():
+    global _BASE_STORE
+    if _BASE_STORE is None:
+        _BASE_STORE = dist.TCPStore("127.0.0.1", PORT, WORLD, RANK == 0, timeout=datetime.timedelta(seconds=60),
+                                    wait_for_workers=False)
+    return _BASE_STORE
+
+
 LAYOUT = os.environ.get("FASTPAR_TEST_GPU_LAYOUT", "distinct")
 assert LAYOUT in ("distinct", "shared"), LAYOUT
 SHARED = LAYOUT == "shared"
@@ -35,12 +63,13 @@ OPS = [dist.ReduceOp.SUM, dist.ReduceOp.AVG, dist.ReduceOp.PRODUCT, dist.ReduceO
 MAX_IPC = int(os.environ.get("FASTPAR_CUDA_IPC_MAX_BYTES", 8 << 20))
 
 
-def init(backend="cpu:fastpar,cuda:fastpar", timeout_s=TIMEOUT_S, device_id=None):
+def init(backend="cpu:fastpar,cuda:fastpar", timeout_s=None, device_id=None):
     torch.cuda.set_device(DEV)
-    store = dist.TCPStore("127.0.0.1", PORT, WORLD, RANK == 0, timeout=datetime.timedelta(seconds=60),
-                          wait_for_workers=False)
+    store = base_store()
+    if STORE_PREFIX:
+        store = dist.PrefixStore(STORE_PREFIX, store)
     dist.init_process_group(backend, store=store, rank=RANK, world_size=WORLD,
-                            timeout=datetime.timedelta(seconds=timeout_s), device_id=device_id)
+                            timeout=datetime.timedelta(seconds=timeout_s or group_timeout_s()), device_id=device_id)
     return store
 
 
@@ -510,10 +539,16 @@ def sc_sigkill():
         os.kill(os.getpid(), signal.SIGKILL)
     time.sleep(0.5)
     t0 = time.monotonic()
+
+    def step(what):  # where the time goes, should a run ever hang again (issue 20, defect 3)
+        print(f"[{time.monotonic() - t0:6.2f}s] {what}", flush=True)
     try:
         work = dist.all_reduce(t, async_op=True) if op == "all_reduce" else dist.broadcast(t, src=0, async_op=True)
+        step(f"{op} enqueued")
         work.wait()
+        step("wait() returned")
         torch.cuda.synchronize()
+        step("synchronize() returned")
         dist.all_reduce(t)  # refused at the start if wait() did not raise
         raise AssertionError("no error after the peer was killed")
     except dist.DistBackendError as e:
@@ -522,12 +557,14 @@ def sc_sigkill():
         print(f"raised after {elapsed:.1f}s: {msg}", flush=True)
         assert f"rank {RANK}" in msg and f"rank {dead} (pid" in msg and "exited" in msg, msg
         assert op in msg or "all_reduce" in msg, msg
-        assert elapsed < 20, f"took {elapsed:.1f}s: the watcher should stop the kernels within seconds"
+        assert elapsed < 10, f"took {elapsed:.1f}s: the watcher should stop the kernels within seconds"
     assert cuda_backend().dead_peer == dead, cuda_backend().dead_peer
     # abort must not wait for anything: the arena is abandoned, no process stays stuck.
     t1 = time.monotonic()
     dist.destroy_process_group()
     print(f"destroy after the death took {time.monotonic() - t1:.1f}s", flush=True)
+    total = time.monotonic() - t0
+    assert total < 10, f"the scenario took {total:.1f}s after the death (the issue's bound: 10 s)"
     os._exit(0)
 
 
@@ -775,7 +812,7 @@ def sc_p2p_mismatch():
         dist.send(torch.ones(100, device=DEV), dst=1, tag=1)
         torch.cuda.synchronize()
         # Rank 1's receive reads our ring: our arena must outlive its checks.
-        store.wait(["mismatch checked"], datetime.timedelta(seconds=2 * TIMEOUT_S))
+        store.wait(["mismatch checked"], datetime.timedelta(seconds=2 * group_timeout_s()))
     elif RANK == 1:
         t = torch.full((50 if by_size else 100,), 3.0, device=DEV)
         try:
@@ -823,7 +860,10 @@ def sc_registered():
     dist.all_reduce(t)
     check_equal(t, torch.full((1000,), float(WORLD)), "all_reduce after a refused registration", True)
     big = 300_000  # above the one-shot sizes: rank 0's goes registered, the others' two-shot
-    t = fd.registered_empty((big,), torch.float32, device=DEV) if RANK == 0 else torch.ones(big, device=DEV)
+    # registered_empty is collective (as on the CPU path): every rank allocates,
+    # then only rank 0 passes its registered tensor to all_reduce.
+    reg = fd.registered_empty((big,), torch.float32, device=DEV)
+    t = reg.fill_(1) if RANK == 0 else torch.ones(big, device=DEV)
     try:
         dist.all_reduce(t)
         torch.cuda.synchronize()
@@ -839,5 +879,59 @@ def sc_registered():
     print(f"registered rank {RANK} ok", flush=True)
 
 
+def sc_registered_alone():
+    """registered_empty is collective (every rank calls it, as on the CPU
+    path): rank 0 allocating while the others call all_reduce fails on every
+    rank within seconds (the descriptors differ at once; the group's timeout
+    is not waited out), rank 0's error naming registered_empty and its bytes
+    against the peer's all_reduce."""
+    init(timeout_s=30)
+    dist.all_reduce(torch.ones(16, device=DEV))  # sets IPC up on every rank first
+    torch.cuda.synchronize()
+    t0 = time.monotonic()
+    try:
+        if RANK == 0:
+            fd.registered_empty((300_000,), torch.float32, device=DEV)
+        else:
+            dist.all_reduce(torch.ones(300_000, device=DEV))
+            torch.cuda.synchronize()
+            dist.all_reduce(torch.ones(1, device=DEV))
+        raise AssertionError("registered_empty on one rank alone did not raise")
+    except dist.DistBackendError as e:
+        msg, elapsed = str(e), time.monotonic() - t0
+        print(f"raised after {elapsed:.1f}s: {msg}", flush=True)
+        assert "collective mismatch" in msg or "aborted" in msg, msg
+        if RANK == 0:
+            assert "registered_empty over CUDA IPC failed on rank 0" in msg, msg
+        if "collective mismatch" in msg:
+            assert "registered_empty(bytes=1200000, offset=" in msg and "allreduce(count=300000" in msg, msg
+        assert elapsed < 15, f"took {elapsed:.1f}s: a mismatch shows at once, not at the 30 s timeout"
+    dist.destroy_process_group()
+    print(f"registered_alone rank {RANK} ok", flush=True)
+
+
+def run_batch(specs):
+    """The scenarios of `specs` in turn, one process group each (scenario_batch.py)."""
+    from scenario_batch import run_batch as run
+
+    def run_one(spec, prefix):
+        global ARGS, STORE_PREFIX
+        ARGS, STORE_PREFIX = [str(a) for a in spec.get("args", [])], prefix
+        globals()["sc_" + spec["name"]]()
+
+    def on_failure():
+        if dist.is_initialized():
+            try:
+                cuda_backend().abort()  # peers waiting on this rank fail now, not at their timeout
+            finally:
+                dist.destroy_process_group()
+
+    run(specs, RANK, WORLD, base_store(), run_one, on_failure)
+    torch.cuda.synchronize()
+
+
 if __name__ == "__main__":
-    globals()["sc_" + SCENARIO]()
+    if SCENARIO == "batch":
+        run_batch(ARGS[0])
+    else:
+        globals()["sc_" + SCENARIO]()

@@ -24,8 +24,12 @@ def test_dry_run_writes_csv_summary_and_plots(tmp_path, capsys):
         assert len(list(csv.DictReader(f))) == len(rows)
     summary = (tmp_path / "summary.txt").read_text().splitlines()
     by_name = {line.split("  ")[0].strip(): line for line in summary}
-    assert " met " in by_name["4 KiB list allreduce, k=2, host us/call"]  # synthetic 7.5 us <= 8
-    assert "MISSED" in by_name["4 KiB list allreduce, k=8, host us/call"]  # synthetic 14 us > 12
+    # synthetic: one launch 5.8 us, k=2 7.5 us = 1.29 launches, k=8 14 us = 2.4 launches
+    assert " met " in by_name["list allreduce 4 KiB, k=2, host per call, in launches"]
+    assert "MISSED" in by_name["list allreduce 4 KiB, k=8, host per call, in launches"]
+    # synthetic: n ranks take (n - 1) times 2 ranks' time: 3 ranks 2x (met), 4 ranks 3x
+    assert " met " in by_name["3 ranks on one GPU, time / 2 ranks' from 256 KiB (worst)"]
+    assert "MISSED" in by_name["4 ranks on one GPU, time / 2 ranks' from 256 KiB (worst)"]
     assert "not measured" in by_name["distinct GPUs, busbw / NCCL from 64 MiB (worst)"]
     assert "error: host: RuntimeError: synthetic failure" in summary
     assert " met " in by_name["registered / plain all_reduce time from 1 MiB (worst)"]  # synthetic: faster
@@ -49,7 +53,39 @@ def test_targets_take_the_worst_row_and_pair_ring_with_direct():
     assert ring["measured"] == pytest.approx(1 / 3) and ring["status"] == "MISSED"
     assert lines["direct / copy from 16 MiB (worst)"]["measured"] == pytest.approx(0.95)
     assert lines["direct / copy from 16 MiB (worst)"]["status"] == "met"
-    assert lines["4 KiB list allreduce, k=2, host us/call"]["measured"] == "not measured"
+    assert lines["list allreduce 4 KiB, k=2, host per call, in launches"]["measured"] == "not measured"
+
+
+def test_gpu_targets_are_in_launches_and_copies_of_the_same_run():
+    """A launch and a copy's rate measured in the 2-rank run's own process
+    are the units: 4 KiB host time over a launch, the 8N / 4N bytes of HBM
+    traffic at the copy's rate over the measured time."""
+    one = "shared cuda:0"
+    rows = [gs.ref_row("launch_us", one, 2, 10.0), gs.ref_row("copy_GBps", one, 2, 4000.0),
+            gs.ipc_row("fastpar", one, 2, 4 * 1024, 20e-6, 12e-6),
+            gs.ipc_row("fastpar graph", one, 2, 4 * 1024, 7e-6, 6e-6),
+            gs.ipc_row("fastpar", one, 2, 256 * 1024, 20e-6), gs.ipc_row("fastpar", one, 2, MiB, 40e-6),
+            gs.ipc_row("fastpar", one, 2, 32 * MiB, 100e-6), gs.ipc_row("fastpar registered", one, 2, 32 * MiB, 50e-6),
+            gs.ipc_row("fastpar", one, 3, MiB, 1.0), gs.ipc_row("fastpar", one, 3, 32 * MiB, 150e-6)]
+    lines = {t["target"]: t for t in gs.targets(rows)}
+    host = lines["dist.all_reduce 4 KiB, 2 ranks on one GPU, host per call, in launches"]
+    assert host["measured"] == pytest.approx(1.2) and host["status"] == "met"
+    assert lines["the same replayed in a CUDA graph, host per replay, in launches"]["measured"] == pytest.approx(0.6)
+    assert lines["2 ranks on one GPU, 1 MiB time / 256 KiB time"]["measured"] == pytest.approx(2.0)
+    plain = lines["2 ranks on one GPU from 8 MiB, of the ceiling (8N at the copy's rate), plain (worst)"]
+    assert plain["measured"] == pytest.approx(8 * 32 * MiB / 4000e9 / 100e-6)
+    reg = lines["2 ranks on one GPU from 8 MiB, of the ceiling (4N), registered (worst)"]
+    assert reg["measured"] == pytest.approx(4 * 32 * MiB / 4000e9 / 50e-6)
+    three = lines["3 ranks on one GPU, time / 2 ranks' from 256 KiB (worst)"]
+    assert three["measured"] == pytest.approx(1.0 / 40e-6) and three["status"] == "MISSED"  # the 1 s calls
+    assert lines["4 ranks on one GPU, time / 2 ranks' from 256 KiB (worst)"]["measured"] == "not measured"
+
+
+def test_ranks_are_a_list_of_counts():
+    assert bench_cuda.parse_args([]).ranks == [2, 3, 4]
+    assert bench_cuda.parse_args(["--ranks", "2"]).ranks == [2]
+    with pytest.raises(SystemExit):
+        bench_cuda.parse_args(["--ranks", "2,9"])
 
 
 def test_rows_count_bytes_as_the_readme_does():
@@ -99,12 +135,28 @@ def test_gpu_check_stops_at_once_without_a_gpu(tmp_path):
     smi = tmp_path / "nvidia-smi"
     smi.write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed' >&2\nexit 9\n")
     smi.chmod(0o755)
-    env = dict(os.environ, PATH=f"{tmp_path}:{os.environ['PATH']}", GPU_CHECK_BUDGET_S="60")
+    env = dict(os.environ, PATH=f"{tmp_path}:{os.environ['PATH']}", GPU_CHECK_BUDGET_S="540")
     env.pop("OUT", None)
+    env.pop("GPU_CHECK_PHASES", None)
     r = subprocess.run(["bash", GPU_CHECK], capture_output=True, text=True, env=env, timeout=60)
-    assert r.returncode == 1
+    assert r.returncode == 1, r.stdout + r.stderr
     assert "gpu_check: no NVIDIA GPU here (nvidia-smi finds none)" in r.stdout
     assert "== build" not in r.stdout
+
+
+def test_gpu_check_refuses_a_budget_that_would_starve_the_build(tmp_path):
+    """GPU_CHECK_BUDGET_S=170 once gave the build 10 s: now refused up front
+    (exit 2, before nvidia-smi or the build), naming the minimum and its parts."""
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPU_CHECK_")}
+    env.update(GPU_CHECK_BUDGET_S="170", GPU_CHECK_BUILD_S="120")
+    env.pop("OUT", None)
+    r = subprocess.run(["bash", GPU_CHECK], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert ("gpu_check: GPU_CHECK_BUDGET_S=170 is below the minimum of 510 s for the selected phases (build 120 s, "
+            "smoke test and MPS 30 s, single 60 s, lists 50 s, multi 140 s, ipc 110 s)") in r.stdout
+    assert "== build" not in r.stdout and "nvidia-smi" not in r.stdout
 
 
 def _phases(script: str, env: dict) -> list:
@@ -112,33 +164,42 @@ def _phases(script: str, env: dict) -> list:
 
     lib = os.path.join(os.path.dirname(GPU_CHECK), "gpu_check_phases.sh")
     base = {k: v for k, v in os.environ.items() if not k.startswith("GPU_CHECK_")}
-    r = subprocess.run(["bash", "-c", f"BUDGET=570; START=$SECONDS; source {lib}; {script}"], capture_output=True,
-                       text=True, env=dict(base, **env), timeout=30)
+    r = subprocess.run(["bash", "-c", f"BUDGET=540; START=$SECONDS; source {lib}; {script}"], capture_output=True,
+                       text=True, env=dict(base, GPU_CHECK_BUILD_S="120", **env), timeout=30,
+                       cwd=os.path.dirname(os.path.dirname(GPU_CHECK)))
     assert r.returncode == 0, r.stderr
     return r.stdout.split()
 
 
-def test_gpu_check_runs_every_phase_by_default_with_time_kept_for_later_ones():
-    """Each phase leaves the needs of the selected phases after it (lists 150 s,
-    multi 150 s, ipc 110 s with the report) and may take the rest."""
-    got = _phases("for p in single lists multi ipc; do want $p && echo $p; done; "
-                  "reserve_after single; reserve_after lists; reserve_after multi; reserve_after ipc; "
-                  "phase_limit 150 280; phase_limit 900 0; phase_limit 150 565", {})
-    assert got == ["single", "lists", "multi", "ipc", "410", "260", "110", "0", "150", "570", "10"], got
+def test_gpu_check_fits_one_nine_minute_call_with_time_kept_for_later_phases():
+    """The default budget (540 s, from the start) holds the build's need and
+    every phase's (single 60, lists 50, multi 140, ipc 110); the build may take
+    what the phases' needs leave; each phase keeps the needs of those after it."""
+    got = _phases("for p in single lists multi ipc; do want $p && echo $p; done; min_budget; build_limit; "
+                  "reserve_after build; reserve_after single; reserve_after lists; reserve_after multi; "
+                  "reserve_after ipc; phase_limit 150 280; phase_limit 900 0; phase_limit 150 535", {})
+    assert got == ["single", "lists", "multi", "ipc", "510", "150", "390", "300", "250", "110", "0", "150", "540",
+                   "10"], got
 
 
 def test_gpu_check_phase_selection_gives_the_last_phase_the_rest_of_the_budget():
     """GPU_CHECK_PHASES=multi: only that phase, and nothing kept after it;
     single,multi: single keeps multi's need; the last phase gets the rest."""
-    got = _phases("for p in single lists multi ipc; do want $p && echo $p; done; reserve_after multi",
+    got = _phases("for p in single lists multi ipc; do want $p && echo $p; done; reserve_after multi; min_budget",
                   {"GPU_CHECK_PHASES": "multi"})
-    assert got == ["multi", "0"], got
+    assert got == ["multi", "0", "290"], got
     got = _phases("reserve_after single; reserve_after multi", {"GPU_CHECK_PHASES": "single,multi"})
-    assert got == ["150", "0"], got
-    # the README's plan: call 1 gives single the whole budget, call 2 lists its need and multi the rest
+    assert got == ["140", "0"], got
     got = _phases("reserve_after single", {"GPU_CHECK_PHASES": "single"})
     assert got == ["0"], got
     got = _phases("phase_cap lists; reserve_after lists; phase_cap multi", {"GPU_CHECK_PHASES": "lists,multi"})
-    assert got == ["150", "150", "570"], got
+    assert got == ["50", "140", "540"], got
     got = _phases("phase_cap lists", {"GPU_CHECK_PHASES": "single,lists"})
-    assert got == ["570"], got
+    assert got == ["540"], got
+
+
+def test_gpu_check_budget_refusal_names_the_minimum():
+    got = _phases("check_budget; echo rc=$?", {"GPU_CHECK_PHASES": "multi"})
+    assert got[-1] == "rc=0", got
+    r = _phases("BUDGET=200; check_budget; echo rc=$?", {"GPU_CHECK_PHASES": "multi"})
+    assert r[-1] == "rc=1" and "minimum of 290 s" in " ".join(r), r

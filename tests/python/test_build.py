@@ -16,6 +16,7 @@ import fastpar
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                                 "scripts"))
 import cuda_archs  # noqa: E402
+import elf_info  # noqa: E402
 
 ARCH_LIST = os.environ.get("TORCH_CUDA_ARCH_LIST", "") or "8.0;9.0"  # setup.py's default
 
@@ -100,6 +101,31 @@ def test_fatbin_reader_on_what_nvcc_builds(tmp_path):
                "-gencode=arch=compute_80,code=compute_80"]
     subprocess.run(["nvcc", "-c", *gencode, str(src), "-o", str(out)], check=True, capture_output=True)
     assert cuda_archs.library_entries(str(out)) == {"sm_90a", "sm_80", "compute_80"}
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the ELF file")
+def test_release_build_has_no_debug_info():
+    """setup.py ends the C++ and nvcc host lines with -g0 (Python's sysconfig
+    CFLAGS put -g first): the extension carries no DWARF, unless built with
+    FASTPAR_DEBUG_INFO=1 (then it must: the opt-in works). The sizes, for the
+    failure message: debug info once made it 94 MiB for one architecture."""
+    sections = elf_info.section_sizes(fastpar._C.__file__)
+    assert ".text" in sections, sorted(sections)
+    debug = {k: v for k, v in sections.items() if k.startswith(".debug_")}
+    if os.environ.get("FASTPAR_DEBUG_INFO") == "1":
+        assert ".debug_info" in debug, f"FASTPAR_DEBUG_INFO=1 but {fastpar._C.__file__} has no .debug_info"
+    else:
+        assert not debug, (f"{fastpar._C.__file__} ({os.path.getsize(fastpar._C.__file__)} bytes) carries debug "
+                           f"sections {debug}; release builds end their compile lines with -g0")
+
+
+def test_elf_section_names_are_read():
+    import sysconfig
+
+    lib = os.path.join(sysconfig.get_config_var("LIBDIR") or "", sysconfig.get_config_var("LDLIBRARY") or "")
+    path = lib if os.path.exists(lib) and lib.endswith(".so") else sys.executable
+    names = elf_info.section_sizes(os.path.realpath(path))
+    assert ".text" in names and ".dynsym" in names and all(v >= 0 for v in names.values()), sorted(names)
 
 
 BUILD_LOG = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), ".venv",

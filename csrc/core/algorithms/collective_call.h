@@ -78,6 +78,12 @@ struct CollCall {
 
 // "allreduce(count=10, dtype=float32, op=SUM)" for error messages.
 inline std::string describe(const flags::OpDesc& d) {
+  if (Coll(d.op) == Coll::kRegister) {
+    // Its count is the allocation's bytes; "count=..., dtype=uint8" read as elements.
+    std::string s = "registered_empty(bytes=" + std::to_string(d.count);
+    if (d.aux == kAuxNoFit) return s + ", registered arena full)";
+    return s + (d.aux >= 0 ? ", offset=" + std::to_string(d.aux) : "") + ")";
+  }
   std::string s = coll_name(Coll(d.op));
   s += "(count=" + std::to_string(d.count) + ", dtype=";
   s += d.dtype >= kForeignDType ? "torch#" + std::to_string(d.dtype - kForeignDType) : dtype_name(DType(d.dtype));

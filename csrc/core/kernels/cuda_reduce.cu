@@ -2,6 +2,7 @@
 // picks the 16-byte path, and the launch shape.
 #include "cuda_reduce.cuh"
 #include "cuda_reduce_launch.h"
+#include "launch_shape.h"
 
 #include <atomic>
 
@@ -30,19 +31,17 @@ cudaError_t sm_count(int device, int* sms) {
 }
 
 // Blocks for `units` units of work (packs, or elements on the scalar path):
-// one unit per thread up to 4 blocks of 512 threads per SM (a full SM's worth
-// of threads on sm_80/sm_90); beyond that the grid-stride loop takes over, so
-// a block is never launched for less than a thread's share of work.
-cudaError_t grid_for(int64_t units, unsigned* blocks) {
+// up to 4 blocks of 512 threads per SM (a full SM's worth of threads on
+// sm_80/sm_90), divided among the `sharers` ranks whose kernels share this
+// GPU (launch_shape.h).
+cudaError_t grid_for(int64_t units, unsigned* blocks, int sharers = 1) {
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
   int sms = 0;
   err = sm_count(device, &sms);
   if (err != cudaSuccess) return err;
-  const int64_t wanted = (units + kThreads - 1) / kThreads;
-  const int64_t cap = int64_t(sms) * 4;
-  *blocks = unsigned(wanted < 1 ? 1 : (wanted < cap ? wanted : cap));
+  *blocks = unsigned(data_kernel_blocks(units, kThreads, sms, 4, sharers));
   return cudaSuccess;
 }
 
@@ -69,7 +68,7 @@ cudaError_t launch_reduce(DType dt, ReduceOp op, const ReduceLaunch& a, cudaStre
       } else {
         const ReducePtrs<scalar_t> p = reduce_ptrs<scalar_t>(a);
         unsigned blocks = 0;
-        result = grid_for(work_units<scalar_t>(a.count, vec), &blocks);
+        result = grid_for(work_units<scalar_t>(a.count, vec), &blocks, a.gpu_sharers);
         if (result != cudaSuccess) return;
         reduce_kernel<scalar_t, kOp><<<blocks, kThreads, 0, stream>>>(p, a.count, a.contributions, vec);
         result = cudaGetLastError();

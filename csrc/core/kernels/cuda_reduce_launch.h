@@ -29,6 +29,9 @@ struct ReduceLaunch {
   int contributions = 1;  // the AVG divisor
   // Skip the whole kernel when *guard != 0 (device memory; nullptr: never).
   const uint32_t* guard = nullptr;
+  // Ranks whose kernels share this GPU (processes under MPS): the grid is
+  // capped at 1/gpu_sharers of the GPU (launch_shape.h). 1: the whole GPU.
+  int gpu_sharers = 1;
 };
 
 cudaError_t launch_reduce(DType dt, ReduceOp op, const ReduceLaunch& args, cudaStream_t stream);

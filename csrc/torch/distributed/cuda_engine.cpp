@@ -175,6 +175,7 @@ void CudaEngine::set_up(int device) {
   if (rv.endpoint) {
     auto link = std::make_shared<IpcLink>();
     link->ep = std::move(rv.endpoint);
+    link->ep->comm().gpu_sharers = rv.ranks_on_my_gpu;  // the data kernels' grids share the GPU
     link->watch(std::move(rv.pids), getRank());
     std::atomic_store(&link_, std::move(link));
   }

@@ -16,6 +16,7 @@
 
 namespace fastpar {
 namespace distributed {
+
 namespace cuda_args {
 
 // The device a call runs on; "undefined" / "on device 'cpu'" for the errors.

@@ -112,6 +112,8 @@ IpcRendezvous ipc_rendezvous(c10d::Store& store, int rank, int size, int device,
   for (int q = 0; q < size && !out.group_shares_gpu; ++q)
     for (int p = q + 1; p < size; ++p)
       if (buses[size_t(q)] != "unknown" && buses[size_t(q)] == buses[size_t(p)]) out.group_shares_gpu = true;
+  for (int q = 0; q < size; ++q)
+    if (q != rank && buses[size_t(q)] != "unknown" && buses[size_t(q)] == buses[size_t(rank)]) ++out.ranks_on_my_gpu;
   if (max_ipc_bytes == 0) {
     out.why_not = "FASTPAR_CUDA_IPC_MAX_BYTES=0";
     return out;

@@ -22,6 +22,7 @@ struct IpcRendezvous {
   std::string why_not;                              // when null: the reason, identical on every rank
   // From the cfg round, so identical on every rank whatever the outcome:
   bool group_shares_gpu = false;  // two ranks of the group have the same PCI bus id
+  int ranks_on_my_gpu = 1;        // ranks with this rank's PCI bus id, this one included (IpcComm::gpu_sharers)
   std::vector<int64_t> pids;      // rank q's process id (for the peer watcher)
 };
 

@@ -28,6 +28,11 @@ struct IpcComm {
   int rank = 0;
   int size = 0;
   int device = 0;  // this rank's GPU (the arena's and the stream's)
+  // Ranks of this communicator on this rank's GPU, this one included (the
+  // front end knows it from the setup's exchange of PCI bus ids; equal on the
+  // ranks of one GPU). The data kernels' grids are divided among them
+  // (core/kernels/launch_shape.h). 1: this rank has its GPU to itself.
+  int gpu_sharers = 1;
   void* bases[kMaxIpcRanks] = {};
   size_t slot_bytes = 0;
   size_t registered_bytes = 0;  // the registered buffers' region (ipc_arena.h), equal on every rank

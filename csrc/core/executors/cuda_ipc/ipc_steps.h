@@ -58,6 +58,7 @@ inline cudaError_t reduce(const IpcComm& c, DType dt, ReduceOp op, const void* c
   l.count = count;
   l.contributions = contributions;
   l.guard = status_of(c.bases[c.rank]);
+  l.gpu_sharers = c.gpu_sharers;
   return cuda_kernels::launch_reduce(dt, op, l, stream);
 }
 

@@ -1,0 +1,39 @@
+"""scenario_batch.py on the CPU: several scenarios in one launch of 2 ranks,
+each reported by name; a scenario that fails on one rank is reported FAILED
+there (traceback included) and the batch goes on; env set per scenario and
+restored; a scenario that never ran is reported as such. (The GPU tests,
+test_cuda_backend.py, batch the same way but need a GPU.)"""
+import json
+import os
+
+from dist_harness import HERE, RankResult, run
+from scenario_batch import section
+
+WORKER = os.path.join(HERE, "scenario_batch_worker.py")
+
+
+def test_a_batch_reports_each_scenario_by_name_and_goes_on_after_a_failure():
+    specs = [
+        {"id": "sum-a", "name": "sum", "env": {"BATCH_TEST_KNOB": "7"}},
+        {"id": "fail-1", "name": "fail_on", "args": [1]},
+        {"id": "sum-b", "name": "sum"},
+    ]
+    results = run("batch", 2, worker=WORKER, args=[json.dumps(specs)], timeout=120)
+    assert all(r.rc == 0 for r in results), [(r.rc, r.out, r.err) for r in results]
+    for r in results:
+        a = section(r, "sum-a")
+        assert a.rc == 0 and f"sum rank {r.rank} env=7" in a.out, a.out
+        b = section(r, "sum-b")
+        assert b.rc == 0 and f"sum rank {r.rank} env=-" in b.out, b.out  # env restored
+    failed = section(results[1], "fail-1")
+    assert failed.rc == 1 and "AssertionError: rank 1 fails on purpose" in failed.out, failed.out
+    assert section(results[0], "fail-1").rc == 0
+
+
+def test_a_scenario_that_never_reported_is_named():
+    r = RankResult(0, -9, "[scenario x] begin\n[scenario x] ok in 0.1 s\n[scenario y] begin\n", "killed")
+    assert section(r, "x").rc == 0
+    y = section(r, "y")
+    assert y.rc == 2 and "scenario y started but never finished (launch rc=-9)" in y.out
+    z = section(r, "z")
+    assert z.rc == 2 and "scenario z never started" in z.out
