@@ -79,7 +79,7 @@ def _debug_info():
 
 def _sources(cuda):
     """Every .cpp under csrc/ is torch glue or CPU code; files whose path says
-    "cuda" (csrc/ops/cuda_*.cpp, csrc/backends/cuda_*.cpp, csrc/transport/cuda_*/)
+    "cuda" (csrc/torch/ops/cuda_*.cpp, csrc/torch/distributed/cuda_*.cpp, csrc/core/*/cuda_*/)
     and every .cu join them in a CUDA build. Globbing keeps new transports from touching this file."""
     cpp = sorted(glob.glob("csrc/**/*.cpp", recursive=True))
     srcs = [s for s in cpp if "cuda" not in s]

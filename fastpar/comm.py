@@ -14,7 +14,7 @@ reduce_scatter), with two extensions:
   16-bit floats accumulate in fp32; every output of an allreduce holds
   identical bits.
 
-The heavy lifting is in torch.ops.fastpar.* (csrc/ops); this module allocates
+The heavy lifting is in torch.ops.fastpar.* (csrc/torch/ops); this module allocates
 outputs, cuts tensors into views, and checks arguments before any work starts.
 """
 from __future__ import annotations

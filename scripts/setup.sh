@@ -16,7 +16,7 @@ fi
 .venv/bin/python -c "import torch" # fails loudly if the install above did
 # --no-build-isolation: compile against the torch installed above (its C++ ABI must match).
 # -e: the checkout is the package (fastpar/_C*.so is built in place), so the
-# examples, `python -m fastpar.main` and the tests all import the same build.
+# examples, benchmarks/main_job.py and the tests all import the same build.
 if ! MAX_JOBS=${MAX_JOBS:-2} .venv/bin/pip install -v --no-build-isolation -e . > .venv/fastpar-build.log 2>&1; then
   grep -v "^WARNING: Location" .venv/fastpar-build.log | tail -60
   echo "fastpar build failed; full log: .venv/fastpar-build.log" >&2

@@ -91,7 +91,7 @@ def _bind_cores(local_index: int, local_size: int) -> None:
     core). Left to the scheduler, two spinning ranks of a fresh group sometimes
     share one core while the other runs something else, and every collective
     then waits for time slices: bench_distributed.py --groups measured 2-4x
-    slower groups that way (README, "Run-to-run stability"). So the first
+    slower groups that way (docs/measurements.md, "Run-to-run stability"). So the first
     fastpar group binds local rank i to the i-th of local_size equal slices of
     the CPUs it may use, all threads included. FASTPAR_BIND_CORES: "auto"
     (default: only when the process may use every online CPU, i.e. nobody —

@@ -1,6 +1,6 @@
 """fastpar._C.CudaEngine without a GPU: construction, its knobs from the
-environment, its state before setup, argument errors of the IPC-capable
-collectives, and the forwarding of the other calls to its fallback backend,
+environment, its state before setup, the front's refusal of bad calls before
+any engine runs, and the forwarding of the other calls to its fallback backend,
 with a one-rank gloo group standing in for NCCL (the class itself never
 touches the GPU until the first CUDA collective). The CUDA paths:
 test_cuda_backend.py (needs a GPU)."""
@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 import fastpar
 
-pytestmark = pytest.mark.skipif(not fastpar._C.built_with_cuda, reason="CudaBackend exists in CUDA builds only")
+pytestmark = pytest.mark.skipif(not fastpar._C.built_with_cuda, reason="CudaEngine exists in CUDA builds only")
 
 
 def make():
@@ -70,59 +70,43 @@ def test_calls_without_ipc_schedule_go_to_the_fallback():
     assert cb.ipc_calls == 0
 
 
+def front(cb):
+    """fastpar's one backend over a one-rank group, with `cb` as its CUDA engine."""
+    return fastpar._C.Backend(dist.HashStore(), 0, 1, 10_000, [0], [0], cuda=cb)
+
+
+META = torch.empty(3, device="meta")
+
+
 @pytest.mark.parametrize("call,words", [
-    (lambda cb: cb.broadcast([torch.ones(3)]),
-     r"fastpar.broadcast: tensors\[0\] is on device 'cpu' but fastpar's CUDA backend handles CUDA tensors only"),
-    (lambda cb: cb.allgather([[torch.zeros(3)]], [torch.ones(3)]),
-     r"fastpar.all_gather: input_tensor is on device 'cpu'"),
-    (lambda cb: cb._allgather_base(torch.zeros(3), torch.ones(3)),
-     r"fastpar.all_gather_into_tensor: input_tensor is on device 'cpu'"),
-    (lambda cb: cb.reduce([torch.ones(3)]),
-     r"fastpar.reduce: tensors\[0\] is on device 'cpu'"),
-    (lambda cb: cb.reduce_scatter([torch.zeros(3)], [[torch.ones(3)]]),
-     r"fastpar.reduce_scatter: output is on device 'cpu'"),
-    (lambda cb: cb._reduce_scatter_base(torch.zeros(3), torch.ones(3)),
-     r"fastpar.reduce_scatter_tensor: output is on device 'cpu'"),
-    (lambda cb: cb.gather([[torch.zeros(3)]], [torch.ones(3)], dist.GatherOptions()),
-     r"fastpar.gather: tensor is on device 'cpu'"),
-    (lambda cb: cb.scatter([torch.zeros(3)], [[torch.ones(3)]], dist.ScatterOptions()),
-     r"fastpar.scatter: tensor is on device 'cpu'"),
-    (lambda cb: cb.alltoall_base(torch.zeros(3), torch.ones(3), [], [], dist.AllToAllOptions()),
-     r"fastpar.all_to_all_single: input is on device 'cpu'"),
-    (lambda cb: cb.alltoall([torch.zeros(3)], [torch.ones(3)], dist.AllToAllOptions()),
-     r"fastpar.all_to_all: input_tensor_list\[0\] is on device 'cpu'"),
-    (lambda cb: cb.alltoall([torch.zeros(3), torch.zeros(3)], [torch.ones(3)], dist.AllToAllOptions()),
-     r"fastpar.all_to_all: input_tensor_list and output_tensor_list must hold 1 tensors \(one per rank\), got 1 "
-     r"and 2"),
-    (lambda cb: cb.allgather_coalesced([[torch.zeros(3)]], [torch.ones(3)]),
-     r"fastpar.all_gather_coalesced: input_tensor_list\[0\] is on device 'cpu'"),
-    (lambda cb: cb.allgather_coalesced([], [torch.ones(3)]),
-     r"fastpar.all_gather_coalesced: 0 output lists but 1 inputs"),
-    (lambda cb: cb.broadcast([torch.ones(3), torch.ones(3)]),
+    (lambda b: b.broadcast([META]),
+     r"fastpar.broadcast: tensors\[0\] is on device 'meta' but the fastpar backend handles CPU and CUDA tensors only"),
+    (lambda b: b.allreduce([META]), r"fastpar.all_reduce: tensors\[0\] is on device 'meta'"),
+    (lambda b: b.allgather([[torch.zeros(3)]], [META]), r"fastpar.all_gather: input_tensors\[0\] is on device 'meta'"),
+    (lambda b: b._allgather_base(torch.zeros(3), META),
+     r"fastpar.all_gather_into_tensor: input_tensor is on device 'meta'"),
+    (lambda b: b.reduce_scatter([META], [[torch.ones(3)]]), r"fastpar.reduce_scatter: output is on device 'meta'"),
+    (lambda b: b.alltoall_base(META, torch.ones(3), [], [], dist.AllToAllOptions()),
+     r"fastpar.all_to_all_single: output is on device 'meta'"),
+    (lambda b: b.alltoall([torch.zeros(3), torch.zeros(3)], [torch.ones(3)], dist.AllToAllOptions()),
+     r"fastpar.all_to_all: output_tensor_list has 2 tensors but the group has 1 ranks"),
+    (lambda b: b.allgather_coalesced([], [torch.ones(3)]),
+     r"fastpar.all_gather_coalesced: outputs has 0 entries but inputs has 1"),
+    (lambda b: b.broadcast([torch.ones(3), torch.ones(3)]),
      r"fastpar.broadcast: expected exactly one tensor in tensors \(one per process\), got 2"),
-    (lambda cb: cb.allgather([[torch.zeros(3)]], [torch.ones(3), torch.ones(3)]),
-     r"fastpar.all_gather: expected one input tensor and one output list \(one per process\), got 2 and 1"),
+    (lambda b: b.allgather([[torch.zeros(3)]], [torch.ones(3), torch.ones(3)]),
+     r"fastpar.all_gather: expected exactly one tensor in input_tensors \(one per process\), got 2"),
 ])
-def test_ipc_collectives_refuse_bad_arguments_by_name(call, words):
+def test_bad_calls_are_refused_before_any_engine_runs(call, words):
     cb = make()
     with pytest.raises(ValueError, match=words):
-        call(cb)
-    assert cb.ipc_state == "not set up"  # refused before any setup
+        call(front(cb))
+    assert cb.ipc_state == "not set up" and cb.ipc_calls == 0 and cb.fallback_calls == 0
 
 
 def test_abort_before_setup_is_harmless():
     cb = make()
     cb.abort()
-    assert cb.ipc_state == "not set up"
-
-
-def test_all_reduce_refuses_non_cuda_tensors_by_argument_and_device():
-    cb = make()
-    with pytest.raises(ValueError, match=r"fastpar.all_reduce: tensors\[0\] is on device 'cpu' but fastpar's CUDA "
-                                         r"backend handles CUDA tensors only"):
-        cb.allreduce([torch.ones(3)])
-    with pytest.raises(ValueError, match=r"expected exactly one tensor in tensors \(one per process\), got 2"):
-        cb.allreduce([torch.ones(3), torch.ones(3)])
     assert cb.ipc_state == "not set up"
 
 

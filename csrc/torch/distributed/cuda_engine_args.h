@@ -1,5 +1,5 @@
-// Argument checks and small helpers shared by the CUDA backend's files
-// (cuda_backend.cpp, cuda_backend_collectives.cpp, cuda_backend_p2p.cpp).
+// Small helpers shared by the CUDA engine's files (cuda_engine.cpp,
+// cuda_engine_collectives.cpp, cuda_engine_p2p.cpp).
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Types.hpp>
@@ -18,11 +18,6 @@ namespace fastpar {
 namespace distributed {
 
 namespace cuda_args {
-
-// The device a call runs on; "undefined" / "on device 'cpu'" for the errors.
-inline std::string device_words(const at::Tensor& t) {
-  return t.defined() ? "on device '" + t.device().str() + "'" : std::string("undefined");
-}
 
 // The dtype the IPC descriptors carry (peers compare it; a mismatch message
 // names it): fastpar's DType, or kForeignDType + torch's code for dtypes the

@@ -1,7 +1,8 @@
-// A c10d backend for ranks on several hosts, composed of three others:
+// The engine for ranks on several hosts (engine.h), composed of three
+// c10d backends:
 //   local    this host's ranks, in group-rank order (any backend whose
-//            reduce leaves non-root tensors alone: the host's shared-memory
-//            steps for CPU tensors, fastpar's CUDA IPC backend for CUDA)
+//            reduce leaves non-root tensors alone: the ShmEngine for CPU
+//            tensors, the CudaEngine for CUDA)
 //   leaders  each host's lowest rank, hosts in order of their lowest rank
 //            (gloo or NCCL between hosts); null on ranks that do not lead a host
 //   world    every rank of the group (gloo or NCCL)
@@ -11,9 +12,11 @@
 // the leaders, which carries each host's data across hosts once; everything
 // else, and reductions other than SUM/AVG/PRODUCT/MIN/MAX (AVG: floating
 // dtypes), goes to `world`. These are fastpar's only hierarchical schedules:
-// ShmBackend runs them for CPU tensors (shm_backend_hierarchical.cpp) and
-// fastpar.distributed builds one of these for CUDA tensors on several hosts;
-// docs/algorithms.md ("Several hosts") gives their steps and bytes.
+// the front (backend.h) builds one over its ShmEngine for CPU tensors, and
+// fastpar.distributed one over a CudaEngine for CUDA tensors on several
+// hosts; docs/algorithms.md ("Several hosts") gives their steps and bytes.
+// The front has checked every call: this engine only decides which calls
+// its schedules serve.
 //
 // Streams: every step's Work is waited before the next step starts. For CUDA
 // backends (fastpar's IPC Work, NCCL's) wait() orders the caller's current

@@ -12,7 +12,7 @@
 //   * create() runs once per endpoint;
 //   * threads raising the abort word and reading the status while another
 //     thread disconnects and frees the arena, the endpoint kept alive only by
-//     their shared_ptr copies, as CudaBackend::abort() and IpcWork hold it;
+//     their shared_ptr copies, as CudaEngine::abort() and IpcWork hold it;
 //   * the destructor never frees an arena whose handle was exported (peers
 //     may still map it: a CudaIpcComm dropped without close(), a setup
 //     unwinding an exception); only free_arena() does, or a never-exported

@@ -1,6 +1,6 @@
 // Point-to-point messages over the cpu_shm segments: send / recv / recv from
 // any source between the ranks of one ShmComm. Torch-free; the c10d backend
-// (ops/shm_backend_p2p.cpp) wraps each operation in a Work.
+// (torch/distributed/shm_engine_p2p.cpp) wraps each operation in a Work.
 //
 // Channels. Every ordered pair (s -> d) has one single-producer /
 // single-consumer ring of kP2PChunks chunks of `p2p_chunk_bytes`, living in

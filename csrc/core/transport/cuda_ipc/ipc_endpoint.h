@@ -1,9 +1,8 @@
 // One process's end of a CUDA IPC communicator: its arena (ipc_arena.h), the
 // host-mapped mirror of its status word, and its mappings of the peers'
-// arenas. Used by both front ends, torch.classes.fastpar.CudaIpcComm
-// (csrc/torch/ops/cuda_ipc_comm.cpp) and the c10d backend (csrc/ops/cuda_backend.cpp);
-// they differ only in how handles travel (Python through a Store, C++ through
-// a c10d::Store) and in when it is safe to free.
+// arenas. The c10d CUDA engine (csrc/torch/distributed/cuda_engine.cpp)
+// holds one per group; its handles travel through the group's c10d::Store
+// (cuda_ipc_rendezvous.h).
 //
 // Lifecycle: create() -> export_handle() -> (exchange) -> connect(handles)
 // -> allreduce_one_shot / allreduce_two_shot on comm() -> disconnect() ->
