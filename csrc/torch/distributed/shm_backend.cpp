@@ -13,6 +13,8 @@
 namespace fastpar {
 namespace distributed {
 
+using namespace ops;  // argument checks and transport errors (ops/checks.h, ops/transport_errors.h)
+
 namespace {
 
 // A collective that already ran: wait() returns at once and get_future() is

@@ -14,6 +14,8 @@
 namespace fastpar {
 namespace distributed {
 
+using namespace ops;  // argument checks and transport errors (ops/checks.h, ops/transport_errors.h)
+
 namespace {
 
 ReduceOp step_op(const c10d::ReduceOp& op) {
