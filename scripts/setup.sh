@@ -12,7 +12,8 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 .venv/bin/pip install -q setuptools wheel ninja 2>&1 | grep -v "^WARNING: Location" >&2 || true
-.venv/bin/pip install -q "$TORCH_SPEC" numpy pytest pytest-timeout matplotlib 2>&1 | grep -v "^WARNING: Location" >&2 || true
+# lightning, accelerate: the client programs tests/clients runs on fastpar.
+.venv/bin/pip install -q "$TORCH_SPEC" numpy pytest pytest-timeout matplotlib lightning==2.6.6 accelerate==1.15.0 2>&1 | grep -v "^WARNING: Location" >&2 || true
 .venv/bin/python -c "import torch" # fails loudly if the install above did
 # --no-build-isolation: compile against the torch installed above (its C++ ABI must match).
 # -e: the checkout is the package (fastpar/_C*.so is built in place), so the

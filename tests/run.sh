@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: the torch-free core under AddressSanitizer/UBSan
 # (CMake + ctest), every source compiled against the GPU machine's torch
-# headers, then the Python suite against the installed fastpar.
+# headers, then the Python suite against the installed fastpar and programs
+# of other projects (FSDP2, DTensor, Lightning, Accelerate) run on it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cmake -S . -B build/cpp -DFASTPAR_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
@@ -10,4 +11,4 @@ ctest --test-dir build/cpp --output-on-failure
 # The GPU machine builds with an older torch (C++17, an older c10d) than this
 # one: every source must compile against its headers too (downloads them once).
 .venv/bin/python scripts/check_torch_compat.py
-.venv/bin/python -m pytest -q -p no:cacheprovider tests/python "$@"
+.venv/bin/python -m pytest -q -p no:cacheprovider tests/python tests/clients "$@"

@@ -38,10 +38,11 @@ import sys
 import torch
 import torch.distributed as dist
 
+from fastpar_autoload import BACKEND_NAME, register  # noqa: F401  (the one registration; re-exported)
+
 from .. import _C
 
 SEGMENT_PREFIX: str = _C.SHM_SEGMENT_PREFIX
-BACKEND_NAME = "fastpar"
 
 
 def _host_id() -> str:
@@ -226,11 +227,16 @@ def _bound_device(dist_opts):
     torch 2.14 hands the group over as dist_opts.process_group; older torch
     (2.11, the GPU machine's) does not, and the device is then the `device_id`
     of the torch function that calls the creator (_new_process_group_helper,
-    which new_group also reaches with the default group's device)."""
+    which new_group also reaches with the default group's device), a few
+    frames up (the creator torch holds is fastpar_autoload._create)."""
     if hasattr(dist_opts, "process_group"):
         return getattr(dist_opts.process_group, "bound_device_id", None)
-    caller = sys._getframe(2)  # 0: here, 1: _create_from_options, 2: torch
-    if caller.f_code.co_name == "_new_process_group_helper":
+    caller = sys._getframe(1)
+    for _ in range(4):
+        if caller is None or caller.f_code.co_name == "_new_process_group_helper":
+            break
+        caller = caller.f_back
+    if caller is not None and caller.f_code.co_name == "_new_process_group_helper":
         return caller.f_locals.get("device_id")
     return None
 
@@ -247,15 +253,6 @@ def _create_from_options(dist_opts, backend_options=None):
         getattr(dist_opts, "group_id", None),
         _bound_device(dist_opts),
     )
-
-
-def register() -> None:
-    """Registers "fastpar" with torch.distributed for CPU and CUDA tensors (idempotent)."""
-    if not dist.is_available():
-        return
-    if BACKEND_NAME.upper() in getattr(dist.Backend, "_plugins", {}):
-        return
-    dist.Backend.register_backend(BACKEND_NAME, _create_from_options, extended_api=True, devices=["cpu", "cuda"])
 
 
 def get_fastpar_backend(group=None, device_type: str = "cpu") -> _C.Backend:

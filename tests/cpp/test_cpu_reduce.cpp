@@ -1,5 +1,6 @@
 // The CPU reduce loop: fixed order, in-place aliasing, fp32 accumulation for
-// 16-bit floats, AVG as a division, non-temporal stores on aligned and
+// 16-bit floats, AVG as a division (on integers NCCL's: the wrapped sum
+// divided by n, truncated toward zero), non-temporal stores on aligned and
 // misaligned destinations.
 #include <cstdint>
 #include <limits>
@@ -55,6 +56,54 @@ int main() {
     int8_t* dsts[] = {out};
     cpu_reduce_range<int8_t, ReduceOp::SUM>(srcs, 2, dsts, 1, 0, 1, 2);
     CHECK(out[0] == -128);
+  }
+  // Integer AVG as NCCL's ncclAvg (SumPostDiv): wrap the sum in the dtype,
+  // then divide by the number of contributions, truncating toward zero.
+  {
+    // int8: 100 * 3 wraps to 44; 44 / 3 == 14. -7 + 2 == -5; -5 / 2 == -2 (not floor's -3).
+    int8_t a[] = {100, -7}, b[] = {100, 2}, c[] = {100, 0}, out[2];
+    const int8_t* srcs[] = {a, b, c};
+    int8_t* dsts[] = {out};
+    cpu_reduce_range<int8_t, ReduceOp::AVG>(srcs, 3, dsts, 1, 0, 2, 3);
+    CHECK(out[0] == 14);
+    cpu_reduce_range<int8_t, ReduceOp::AVG>(srcs, 2, dsts, 1, 1, 2, 2);
+    CHECK(out[1] == -2);
+  }
+  {
+    // uint8: 200 + 100 wraps to 44, / 2 == 22; 257 contributions (more than
+    // uint8 holds) divide 255 to 0 instead of dividing by 257 wrapped to 1.
+    uint8_t a[] = {200, 255}, b[] = {100, 0}, out[2];
+    const uint8_t* srcs[] = {a, b};
+    uint8_t* dsts[] = {out};
+    cpu_reduce_range<uint8_t, ReduceOp::AVG>(srcs, 2, dsts, 1, 0, 1, 2);
+    CHECK(out[0] == 22);
+    cpu_reduce_range<uint8_t, ReduceOp::AVG>(srcs, 1, dsts, 1, 1, 2, 257);
+    CHECK(out[1] == 0);
+  }
+  {
+    // int32 / int64: the sum wraps past the maximum to the minimum, then halves toward zero.
+    const int32_t i32max = std::numeric_limits<int32_t>::max();
+    int32_t a[] = {i32max, -3}, b[] = {1, 0}, out[2];
+    const int32_t* srcs[] = {a, b};
+    int32_t* dsts[] = {out};
+    cpu_reduce_range<int32_t, ReduceOp::AVG>(srcs, 2, dsts, 1, 0, 2, 2);
+    CHECK(out[0] == -1073741824 && out[1] == -1);
+    const int64_t i64min = std::numeric_limits<int64_t>::min();
+    int64_t x[] = {i64min, i64min}, y[] = {-1, 0}, out64[2];
+    const int64_t* srcs64[] = {x, y};
+    int64_t* dsts64[] = {out64};
+    cpu_reduce_range<int64_t, ReduceOp::AVG>(srcs64, 2, dsts64, 1, 0, 2, 2);
+    CHECK(out64[0] == std::numeric_limits<int64_t>::max() / 2 && out64[1] == i64min / 2);
+  }
+  // int32 SUM and PRODUCT wrap (two's complement, no signed overflow: UBSan runs this).
+  {
+    int32_t a[] = {std::numeric_limits<int32_t>::max(), 65536}, b[] = {2, 65536}, out[2];
+    const int32_t* srcs[] = {a, b};
+    int32_t* dsts[] = {out};
+    cpu_reduce_range<int32_t, ReduceOp::SUM>(srcs, 2, dsts, 1, 0, 1, 2);
+    CHECK(out[0] == std::numeric_limits<int32_t>::min() + 1);
+    cpu_reduce_range<int32_t, ReduceOp::PRODUCT>(srcs, 2, dsts, 1, 1, 2, 2);
+    CHECK(out[1] == 0);
   }
   return TEST_MAIN_RESULT();
 }

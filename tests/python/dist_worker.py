@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 import fastpar  # registers the "fastpar" backend
 import fastpar.distributed as fd
+from reference import INT_AVG_CASES
 
 SCENARIO, RANK, WORLD, PORT = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 ARGS = sys.argv[5:]
@@ -59,8 +60,11 @@ def reference(xs: list[torch.Tensor], op, dtype: torch.dtype) -> torch.Tensor:
     s = torch.stack([x.to(wide) for x in xs])
     if op == dist.ReduceOp.SUM:
         r = s.sum(0)
-    elif op == dist.ReduceOp.AVG:
+    elif op == dist.ReduceOp.AVG and dtype in FLOATS:
         r = s.sum(0) / len(xs)
+    elif op == dist.ReduceOp.AVG:  # NCCL's: the wrapped sum, divided truncating toward zero
+        return torch.div(reference(xs, dist.ReduceOp.SUM, dtype).to(torch.int64), len(xs),
+                         rounding_mode="trunc").to(dtype)
     elif op == dist.ReduceOp.PRODUCT:
         r = s.prod(0)
     elif op == dist.ReduceOp.MIN:
@@ -71,7 +75,8 @@ def reference(xs: list[torch.Tensor], op, dtype: torch.dtype) -> torch.Tensor:
 
 
 def check(got: torch.Tensor, want: torch.Tensor, what: str, exact: bool = True):
-    if exact:
+    """`exact=False` allows float rounding; integer results are always exact."""
+    if exact or not got.is_floating_point():
         assert torch.equal(got, want), f"{what}: got {got[:8]} want {want[:8]}"
     else:
         torch.testing.assert_close(got, want, msg=lambda m: f"{what}: {m}")
@@ -86,7 +91,7 @@ def same_bits_everywhere(t: torch.Tensor, what: str):
 
 
 def ops_for(dtype):
-    return [op for op in OPS if op != dist.ReduceOp.AVG or dtype in FLOATS]
+    return OPS
 
 
 # ---------------------------------------------------------------- scenarios
@@ -194,6 +199,42 @@ def sc_collectives():
     finish()
 
 
+def sc_avg_integers():
+    """AVG on every integer dtype as NCCL computes it (reference.INT_AVG_CASES:
+    hand-worked values with negative sums and sums that wrap), rank q giving
+    row q, at sizes that take every schedule: all_reduce, reduce at each root,
+    reduce_scatter(_tensor), and a registered buffer."""
+    init()
+    assert WORLD in (2, 3), "INT_AVG_CASES has the averages of 2 and of 3 contributions"
+    for dtype, (rows, avg2, avg3) in INT_AVG_CASES.items():
+        want1 = avg2 if WORLD == 2 else avg3
+        for reps in (1, 700):  # 3-4 and 2100-2800 elements: one-shot and chunked two-shot
+            mine = torch.tensor(rows[RANK] * reps, dtype=dtype)
+            want = torch.tensor(want1 * reps, dtype=dtype)
+            tag = f"{dtype} n={mine.numel()}"
+            t = mine.clone()
+            dist.all_reduce(t, op=dist.ReduceOp.AVG)
+            assert torch.equal(t, want), f"all_reduce AVG {tag}: got {t[:4].tolist()} want {want1}"
+            for root in range(WORLD):
+                t = mine.clone()
+                dist.reduce(t, dst=root, op=dist.ReduceOp.AVG)
+                assert torch.equal(t, want if RANK == root else mine), f"reduce AVG root={root} {tag}"
+            # reduce_scatter: rank q receives the average of everyone's block q.
+            full = torch.cat([mine] * WORLD)
+            o = torch.empty_like(mine)
+            dist.reduce_scatter_tensor(o, full, op=dist.ReduceOp.AVG)
+            assert torch.equal(o, want), f"reduce_scatter_tensor AVG {tag}"
+            o = torch.empty_like(mine)
+            dist.reduce_scatter(o, [mine] * WORLD, op=dist.ReduceOp.AVG)
+            assert torch.equal(o, want), f"reduce_scatter AVG {tag}"
+            t = fd.registered_empty((mine.numel(),), dtype)
+            t.copy_(mine)
+            dist.all_reduce(t, op=dist.ReduceOp.AVG)
+            assert torch.equal(t, want), f"registered all_reduce AVG {tag}"
+            del t
+    finish()
+
+
 def sc_registered():
     """registered_empty + all_reduce (no copy-in), against the reference."""
     init()
@@ -249,8 +290,6 @@ def sc_bad_input():
     expect(lambda: dist.all_reduce(torch.ones(4, 4).t()), "fastpar.all_reduce: tensors[0] must be contiguous",
            "strides")
     expect(lambda: dist.all_reduce(torch.ones(3, dtype=torch.bool)), "tensors[0] has dtype torch.bool", "which fastpar does not support")
-    expect(lambda: dist.all_reduce(torch.ones(3, dtype=torch.int32), op=dist.ReduceOp.AVG),
-           "ReduceOp.AVG cannot reduce tensors[0] of dtype torch.int32")
     expect(lambda: dist.all_reduce(torch.ones(3), op=dist.ReduceOp.BAND), "is not supported")
     expect(lambda: dist.all_gather([torch.ones(3)] * (WORLD + 1), torch.ones(3)),
            f"output_tensors[0] has {WORLD + 1} tensors but the group has {WORLD} ranks")
@@ -283,7 +322,7 @@ def sc_bad_input():
            f"fastpar.gather: rank {RANK} is not the root ({other}) and must pass no output_tensors, got 1 lists")
     expect(lambda: be.scatter([torch.empty(3)], [[three] * WORLD], sopts),
            f"fastpar.scatter: rank {RANK} is not the root ({other}) and must pass no input_tensors, got 1 lists")
-    assert len(errors) == 15 + no_cuda_backend
+    assert len(errors) == 14 + no_cuda_backend
     t = torch.full((5,), float(RANK))
     dist.all_reduce(t)
     assert torch.all(t == sum(range(WORLD)))
@@ -455,7 +494,7 @@ def hier_collectives(g, host: str, be=None):
 
     SUM, AVG, MAX = dist.ReduceOp.SUM, dist.ReduceOp.AVG, dist.ReduceOp.MAX
     for dtype in (torch.float32, torch.float16, torch.int32):
-        ops = [SUM, MAX] + ([AVG] if dtype in FLOATS else [])
+        ops = [SUM, MAX, AVG]
         for n in (0, 1, 7, 5003):
             tag = f"[{host} rank {me}/{n_ranks}] {dtype} n={n}"
             xs = [data(q, n, dtype) for q in range(n_ranks)]

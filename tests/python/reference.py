@@ -7,9 +7,22 @@ DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16,
 OPS = [ReduceOp.SUM, ReduceOp.AVG, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX]
 FLOATING = {torch.float32, torch.float64, torch.float16, torch.bfloat16}
 
-
-def supported(dtype, op):
-    return op != ReduceOp.AVG or dtype in FLOATING
+# Integer AVG as NCCL computes it: the sum wraps in the dtype, then is divided
+# by the number of contributions (tensors or ranks), truncating toward zero.
+# Per dtype: three inputs and the averages of the first two and of all three,
+# worked out by hand (e.g. int8: 100 + 100 + 100 wraps to 44, 44 / 3 = 14;
+# -5 / 3 = -1, not -2).
+I32_MIN, I32_MAX, I64_MIN, I64_MAX = -2**31, 2**31 - 1, -2**63, 2**63 - 1
+INT_AVG_CASES = {
+    torch.int8: ([[100, -7, -128, 1], [100, 2, -128, 0], [100, 0, -128, 0]],
+                 [-28, -2, 0, 0], [14, -1, -42, 0]),
+    torch.uint8: ([[200, 3, 255], [100, 0, 255], [0, 0, 255]], [22, 1, 127], [14, 1, 84]),
+    torch.int32: ([[I32_MAX, -3, I32_MIN], [1, 0, -1], [0, -1, 0]],
+                  [-1073741824, -1, 1073741823], [-715827882, -1, 715827882]),
+    torch.int64: ([[I64_MAX, -3, I64_MIN], [1, 0, -1], [0, -1, 0]],
+                  [-4611686018427387904, -1, 4611686018427387903],
+                  [-3074457345618258602, -1, 3074457345618258602]),
+}
 
 
 def make_inputs(n, numel, dtype, op, seed=0):
@@ -25,7 +38,8 @@ def make_inputs(n, numel, dtype, op, seed=0):
 
 def reference(tensors, op):
     """op over the list, computed the way fastpar promises: fp32 accumulation for
-    16-bit floats, the dtype itself otherwise (integers wrap), AVG = sum / n."""
+    16-bit floats, the dtype itself otherwise (integers wrap), AVG = sum / n
+    (on integers NCCL's: the wrapped sum divided by n, truncated toward zero)."""
     dtype = tensors[0].dtype
     acc = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
     if dtype in (torch.int8, torch.uint8, torch.int32):
@@ -33,8 +47,11 @@ def reference(tensors, op):
     s = torch.stack([t.to(acc) for t in tensors])
     if op == ReduceOp.SUM:
         r = s.sum(0)
-    elif op == ReduceOp.AVG:
+    elif op == ReduceOp.AVG and dtype in FLOATING:
         r = s.sum(0) / len(tensors)
+    elif op == ReduceOp.AVG:
+        return torch.div(reference(tensors, ReduceOp.SUM).to(torch.int64), len(tensors),
+                         rounding_mode="trunc").to(dtype)
     elif op == ReduceOp.PRODUCT:
         r = s.prod(0)
     elif op == ReduceOp.MIN:

@@ -11,8 +11,9 @@ from dist_harness import assert_ok, run, shm_entries
 SMALL_SLOT = {"FASTPAR_SHM_SLOT_BYTES": "4096", "FASTPAR_SHM_REGISTERED_BYTES": str(4 << 20),
               "FASTPAR_SHM_REGISTERED_MIN_BYTES": "0"}
 PARTS = {
-    2: ["bad_input", "allreduce", "allreduce_one_shot", "allreduce_two_shot", "collectives", "registered"],
-    3: ["allreduce", "collectives", "registered"],
+    2: ["bad_input", "allreduce", "allreduce_one_shot", "allreduce_two_shot", "collectives", "registered",
+        "avg_integers"],
+    3: ["allreduce", "collectives", "registered", "avg_integers"],
     4: ["allreduce", "registered"],
 }
 

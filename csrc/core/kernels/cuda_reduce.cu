@@ -63,16 +63,12 @@ cudaError_t launch_reduce(DType dt, ReduceOp op, const ReduceLaunch& a, cudaStre
   cudaError_t result = cudaSuccess;
   FASTPAR_DISPATCH_DTYPE(dt, [&] {
     FASTPAR_DISPATCH_OP(op, [&] {
-      if constexpr (!op_supports<scalar_t, kOp>()) {
-        result = cudaErrorInvalidValue;  // the op layer rejects AVG on integers first
-      } else {
-        const ReducePtrs<scalar_t> p = reduce_ptrs<scalar_t>(a);
-        unsigned blocks = 0;
-        result = grid_for(work_units<scalar_t>(a.count, vec), &blocks, a.gpu_sharers);
-        if (result != cudaSuccess) return;
-        reduce_kernel<scalar_t, kOp><<<blocks, kThreads, 0, stream>>>(p, a.count, a.contributions, vec);
-        result = cudaGetLastError();
-      }
+      const ReducePtrs<scalar_t> p = reduce_ptrs<scalar_t>(a);
+      unsigned blocks = 0;
+      result = grid_for(work_units<scalar_t>(a.count, vec), &blocks, a.gpu_sharers);
+      if (result != cudaSuccess) return;
+      reduce_kernel<scalar_t, kOp><<<blocks, kThreads, 0, stream>>>(p, a.count, a.contributions, vec);
+      result = cudaGetLastError();
     });
   });
   return result;
@@ -90,7 +86,7 @@ struct LoadReduceKernel {
 
 }  // namespace
 
-cudaError_t preload_reduce_kernels() { return for_each_supported<LoadReduceKernel>(cudaSuccess); }
+cudaError_t preload_reduce_kernels() { return for_each_kernel<LoadReduceKernel>(cudaSuccess); }
 
 namespace {
 
@@ -103,19 +99,15 @@ cudaError_t launch_ring(DType dt, ReduceOp op, const void* prev_acc, const void*
   cudaError_t result = cudaSuccess;
   FASTPAR_DISPATCH_DTYPE(dt, [&] {
     FASTPAR_DISPATCH_OP(op, [&] {
-      if constexpr (!op_supports<scalar_t, kOp>()) {
-        result = cudaErrorInvalidValue;
-      } else {
-        using A = acc_t<scalar_t>;
-        unsigned blocks = 0;
-        result = grid_for(work_units<scalar_t>(count, vec), &blocks);
-        if (result != cudaSuccess) return;
-        ring_step_kernel<scalar_t, kOp, kFinish><<<blocks, kThreads, 0, stream>>>(
-            static_cast<const A*>(prev_acc), static_cast<const scalar_t*>(prev_data),
-            static_cast<const scalar_t*>(mine), kFinish ? nullptr : static_cast<A*>(out),
-            kFinish ? static_cast<scalar_t*>(out) : nullptr, count, contributions, vec);
-        result = cudaGetLastError();
-      }
+      using A = acc_t<scalar_t>;
+      unsigned blocks = 0;
+      result = grid_for(work_units<scalar_t>(count, vec), &blocks);
+      if (result != cudaSuccess) return;
+      ring_step_kernel<scalar_t, kOp, kFinish><<<blocks, kThreads, 0, stream>>>(
+          static_cast<const A*>(prev_acc), static_cast<const scalar_t*>(prev_data),
+          static_cast<const scalar_t*>(mine), kFinish ? nullptr : static_cast<A*>(out),
+          kFinish ? static_cast<scalar_t*>(out) : nullptr, count, contributions, vec);
+      result = cudaGetLastError();
     });
   });
   return result;

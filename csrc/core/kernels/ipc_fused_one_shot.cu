@@ -58,19 +58,15 @@ __global__ void __launch_bounds__(kFusedThreads, kFusedMinBlocksPerSm) fused_gra
     graph_done(a, b, epoch);
 }
 
-// dtype x op dispatch of one of the kernels above (ops a dtype cannot reduce: invalid value).
+// dtype x op dispatch of one of the kernels above.
 template <template <typename, ReduceOp> class Launch, class Args>
 cudaError_t dispatch_fused(DType dt, ReduceOp op, const Args& a, int nblocks, int size, cudaStream_t stream) {
   if (nblocks < 1 || nblocks > kFusedMaxBlocks || size > kMaxIpcRanks) return cudaErrorInvalidValue;
   cudaError_t result = cudaSuccess;
   FASTPAR_DISPATCH_DTYPE(dt, [&] {
     FASTPAR_DISPATCH_OP(op, [&] {
-      if constexpr (!op_supports<scalar_t, kOp>()) {
-        result = cudaErrorInvalidValue;
-      } else {
-        Launch<scalar_t, kOp>::run(a, nblocks, stream);
-        result = cudaGetLastError();
-      }
+      Launch<scalar_t, kOp>::run(a, nblocks, stream);
+      result = cudaGetLastError();
     });
   });
   return result;
@@ -101,7 +97,7 @@ struct LoadFusedKernels {
 
 }  // namespace
 
-cudaError_t preload_fused_kernels() { return for_each_supported<LoadFusedKernels>(cudaSuccess); }
+cudaError_t preload_fused_kernels() { return for_each_kernel<LoadFusedKernels>(cudaSuccess); }
 
 cudaError_t launch_fused_graph(DType dt, ReduceOp op, const GraphArgs& a, cudaStream_t stream) {
   return dispatch_fused<LaunchGraph>(dt, op, a, a.f.nblocks, a.f.phase.size, stream);

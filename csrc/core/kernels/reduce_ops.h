@@ -7,9 +7,11 @@
 //
 // Accumulation: 16-bit floats accumulate in fp32 and round once at the end;
 // every other type accumulates in itself (integers wrap, as in NCCL).
+// docs/semantics.md states the results for users.
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "half_types.h"
 
@@ -41,11 +43,17 @@ template <> constexpr bool is_floating<f16>() { return true; }
 template <> constexpr bool is_floating<bf16>() { return true; }
 
 // a (+) b for one reduce op. MIN/MAX propagate NaN as torch.minimum/maximum do.
+// Integer SUM/PRODUCT go through the unsigned type: two's-complement wrap, as
+// NCCL's (which runs signed sums on its unsigned kernels), and no signed
+// overflow for the compiler to assume away.
 template <ReduceOp OP, typename A> FASTPAR_HD A combine(A a, A b) {
-  if constexpr (OP == ReduceOp::SUM || OP == ReduceOp::AVG) {
-    return a + b;
-  } else if constexpr (OP == ReduceOp::PRODUCT) {
-    return a * b;
+  if constexpr (OP == ReduceOp::SUM || OP == ReduceOp::AVG || OP == ReduceOp::PRODUCT) {
+    if constexpr (std::is_integral_v<A>) {
+      using U = std::make_unsigned_t<A>;
+      return A(OP == ReduceOp::PRODUCT ? U(U(a) * U(b)) : U(U(a) + U(b)));
+    } else {
+      return OP == ReduceOp::PRODUCT ? a * b : a + b;
+    }
   } else if constexpr (OP == ReduceOp::MIN) {
     return (a != a) ? a : ((b < a || b != b) ? b : a);
   } else {
@@ -55,23 +63,18 @@ template <ReduceOp OP, typename A> FASTPAR_HD A combine(A a, A b) {
 
 // Applied once to the fully reduced accumulator: AVG divides by the number of
 // contributions (a division, not a multiply by 1/n, so integer-valued sums
-// divide exactly as torch's reference does).
+// divide exactly as torch's reference does). On integers this is NCCL's
+// ncclAvg (its SumPostDiv): the wrapped sum divided by n, truncated toward
+// zero. The division is in int or wider (C++'s usual conversions), so a
+// uint8/int8 sum is not divided by n wrapped to 8 bits.
 template <ReduceOp OP, typename A> FASTPAR_HD A finalize(A a, int contributions) {
-  if constexpr (OP == ReduceOp::AVG) {
-    return a / A(contributions);
-  } else {
+  if constexpr (OP != ReduceOp::AVG) {
     return a;
+  } else if constexpr (std::is_integral_v<A>) {
+    return A(a / contributions);
+  } else {
+    return a / A(contributions);
   }
-}
-
-// Which (dtype, op) pairs are defined: AVG needs a floating type. The
-// template is for dispatched code (an integer AVG must not be instantiated:
-// there is no such kernel), the function for run-time argument checks.
-template <typename T, ReduceOp OP> constexpr bool op_supports() { return OP != ReduceOp::AVG || is_floating<T>(); }
-
-inline bool op_supports_dtype(ReduceOp op, DType dt) {
-  const bool floating = dt == DType::F32 || dt == DType::F64 || dt == DType::F16 || dt == DType::BF16;
-  return op != ReduceOp::AVG || floating;
 }
 
 inline int dtype_size(DType dt) {
@@ -139,20 +142,17 @@ inline const char* dtype_name(DType dt) {
 
 namespace fastpar {
 
-// Load<T, OP>::run() for every dtype T and every op OP that T can reduce (no
-// kernel of another pair is instantiated), stopping at the first result
-// other than `ok`: that result, else `ok`. How the CUDA IPC setup loads every
-// instance of a kernel (cuda_reduce.cu, fused_one_shot.cu).
+// Load<T, OP>::run() for every dtype T and every op OP, stopping at the
+// first result other than `ok`: that result, else `ok`. How the CUDA IPC
+// setup loads every instance of a kernel (cuda_reduce.cu, fused_one_shot.cu).
 template <template <typename, ReduceOp> class Load, class R>
-R for_each_supported(R ok) {
+R for_each_kernel(R ok) {
   R result = ok;
   for (int d = 0; d <= int(DType::I64); ++d) {
     for (int o = 0; o <= int(ReduceOp::MAX); ++o) {
       FASTPAR_DISPATCH_DTYPE(DType(d), [&] {
         FASTPAR_DISPATCH_OP(ReduceOp(o), [&] {
-          if constexpr (op_supports<scalar_t, kOp>()) {
-            if (result == ok) result = Load<scalar_t, kOp>::run();
-          }
+          if (result == ok) result = Load<scalar_t, kOp>::run();
         });
       });
     }

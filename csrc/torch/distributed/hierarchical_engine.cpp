@@ -24,9 +24,16 @@ bool is_avg(const ReduceOp& op) { return op.op_ == ReduceOp::AVG; }
 // The reduction every step uses: AVG is a SUM divided once at the end.
 ReduceOp step_op(const ReduceOp& op) { return is_avg(op) ? ReduceOp(ReduceOp::SUM) : op; }
 
+// That division: on integers the wrapped sum truncated toward zero, as the
+// kernels (reduce_ops.h finalize) and NCCL do.
+void divide_sum(at::Tensor t, int n) {
+  if (at::isFloatingType(t.scalar_type())) t.div_(n);
+  else t.div_(n, "trunc");
+}
+
 // Whether the hierarchical schedules serve this reduction of these tensors:
-// dense and contiguous, a reduction that composes (SUM, PRODUCT, MIN, MAX;
-// AVG where a division means the average). Others go to the world backend,
+// dense and contiguous, a reduction that composes (SUM, PRODUCT, MIN, MAX,
+// AVG as a SUM divided once). Others go to the world backend,
 // which gives their semantics or their error.
 bool dense(const std::vector<at::Tensor>& ts) {
   for (const auto& t : ts)
@@ -39,10 +46,7 @@ bool reducible(const std::vector<at::Tensor>& ts, const ReduceOp& op) {
   if (k != ReduceOp::SUM && k != ReduceOp::AVG && k != ReduceOp::PRODUCT && k != ReduceOp::MIN &&
       k != ReduceOp::MAX)
     return false;
-  if (!dense(ts)) return false;
-  for (const auto& t : ts)
-    if (k == ReduceOp::AVG && !at::isFloatingType(t.scalar_type())) return false;
-  return true;
+  return dense(ts);
 }
 
 // The options of one step: the call's timeout, and the step's root and
@@ -135,7 +139,7 @@ c10::intrusive_ptr<c10d::Work> HierarchicalEngine::allreduce(std::vector<at::Ten
   local_->reduce(v, reducing<c10d::ReduceOptions>(step_op(opts.reduceOp), opts.timeout))->wait();
   if (leads()) {
     leaders_->allreduce(v, reducing<c10d::AllreduceOptions>(step_op(opts.reduceOp), opts.timeout))->wait();
-    if (is_avg(opts.reduceOp)) t.div_(getSize());
+    if (is_avg(opts.reduceOp)) divide_sum(t, getSize());
   }
   local_->broadcast(v, rooted<c10d::BroadcastOptions>(0, opts.timeout))->wait();
   return enqueued_work({t});
@@ -206,7 +210,7 @@ c10::intrusive_ptr<c10d::Work> HierarchicalEngine::reduce(std::vector<at::Tensor
     }
     local_step(in, int(std::find(mine.begin(), mine.end(), root) - mine.begin()));  // the root's `in` is t
   }
-  if (is_avg(opts.reduceOp) && getRank() == root) t.div_(getSize());
+  if (is_avg(opts.reduceOp) && getRank() == root) divide_sum(t, getSize());
   return enqueued_work({t});
 }
 
@@ -313,7 +317,7 @@ void HierarchicalEngine::reduce_scatter_flat(const at::Tensor& output, const at:
   }
   at::Tensor block = at::empty({per_host}, output.options());
   leaders_->_reduce_scatter_base(block, host_major, reducing<c10d::ReduceScatterOptions>(op, timeout))->wait();
-  if (avg) block.narrow(0, 0, nl * count).div_(getSize());
+  if (avg) divide_sum(block.narrow(0, 0, nl * count), getSize());
   std::vector<std::vector<at::Tensor>> ins(1);
   for (int l = 0; l < nl; ++l) ins[0].push_back(block.narrow(0, l * count, count));
   local_->scatter(outs, ins, s)->wait();

@@ -10,8 +10,7 @@
 // their coalesced forms) and reduce_scatter (+ reduce_scatter_tensor and its
 // coalesced form) run as local steps inside each host around one call among
 // the leaders, which carries each host's data across hosts once; everything
-// else, and reductions other than SUM/AVG/PRODUCT/MIN/MAX (AVG: floating
-// dtypes), goes to `world`. These are fastpar's only hierarchical schedules:
+// else, and reductions other than SUM/AVG/PRODUCT/MIN/MAX, goes to `world`. These are fastpar's only hierarchical schedules:
 // the front (backend.h) builds one over its ShmEngine for CPU tensors, and
 // fastpar.distributed one over a CudaEngine for CUDA tensors on several
 // hosts; docs/algorithms.md ("Several hosts") gives their steps and bytes.
@@ -28,7 +27,7 @@
 // isCompleted() says the call was enqueued, not that the GPU has run it.
 //
 // Reductions: AVG runs as SUM and is divided once by the group size, where
-// the final value is formed. Tensors cross the leaders as bytes where the
+// the final value is formed (integers: truncated toward zero). Tensors cross the leaders as bytes where the
 // step copies (broadcast, all_gather), so every dtype goes through.
 #pragma once
 

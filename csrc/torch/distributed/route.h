@@ -23,7 +23,7 @@ struct RouteQuery {
   bool peer_access_agreed = false;  // every rank mapped every peer's arena (all-or-nothing)
   int64_t nbytes = 0;               // bytes of this rank's tensor
   bool dtype_supported = false;     // one of the dtypes the reduce kernel knows
-  bool op_supported = false;        // SUM/AVG/PRODUCT/MIN/MAX, and AVG only on floating dtypes
+  bool op_supported = false;        // SUM/AVG/PRODUCT/MIN/MAX
   bool contiguous = false;          // the kernels read and write flat memory
   bool on_rank_device = false;      // the tensor is on the GPU the arena was set up on
   int world_size = 0;               // IPC needs <= kMaxIpcRanks (the reduce kernel's source limit)

@@ -42,6 +42,10 @@ void check_like(const char* op, const std::string& name, const at::Tensor& t,
 void check_numel(const char* op, const std::string& name, const at::Tensor& t, int64_t expected,
                  const std::string& why);
 
+// Whether `rop` can reduce `t`'s dtype. Every op reduces every dtype fastpar
+// supports (AVG on integers as NCCL: the wrapped sum divided by n, truncated
+// toward zero; docs/semantics.md), so this is the dtype check; the op stays
+// an argument so callers need not know that.
 void check_op_dtype(const char* op, ReduceOp rop, const std::string& name, const at::Tensor& t);
 
 std::string indexed(const char* arg, size_t i);

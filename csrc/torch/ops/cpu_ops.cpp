@@ -43,9 +43,7 @@ void allreduce_cpu(at::TensorList tensors, int64_t op, c10::string_view algorith
   const DType dt = to_dtype("allreduce", "tensors[0]", tensors[0].scalar_type());
   FASTPAR_DISPATCH_DTYPE(dt, [&] {
     FASTPAR_DISPATCH_OP(rop, [&] {
-      if constexpr (!op_supports<scalar_t, kOp>()) {
-        TORCH_INTERNAL_ASSERT(false, "AVG on an integer dtype passed the checks");
-      } else if (algo == "ring") {
+      if (algo == "ring") {
         const int64_t seg = std::max<int64_t>(1, tuning().ring_segment_bytes / int64_t(sizeof(scalar_t)));
         cpu_local::allreduce_ring<scalar_t, kOp>(torch_parallel_for(), mut_ptrs<scalar_t>(tensors),
                                                   count, seg, 64 / int64_t(sizeof(scalar_t)));
@@ -64,13 +62,9 @@ void reduce_cpu(at::TensorList inputs, const at::Tensor& output, int64_t op) {
   const DType dt = to_dtype("reduce", "inputs[0]", inputs[0].scalar_type());
   FASTPAR_DISPATCH_DTYPE(dt, [&] {
     FASTPAR_DISPATCH_OP(rop, [&] {
-      if constexpr (!op_supports<scalar_t, kOp>()) {
-        TORCH_INTERNAL_ASSERT(false, "AVG on an integer dtype passed the checks");
-      } else {
-        cpu_local::reduce_direct<scalar_t, kOp>(torch_parallel_for(), const_ptrs<scalar_t>(inputs),
-                                                 {static_cast<scalar_t*>(output.data_ptr())},
-                                                 inputs[0].numel(), int(inputs.size()));
-      }
+      cpu_local::reduce_direct<scalar_t, kOp>(torch_parallel_for(), const_ptrs<scalar_t>(inputs),
+                                               {static_cast<scalar_t*>(output.data_ptr())},
+                                               inputs[0].numel(), int(inputs.size()));
     });
   });
 }
@@ -82,14 +76,9 @@ void reduce_scatter_cpu(at::TensorList inputs, at::TensorList outputs, int64_t o
   const DType dt = to_dtype("reduce_scatter", "inputs[0]", inputs[0].scalar_type());
   FASTPAR_DISPATCH_DTYPE(dt, [&] {
     FASTPAR_DISPATCH_OP(rop, [&] {
-      if constexpr (!op_supports<scalar_t, kOp>()) {
-        TORCH_INTERNAL_ASSERT(false, "AVG on an integer dtype passed the checks");
-      } else {
-        for (int64_t i = 0; i < n; ++i) {
-          cpu_local::reduce_direct<scalar_t, kOp>(torch_parallel_for(), const_ptrs<scalar_t>(inputs, i * m),
-                                                   {static_cast<scalar_t*>(outputs[i].data_ptr())}, m,
-                                                   int(n));
-        }
+      for (int64_t i = 0; i < n; ++i) {
+        cpu_local::reduce_direct<scalar_t, kOp>(torch_parallel_for(), const_ptrs<scalar_t>(inputs, i * m),
+                                                 {static_cast<scalar_t*>(outputs[i].data_ptr())}, m, int(n));
       }
     });
   });

@@ -93,14 +93,12 @@ cudaError_t launch_fused_one_shot(DType dt, ReduceOp op, const FusedArgs& a, cud
   ++g_fused_launches;
   FASTPAR_DISPATCH_DTYPE(dt, [&] {
     FASTPAR_DISPATCH_OP(op, [&] {
-      if constexpr (op_supports<scalar_t, kOp>()) {
-        run_blocks(a.nblocks, [&](int b) {
-          if (fused_prior_failure<HostMemory>(a.phase, b) != 0) return;
-          for (int t = 0; t < kEmulatedThreads; ++t) fused_copy_in<scalar_t>(a, b, t, kEmulatedThreads);
-          if (fused_block_barrier<HostMemory>(a, b) != flags::WaitStatus::kOk) return;
-          for (int t = 0; t < kEmulatedThreads; ++t) fused_reduce<scalar_t, kOp>(a, b, t, kEmulatedThreads);
-        });
-      }
+      run_blocks(a.nblocks, [&](int b) {
+        if (fused_prior_failure<HostMemory>(a.phase, b) != 0) return;
+        for (int t = 0; t < kEmulatedThreads; ++t) fused_copy_in<scalar_t>(a, b, t, kEmulatedThreads);
+        if (fused_block_barrier<HostMemory>(a, b) != flags::WaitStatus::kOk) return;
+        for (int t = 0; t < kEmulatedThreads; ++t) fused_reduce<scalar_t, kOp>(a, b, t, kEmulatedThreads);
+      });
     });
   });
   return cudaGetLastError();  // as fused_one_shot.cu: a stale error too
@@ -117,16 +115,14 @@ cudaError_t launch_fused_graph(DType dt, ReduceOp op, const GraphArgs& a, cudaSt
   ++g_graph_launches;
   FASTPAR_DISPATCH_DTYPE(dt, [&] {
     FASTPAR_DISPATCH_OP(op, [&] {
-      if constexpr (op_supports<scalar_t, kOp>()) {
-        run_blocks(a.f.nblocks, [&](int b) {
-          if (graph_prior_failure<HostMemory>(a, b) != 0) return;
-          const uint64_t e = graph_epoch(a, b);
-          for (int t = 0; t < kEmulatedThreads; ++t) fused_copy_in<scalar_t>(a.f, b, t, kEmulatedThreads);
-          if (graph_block_barrier<HostMemory>(a, b, e, true) != flags::WaitStatus::kOk) return;
-          for (int t = 0; t < kEmulatedThreads; ++t) fused_reduce<scalar_t, kOp>(a.f, b, t, kEmulatedThreads);
-          if (graph_block_barrier<HostMemory>(a, b, e, false) == flags::WaitStatus::kOk) graph_done(a, b, e);
-        });
-      }
+      run_blocks(a.f.nblocks, [&](int b) {
+        if (graph_prior_failure<HostMemory>(a, b) != 0) return;
+        const uint64_t e = graph_epoch(a, b);
+        for (int t = 0; t < kEmulatedThreads; ++t) fused_copy_in<scalar_t>(a.f, b, t, kEmulatedThreads);
+        if (graph_block_barrier<HostMemory>(a, b, e, true) != flags::WaitStatus::kOk) return;
+        for (int t = 0; t < kEmulatedThreads; ++t) fused_reduce<scalar_t, kOp>(a.f, b, t, kEmulatedThreads);
+        if (graph_block_barrier<HostMemory>(a, b, e, false) == flags::WaitStatus::kOk) graph_done(a, b, e);
+      });
     });
   });
   return cudaGetLastError();  // as fused_one_shot.cu: a stale error too

@@ -37,10 +37,8 @@ inline cudaError_t launch_reduce(DType dt, ReduceOp op, const ReduceLaunch& a, c
   for (int d = 0; d < a.ndst; ++d) vec = vec && aligned16(a.dsts[d]);
   FASTPAR_DISPATCH_DTYPE(dt, [&] {
     FASTPAR_DISPATCH_OP(op, [&] {
-      if constexpr (op_supports<scalar_t, kOp>()) {
-        const ReducePtrs<scalar_t> p = reduce_ptrs<scalar_t>(a);
-        run_grid([&] { reduce_kernel<scalar_t, kOp>(p, a.count, a.contributions, vec); });
-      }
+      const ReducePtrs<scalar_t> p = reduce_ptrs<scalar_t>(a);
+      run_grid([&] { reduce_kernel<scalar_t, kOp>(p, a.count, a.contributions, vec); });
     });
   });
   // As the real launcher: whatever error the thread has pending, its own or not.
@@ -54,15 +52,13 @@ inline cudaError_t launch_ring(DType dt, ReduceOp op, const void* prev_acc, cons
   const bool vec = aligned16(prev_acc ? prev_acc : prev_data) && aligned16(mine) && aligned16(out);
   FASTPAR_DISPATCH_DTYPE(dt, [&] {
     FASTPAR_DISPATCH_OP(op, [&] {
-      if constexpr (op_supports<scalar_t, kOp>()) {
-        using A = acc_t<scalar_t>;
-        run_grid([&] {
-          ring_step_kernel<scalar_t, kOp, kFinish>(
-              static_cast<const A*>(prev_acc), static_cast<const scalar_t*>(prev_data),
-              static_cast<const scalar_t*>(mine), kFinish ? nullptr : static_cast<A*>(out),
-              kFinish ? static_cast<scalar_t*>(out) : nullptr, count, contributions, vec);
-        });
-      }
+      using A = acc_t<scalar_t>;
+      run_grid([&] {
+        ring_step_kernel<scalar_t, kOp, kFinish>(
+            static_cast<const A*>(prev_acc), static_cast<const scalar_t*>(prev_data),
+            static_cast<const scalar_t*>(mine), kFinish ? nullptr : static_cast<A*>(out),
+            kFinish ? static_cast<scalar_t*>(out) : nullptr, count, contributions, vec);
+      });
     });
   });
   return cudaSuccess;
