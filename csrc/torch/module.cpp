@@ -3,6 +3,7 @@
 // backends (csrc/backends/), and exposes build facts and knobs.
 #include <torch/extension.h>
 
+#include "../core/kernels/cpu_isa.h"
 #include "distributed/hierarchical_backend.h"
 #include "distributed/shm_backend.h"
 #include "ops/tuning.h"
@@ -31,9 +32,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     fastpar::ops::tuning().ring_segment_bytes = b;
   });
   m.def("_get_ring_segment_bytes", [] { return fastpar::ops::tuning().ring_segment_bytes; });
-  fastpar::ops::register_distributed(m);
-  fastpar::ops::register_hierarchical_backend(m);
+  // The CPU reduce loops' instruction set (docs/measurements.md): the one in
+  // use (FASTPAR_CPU_ISA or the best supported) and the best this CPU has.
+  m.def("cpu_isa", [] { return std::string(fastpar::cpu_isa_name(fastpar::cpu_isa())); });
+  m.def("cpu_isa_supported", [] { return std::string(fastpar::cpu_isa_name(fastpar::cpu_isa_supported())); });
+  fastpar::distributed::register_distributed(m);
+  fastpar::distributed::register_hierarchical_backend(m);
 #ifdef FASTPAR_WITH_CUDA
-  fastpar::ops::register_cuda_backend(m);
+  fastpar::distributed::register_cuda_backend(m);
 #endif
 }
