@@ -6,12 +6,15 @@ fastpar registered buffers.
     python benchmarks/bench_distributed.py --quick         # < 1 min
     python benchmarks/bench_distributed.py --ranks 4 --csv out.csv --plot out.png
     python benchmarks/bench_distributed.py --groups 12 --quick   # run-to-run spread
+    python benchmarks/bench_distributed.py --groups 6 --sizes 1M,16M,64M --no-gloo   # the spread targets
+    python benchmarks/bench_distributed.py --dtype bfloat16 --quick
 
 --groups G runs the sweep in G fresh process groups, one after another (new
 processes, new shared-memory segments), and reports min / median / max of
-each point over the groups, plus what each group's ranks saw of the
-scheduler (CPUs they ran on, migrations, involuntary context switches, page
-faults), so a slow group can be told apart from a slow machine.
+each point over the groups and fastpar's spread (max / min over the groups)
+at 1, 16 and 64 MiB, plus what each group's ranks saw of the scheduler (CPUs
+they ran on, migrations, involuntary context switches, page faults), so a
+slow group can be told apart from a slow machine.
 
 time is per call (the slowest rank's mean), algbw = bytes / time,
 busbw = algbw * 2(n-1)/n (the bytes each rank's link must carry in any
@@ -40,7 +43,16 @@ def human(b: int) -> str:
     return f"{b}B"
 
 
-def sizes(lo: int, hi: int, quick: bool) -> list[int]:
+def parse_bytes(text: str) -> int:
+    """'4096', '64K', '16M', '1G' -> bytes."""
+    t = text.strip().upper().rstrip("IB").rstrip("B") if text.strip()[-1:].isalpha() else text.strip()
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(t[-1:], 1)
+    return int(float(t[:-1] if mult > 1 else t) * mult)
+
+
+def sizes(lo: int, hi: int, quick: bool, listed: str | None = None) -> list[int]:
+    if listed:
+        return [parse_bytes(x) for x in listed.split(",") if x.strip()]
     if quick:
         return [s for s in (4, 4096, 65536, 1 << 20, 16 << 20) if lo <= s <= hi]
     out, s = [], lo
@@ -120,16 +132,18 @@ def worker(args) -> None:
     cpus = set()
     default_one_shot = int(os.environ.get("FASTPAR_SHM_ONESHOT_MAX_BYTES", -1))
     rows = []
-    for nbytes in sizes(args.min_bytes, args.max_bytes, args.quick):
-        count = max(1, nbytes // 4)
-        plain = torch.ones(count, dtype=torch.float32)
-        reg = fd.registered_empty((count,), torch.float32)
+    dtype = getattr(torch, args.dtype)
+    for nbytes in sizes(args.min_bytes, args.max_bytes, args.quick, args.sizes):
+        count = max(1, nbytes // dtype.itemsize)
+        plain = torch.ones(count, dtype=dtype)
+        reg = fd.registered_empty((count,), dtype)
         reg.fill_(1.0)
         # (name, call, group, schedule): schedule forces fastpar's allreduce
         # algorithm for that entry (0 = auto), to place the auto threshold.
-        kinds = [("gloo", lambda: dist.all_reduce(plain, group=gloo), gloo, 0),
-                 ("fastpar", lambda: dist.all_reduce(plain), None, 0),
+        kinds = [("fastpar", lambda: dist.all_reduce(plain), None, 0),
                  ("fastpar_registered", lambda: dist.all_reduce(reg), None, 0)]
+        if not args.no_gloo:
+            kinds.insert(0, ("gloo", lambda: dist.all_reduce(plain, group=gloo), gloo, 0))
         if args.schedules:
             kinds += [("fastpar_one_shot", kinds[1][1], None, 1), ("fastpar_two_shot", kinds[1][1], None, 2)]
         if nccl is not None:
@@ -137,7 +151,7 @@ def worker(args) -> None:
             kinds.append(("nccl", lambda: dist.all_reduce(g, group=nccl), nccl, 0))
         # Repeats are interleaved (every kind once, then again): a noisy
         # neighbour then slows all kinds alike instead of one of them.
-        row = {"bytes": count * 4}
+        row = {"bytes": count * dtype.itemsize}
         for _ in range(args.repeats):
             for name, fn, group, algo in kinds:
                 if algo:
@@ -181,8 +195,8 @@ def report(rows, n: int, args) -> None:
              if k in rows[0]]
     factor = 2 * (n - 1) / n
     head = f"{'size':>9} " + " ".join(f"{k + ' us':>20} {'busbw GB/s':>10}" for k in kinds)
-    head += f" {'fastpar/gloo':>12} {'reg/plain':>9}"
-    print(f"\nallreduce float32 SUM, {n} ranks, {os.cpu_count()} CPUs; time = slowest rank's mean per call, "
+    head += (f" {'fastpar/gloo':>12}" if "gloo" in kinds else "") + f" {'reg/plain':>9}"
+    print(f"\nallreduce {args.dtype} SUM, {n} ranks, {os.cpu_count()} CPUs; time = slowest rank's mean per call, "
           f"best of {args.repeats}")
     print(head)
     out = []
@@ -195,9 +209,11 @@ def report(rows, n: int, args) -> None:
             bus = alg * factor
             rec[f"{k}_us"], rec[f"{k}_algbw"], rec[f"{k}_busbw"] = t * 1e6, alg, bus
             line += f"{t * 1e6:>20.2f} {bus:>10.3f} "
-        rec["fastpar_over_gloo"] = r["gloo"] / r["fastpar"]
+        if "gloo" in kinds:
+            rec["fastpar_over_gloo"] = r["gloo"] / r["fastpar"]
+            line += f"{rec['fastpar_over_gloo']:>12.2f} "
         rec["registered_over_plain"] = r["fastpar"] / r["fastpar_registered"]
-        line += f"{rec['fastpar_over_gloo']:>12.2f} {rec['registered_over_plain']:>9.2f}"
+        line += f"{rec['registered_over_plain']:>9.2f}"
         print(line)
         out.append(rec)
     if args.csv:
@@ -219,7 +235,7 @@ def report(rows, n: int, args) -> None:
         ax.set_yscale("log")
         ax.set_xlabel("message size (bytes)")
         ax.set_ylabel("busbw (GB/s)")
-        ax.set_title(f"allreduce float32, {n} CPU ranks")
+        ax.set_title(f"allreduce {args.dtype}, {n} CPU ranks")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend()
         fig.savefig(args.plot, dpi=120, bbox_inches="tight")
@@ -230,7 +246,7 @@ def report_groups(groups: list, n: int, args) -> None:
     """min / median / max over fresh groups of each point's time, and each
     group's scheduler figures."""
     kinds = [k for k in ("gloo", "fastpar", "fastpar_registered", "nccl") if k in groups[0]["rows"][0]]
-    print(f"\nallreduce float32 SUM, {n} ranks, {len(groups)} fresh groups: us per call "
+    print(f"\nallreduce {args.dtype} SUM, {n} ranks, {len(groups)} fresh groups: us per call "
           f"(slowest rank's mean, best of {args.repeats} in each group), min / median / max over groups")
     print(f"{'size':>9} " + " ".join(f"{k:>30}" for k in kinds) + f" {'fastpar max/min':>16}")
     out = []
@@ -246,6 +262,10 @@ def report_groups(groups: list, n: int, args) -> None:
         line += f"{rec['fastpar_max_over_min']:>16.2f}"
         print(line)
         out.append(rec)
+    spread = {r["bytes"]: r["fastpar_max_over_min"] for r in out if r["bytes"] in (1 << 20, 16 << 20, 64 << 20)}
+    if spread:
+        print(f"fastpar spread (max / min over {len(groups)} fresh groups): "
+              + ", ".join(f"{human(b)} {v:.2f}x" for b, v in sorted(spread.items())) + "  (target <= 1.3x)")
     print("\nper group: fastpar us at the largest size; each rank's CPUs / migrations / involuntary "
           "context switches / minor page faults during the sweep")
     for g_i, g in enumerate(groups):
@@ -269,6 +289,9 @@ def main() -> None:
     p.add_argument("--csv", default=None, help="write results to this CSV file")
     p.add_argument("--plot", default=None, help="write a busbw plot (PNG) to this file")
     p.add_argument("--no-nccl", action="store_true")
+    p.add_argument("--no-gloo", action="store_true", help="leave gloo out (it dominates the run time at large sizes)")
+    p.add_argument("--sizes", default=None, help="comma-separated sizes instead of the sweep, e.g. 1M,16M,64M")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     p.add_argument("--repeats", type=int, default=None,
                    help="measure each point this many times and keep the best (default 3, 1 with --quick): "
                         "on a shared machine the best run is the reproducible one")

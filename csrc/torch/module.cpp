@@ -3,6 +3,7 @@
 // backend (distributed/), and exposes build facts and knobs.
 #include <torch/extension.h>
 
+#include "../core/kernels/cpu_isa.h"
 #include "distributed/backend.h"
 #include "ops/tuning.h"
 #ifdef FASTPAR_WITH_CUDA
@@ -30,6 +31,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     fastpar::ops::tuning().ring_segment_bytes = b;
   });
   m.def("_get_ring_segment_bytes", [] { return fastpar::ops::tuning().ring_segment_bytes; });
+  // The CPU reduce loops' instruction set (docs/measurements.md): the one in
+  // use (FASTPAR_CPU_ISA or the best supported) and the best this CPU has.
+  m.def("cpu_isa", [] { return std::string(fastpar::cpu_isa_name(fastpar::cpu_isa())); });
+  m.def("cpu_isa_supported", [] { return std::string(fastpar::cpu_isa_name(fastpar::cpu_isa_supported())); });
   fastpar::distributed::register_distributed(m);
 #ifdef FASTPAR_WITH_CUDA
   fastpar::distributed::register_cuda_engine(m);

@@ -10,8 +10,6 @@
 namespace fastpar {
 namespace distributed {
 
-using namespace ops;  // argument checks and transport errors (ops/checks.h, ops/transport_errors.h)
-
 namespace {
 
 // An operation that may still be moving when it is returned (a send larger

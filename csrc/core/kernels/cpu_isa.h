@@ -1,0 +1,69 @@
+// Which vector instruction set the CPU reduce loops use, chosen once per
+// process at run time (the extension is built for plain x86-64, so one binary
+// runs on every machine and still uses AVX-512 where it exists).
+//
+// Every choice gives the same bits (see cpu_reduce_simd.h), so ranks on
+// different machines may pick differently. FASTPAR_CPU_ISA=scalar|avx2|avx512
+// forces a choice (benchmarks, tests, bisecting); asking for more than the CPU
+// has is an error, not a silent fallback.
+#pragma once
+
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+
+namespace fastpar {
+
+enum class CpuIsa : int { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+
+inline const char* cpu_isa_name(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::kAvx2: return "avx2";
+    case CpuIsa::kAvx512: return "avx512";
+    default: return "scalar";
+  }
+}
+
+#if defined(__x86_64__) && !defined(__CUDACC__) && (defined(__GNUC__) || defined(__clang__))
+#define FASTPAR_X86_SIMD 1
+#else
+#define FASTPAR_X86_SIMD 0
+#endif
+
+// The best the CPU (and OS: __builtin_cpu_supports checks XCR0 state) offers.
+// AVX2 needs F16C for the fp16 conversions; AVX-512 needs BW/VL for 16-bit
+// lanes. AVX512-BF16 is not used: its VCVTNEPS2BF16 flushes subnormal results
+// to zero, so it would not round as the scalar path (and torch) do.
+inline CpuIsa cpu_isa_supported() {
+#if FASTPAR_X86_SIMD
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"))
+    return CpuIsa::kAvx512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) return CpuIsa::kAvx2;
+#endif
+  return CpuIsa::kScalar;
+}
+
+// The ISA the reduce loops use: FASTPAR_CPU_ISA if set, else the best supported.
+inline CpuIsa cpu_isa() {
+  static const CpuIsa isa = [] {
+    const CpuIsa best = cpu_isa_supported();
+    const char* v = std::getenv("FASTPAR_CPU_ISA");
+    const std::string s = v ? v : "";
+    if (s.empty() || s == "auto") return best;
+    CpuIsa want;
+    if (s == "scalar") want = CpuIsa::kScalar;
+    else if (s == "avx2") want = CpuIsa::kAvx2;
+    else if (s == "avx512") want = CpuIsa::kAvx512;
+    else
+      throw std::invalid_argument("fastpar: FASTPAR_CPU_ISA is '" + s +
+                                  "' but must be 'auto', 'scalar', 'avx2' or 'avx512'");
+    if (int(want) > int(best))
+      throw std::invalid_argument("fastpar: FASTPAR_CPU_ISA is '" + s + "' but this CPU supports at most '" +
+                                  cpu_isa_name(best) + "'");
+    return want;
+  }();
+  return isa;
+}
+
+}  // namespace fastpar
