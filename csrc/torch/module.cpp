@@ -5,6 +5,7 @@
 
 #include "../core/kernels/cpu_isa.h"
 #include "distributed/backend.h"
+#include "distributed/knobs.h"
 #include "ops/tuning.h"
 #ifdef FASTPAR_WITH_CUDA
 #include "distributed/cuda_engine.h"
@@ -33,6 +34,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("_get_ring_segment_bytes", [] { return fastpar::ops::tuning().ring_segment_bytes; });
   // The CPU reduce loops' instruction set (docs/measurements.md): the one in
   // use (FASTPAR_CPU_ISA or the best supported) and the best this CPU has.
+  fastpar::distributed::apply_cpu_isa_knob();
   m.def("cpu_isa", [] { return std::string(fastpar::cpu_isa_name(fastpar::cpu_isa())); });
   m.def("cpu_isa_supported", [] { return std::string(fastpar::cpu_isa_name(fastpar::cpu_isa_supported())); });
   fastpar::distributed::register_distributed(m);

@@ -3,12 +3,13 @@
 // runs on every machine and still uses AVX-512 where it exists).
 //
 // Every choice gives the same bits (see cpu_reduce_simd.h), so ranks on
-// different machines may pick differently. FASTPAR_CPU_ISA=scalar|avx2|avx512
-// forces a choice (benchmarks, tests, bisecting); asking for more than the CPU
-// has is an error, not a silent fallback.
+// different machines may pick differently. The torch layer may force a
+// choice (FASTPAR_CPU_ISA=scalar|avx2|avx512, read in
+// torch/distributed/knobs.cpp: benchmarks, tests, bisecting); asking for more
+// than the CPU has is an error, not a silent fallback.
 #pragma once
 
-#include <cstdlib>
+#include <atomic>
 #include <stdexcept>
 #include <string>
 
@@ -44,26 +45,34 @@ inline CpuIsa cpu_isa_supported() {
   return CpuIsa::kScalar;
 }
 
-// The ISA the reduce loops use: FASTPAR_CPU_ISA if set, else the best supported.
-inline CpuIsa cpu_isa() {
-  static const CpuIsa isa = [] {
-    const CpuIsa best = cpu_isa_supported();
-    const char* v = std::getenv("FASTPAR_CPU_ISA");
-    const std::string s = v ? v : "";
-    if (s.empty() || s == "auto") return best;
-    CpuIsa want;
-    if (s == "scalar") want = CpuIsa::kScalar;
-    else if (s == "avx2") want = CpuIsa::kAvx2;
-    else if (s == "avx512") want = CpuIsa::kAvx512;
-    else
-      throw std::invalid_argument("fastpar: FASTPAR_CPU_ISA is '" + s +
-                                  "' but must be 'auto', 'scalar', 'avx2' or 'avx512'");
-    if (int(want) > int(best))
-      throw std::invalid_argument("fastpar: FASTPAR_CPU_ISA is '" + s + "' but this CPU supports at most '" +
-                                  cpu_isa_name(best) + "'");
-    return want;
-  }();
+// The ISA forced by use_cpu_isa, or -1.
+inline std::atomic<int>& forced_cpu_isa() {
+  static std::atomic<int> isa{-1};
   return isa;
+}
+
+// The ISA the reduce loops use: the forced one, else the best supported.
+inline CpuIsa cpu_isa() {
+  static const CpuIsa best = cpu_isa_supported();
+  const int forced = forced_cpu_isa().load(std::memory_order_relaxed);
+  return forced < 0 ? best : CpuIsa(forced);
+}
+
+// "auto" (the best supported), "scalar", "avx2" or "avx512"; `what` names the
+// setting in the errors.
+inline void use_cpu_isa(const std::string& name, const std::string& what) {
+  const CpuIsa best = cpu_isa_supported();
+  CpuIsa want = best;
+  if (name == "scalar") want = CpuIsa::kScalar;
+  else if (name == "avx2") want = CpuIsa::kAvx2;
+  else if (name == "avx512") want = CpuIsa::kAvx512;
+  else if (name != "auto" && !name.empty())
+    throw std::invalid_argument("fastpar: " + what + " is '" + name +
+                                "' but must be 'auto', 'scalar', 'avx2' or 'avx512'");
+  if (int(want) > int(best))
+    throw std::invalid_argument("fastpar: " + what + " is '" + name + "' but this CPU supports at most '" +
+                                cpu_isa_name(best) + "'");
+  forced_cpu_isa().store(int(want), std::memory_order_relaxed);
 }
 
 }  // namespace fastpar

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "../../core/kernels/cpu_isa.h"
 #include "../../core/transport/cuda_ipc/ipc_arena.h"  // kDefaultSlotBytes
 #include "route.h"                                      // kDefaultMaxIpcBytes, parse_byte_count
 
@@ -46,6 +47,15 @@ ShmKnobs shm_knobs(std::chrono::milliseconds timeout) {
     TORCH_CHECK_VALUE(s.empty() || s == "auto", "fastpar: FASTPAR_SHM_ALLREDUCE is '", s,
                       "' but must be 'auto', 'one_shot' or 'two_shot'");
   return k;
+}
+
+void apply_cpu_isa_knob() {
+  const char* v = std::getenv("FASTPAR_CPU_ISA");
+  try {
+    use_cpu_isa(v ? v : "", "FASTPAR_CPU_ISA");
+  } catch (const std::invalid_argument& e) {
+    TORCH_CHECK_VALUE(false, e.what());
+  }
 }
 
 CudaKnobs cuda_knobs() {

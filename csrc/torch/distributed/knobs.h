@@ -27,6 +27,10 @@ struct CudaKnobs {
 };
 CudaKnobs cuda_knobs();
 
+// FASTPAR_CPU_ISA: the vector loops of every CPU reduction (list ops and
+// backend alike); applied once, when the extension is imported.
+void apply_cpu_isa_knob();
+
 // Byte counts and flags as the knobs take them; `name` is in the errors.
 int64_t env_bytes(const char* name, int64_t dflt, int64_t min);
 bool env_flag(const char* name);
