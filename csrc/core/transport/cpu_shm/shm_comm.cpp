@@ -223,7 +223,8 @@ void ShmComm::phase(const CollCall& call) {
     switch (s) {
       case flags::WaitStatus::kTimeout:
         fail(me + " timed out after " + std::to_string(current_timeout_.count()) + " ms waiting for " + peer +
-             " (phase " + std::to_string(mine.seq) + "): it has not called the same collective, or is stuck");
+             " (phase " + std::to_string(mine.seq) + ", timeout " + std::to_string(current_timeout_.count()) +
+             " ms): it has not called the same collective, or is stuck");
       case flags::WaitStatus::kPeerDead:
         fail(me + ": " + peer + " (pid " + std::to_string(pids_[q]) + ") exited while this rank waited for it (timeout " +
              std::to_string(current_timeout_.count()) + " ms)");
