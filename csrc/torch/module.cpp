@@ -31,9 +31,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     fastpar::ops::tuning().ring_segment_bytes = b;
   });
   m.def("_get_ring_segment_bytes", [] { return fastpar::ops::tuning().ring_segment_bytes; });
-  fastpar::ops::register_distributed(m);
-  fastpar::ops::register_hierarchical_backend(m);
+  fastpar::distributed::register_distributed(m);
+  fastpar::distributed::register_hierarchical_backend(m);
 #ifdef FASTPAR_WITH_CUDA
-  fastpar::ops::register_cuda_backend(m);
+  fastpar::distributed::register_cuda_backend(m);
 #endif
 }

@@ -16,6 +16,9 @@
 
 namespace fastpar {
 namespace distributed {
+
+using namespace ::fastpar::ops;  // the argument checks (csrc/torch/ops), for this header and its includers
+
 namespace cuda_args {
 
 // The device a call runs on; "undefined" / "on device 'cpu'" for the errors.

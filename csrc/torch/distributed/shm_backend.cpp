@@ -13,6 +13,8 @@
 namespace fastpar {
 namespace distributed {
 
+using namespace ::fastpar::ops;  // the argument checks and run_transport (csrc/torch/ops)
+
 namespace {
 
 // A collective that already ran: wait() returns at once and get_future() is

@@ -14,6 +14,8 @@
 namespace fastpar {
 namespace distributed {
 
+using namespace ::fastpar::ops;  // the argument checks and run_transport (csrc/torch/ops)
+
 namespace {
 
 ReduceOp step_op(const c10d::ReduceOp& op) {
