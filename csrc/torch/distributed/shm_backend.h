@@ -65,8 +65,11 @@ class ShmBackend : public c10d::Backend {
     timeout_ = timeout;
     if (cuda_) cuda_->setTimeout(timeout);
   }
+  // destroy_process_group: peers stop counting on this rank (shm_p2p.h,
+  // "Peers that go"), even if registered tensors keep comm_ alive.
   void shutdown() override {
     if (cuda_) cuda_->shutdown();
+    comm_->leave();
   }
   void abort() override {
     if (cuda_) cuda_->abort();
