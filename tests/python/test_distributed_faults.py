@@ -201,3 +201,14 @@ def test_job_id_from_the_store_is_checked():
     with pytest.raises(dist.DistBackendError, match=r"init on rank 1: the store's job id \(key 'job', written by "
                                                     r"rank 0\) is '../../etc/x', not 16 hex digits"):
         _backend_with_store(store, 1)
+
+
+@pytest.mark.parametrize("end", ["destroy", "keep"])
+def test_fake_hosts_exit(end):
+    # 2 fake hosts (FASTPAR_HOST_ID), collectives and point to point, then exit
+    # with the group destroyed or not: every rank exits (the harness kills and
+    # fails a rank that hangs).
+    results = run("hier_exit", 4, worker=FAULT_WORKER, per_rank_env=lambda r: {"FASTPAR_HOST_ID": f"host{r // 2}"},
+                  args=[end], timeout=60)
+    assert_ok(results)
+    assert all("hier exit ok" in r.out for r in results)
