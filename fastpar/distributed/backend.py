@@ -55,6 +55,21 @@ def _millis(timeout) -> int:
     return max(1, int(timeout))
 
 
+def _fresh_keys(store, rank: int):
+    """`store` under a prefix that no earlier group on it has used.
+
+    A group re-created on the same store meets the keys of the one before it:
+    torch names the default group alike after every destroy_process_group, and
+    one process shares a TCPStore server per port, so a server that outlived
+    the last group (anything holding its store) still has that group's keys.
+    Waits would be satisfied by them and names read from them would be stale.
+    Every rank counts the groups it has built on this store (one counter per
+    rank, so ranks need not agree on anything but calling in the same order),
+    and the n-th group of every rank uses prefix n."""
+    generation = store.add(f"fastpar/generation/{rank}", 1)
+    return dist.PrefixStore(f"fastpar/{generation}/", store)
+
+
 def _exchange_hosts(store, rank: int, size: int, timeout: datetime.timedelta) -> list[str]:
     store.set(f"fastpar/host/{rank}", _host_id())
     keys = [f"fastpar/host/{r}" for r in range(size)]
@@ -202,6 +217,7 @@ def create_backend(store, rank: int, size: int, timeout: datetime.timedelta, glo
                    backend_options=None, group_name=None, device=None):
     """Builds the backend for one group: `store` is the group's (prefixed)
     store; `device` the one init_process_group(device_id=...) bound it to."""
+    store = _fresh_keys(store, rank)
     hosts = _exchange_hosts(store, rank, size, timeout)
     order = list(dict.fromkeys(hosts))  # hosts in order of their lowest rank
     me = hosts[rank]

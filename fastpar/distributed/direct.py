@@ -19,6 +19,8 @@ dist.all_reduce(...).wait() does, order the current stream after the call.
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.distributed as dist
 from torch.distributed import ReduceOp
@@ -30,22 +32,34 @@ _SUM = ReduceOp.SUM
 _NON_MEMBER = dist.GroupMember.NON_GROUP_MEMBER
 _world = dist.distributed_c10d._world
 
-# (group object, its fastpar backend) of the last call: one identity test per
-# call instead of a backend lookup (~1 us). The entry holds the group alive
-# only until a call on another group; a new default group (after
-# destroy_process_group) is a new object, so it is looked up afresh.
-_last: list = [None, None]
+# (weak reference to the group object, its fastpar backend) of the last call:
+# one identity test per call instead of a backend lookup (~1 us). Weak, so the
+# cache never keeps a destroyed group alive: a group kept alive past
+# destroy_process_group keeps its TCPStore server alive too, and the next
+# init_process_group on the same port then reuses that server, old keys
+# included (torch shares one server per port in a process); and the backend,
+# which holds the group's shared memory, is dropped with the group.
+def _dead_ref():
+    return None
+
+
+_last: list = [_dead_ref, None]
+
+
+def _forget(ref) -> None:
+    if _last[0] is ref:
+        _last[0], _last[1] = _dead_ref, None
 
 
 def _backend(group):
     pg = _world.default_pg if group is None else group
-    if pg is _last[0] and pg is not None:
+    if pg is not None and _last[0]() is pg:
         return _last[1]
     if pg is None:
         raise RuntimeError("fastpar.distributed: no default process group; call "
                            "dist.init_process_group('fastpar') first")
     backend = get_fastpar_backend(pg)
-    _last[0], _last[1] = pg, backend
+    _last[0], _last[1] = weakref.ref(pg, _forget), backend
     return backend
 
 

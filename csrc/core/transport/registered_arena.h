@@ -25,7 +25,7 @@ class RegisteredArena {
   // The offset of a new block of at least `bytes` (>= 0), or -1 if none fits.
   int64_t alloc(int64_t bytes) {
     std::lock_guard<std::mutex> g(mu_);
-    const int64_t need = std::max<int64_t>(kBlock, (bytes + kBlock - 1) / kBlock * kBlock);
+    const int64_t need = block_bytes(bytes);
     for (auto it = free_.begin(); it != free_.end(); ++it) {
       if (it->second < need) continue;
       const int64_t off = it->first, len = it->second;
@@ -37,12 +37,20 @@ class RegisteredArena {
     return -1;
   }
 
+  // A free range: [offset, offset + bytes).
+  struct Range {
+    int64_t offset;
+    int64_t bytes;
+  };
+
   // Returns the block at `offset` (from alloc) and merges it with free
-  // neighbours; an offset that is not allocated is ignored.
-  void free(int64_t offset) {
+  // neighbours; returns the merged free range it now lies in (whose memory a
+  // transport may give back), or {-1, 0} for an offset that is not
+  // allocated, which is ignored.
+  Range free(int64_t offset) {
     std::lock_guard<std::mutex> g(mu_);
     auto it = used_.find(offset);
-    if (it == used_.end()) return;
+    if (it == used_.end()) return Range{-1, 0};
     int64_t off = it->first, len = it->second;
     used_.erase(it);
     auto next = free_.lower_bound(off);
@@ -60,6 +68,12 @@ class RegisteredArena {
       }
     }
     free_[off] = len;
+    return Range{off, len};
+  }
+
+  // Bytes of the block alloc hands out for a request of `bytes`.
+  static int64_t block_bytes(int64_t bytes) {
+    return std::max<int64_t>(kBlock, (bytes + kBlock - 1) / kBlock * kBlock);
   }
 
   // Offset of [p, p + bytes) in the region starting at `base`, or -1 when it

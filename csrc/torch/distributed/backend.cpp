@@ -79,6 +79,7 @@ void Backend::setTimeout(std::chrono::milliseconds timeout) {
 
 void Backend::shutdown() {
   if (cuda_) cuda_->shutdown();
+  (cpu_hier_ ? *cpu_hier_ : static_cast<Engine&>(*shm_)).shutdown();
 }
 
 void Backend::abort() {

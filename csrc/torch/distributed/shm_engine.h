@@ -35,6 +35,9 @@ class ShmEngine : public Engine {
             const cpu_shm::ShmOptions& options, const cpu_shm::ShmTuning& tuning);
 
   void setTimeout(std::chrono::milliseconds timeout) override { timeout_ = timeout; }
+  // destroy_process_group: peers stop counting on this rank (shm_p2p.h,
+  // "Peers that go"), even if registered tensors keep the communicator alive.
+  void shutdown() override { comm_->leave(); }
 
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts) override;

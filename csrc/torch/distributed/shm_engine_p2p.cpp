@@ -10,6 +10,8 @@
 namespace fastpar {
 namespace distributed {
 
+using namespace ::fastpar::ops;  // the argument checks and run_transport (csrc/torch/ops)
+
 namespace {
 
 // An operation that may still be moving when it is returned (a send larger

@@ -158,17 +158,59 @@ void barrier(ShmComm& c) {
 
 int64_t register_alloc(ShmComm& c, int64_t bytes) {
   c.begin(Coll::kRegister, c.timeout());
-  const int64_t off = c.arena_alloc(bytes);
-  try {
-    agree_registered(c, bytes, off);  // also when it did not fit: peers learn it now
-  } catch (...) {
+  // Every rank allocates (the same bookkeeping called in the same order gives
+  // the same offset) and reserves the block's pages in /dev/shm; then every
+  // rank learns every rank's outcome, so that all return the buffer or all
+  // raise, and the communicator stays usable when some rank had no room.
+  constexpr int64_t kArenaFull = -1, kShmFull = -2;
+  int64_t off = c.arena_alloc(bytes);
+  std::string why;
+  const std::string arena_full = std::to_string(bytes) + " bytes do not fit in the registered arena of " +
+                                 std::to_string(c.arena_bytes()) + " bytes (raise FASTPAR_SHM_REGISTERED_BYTES)";
+  if (off < 0) {
+    off = kArenaFull;
+    why = arena_full;
+  } else if (!(why = c.arena_reserve(off, RegisteredArena::block_bytes(bytes))).empty()) {
     c.arena_free(off);
+    off = kShmFull;
+  }
+  const int n = c.size();
+  std::vector<int64_t> got(static_cast<size_t>(n), 0);
+  std::vector<char*> outs(static_cast<size_t>(n));
+  for (int q = 0; q < n; ++q) outs[q] = reinterpret_cast<char*>(&got[q]);
+  try {
+    // count = bytes: ranks asking for different sizes fail as a mismatch.
+    gather_slots(c, CollCall{Coll::kRegister, bytes, DType::U8}, reinterpret_cast<const char*>(&off), outs.data(),
+                 int64_t(sizeof(off)), -1);
+  } catch (...) {
+    if (off >= 0) c.arena_free(off);
     throw;
   }
-  if (off < 0)
-    throw std::invalid_argument("fastpar: registered_empty on rank " + std::to_string(c.global_rank(c.rank())) +
-                                ": " + std::to_string(bytes) + " bytes do not fit in the registered arena of " +
-                                std::to_string(c.arena_bytes()) + " bytes (raise FASTPAR_SHM_REGISTERED_BYTES)");
+  const std::string me = "fastpar: registered_empty on rank " + std::to_string(c.global_rank(c.rank())) + ": ";
+  std::string others;
+  bool some_shm = false, some_arena = false;
+  for (int q = 0; q < n; ++q) {
+    if (got[q] >= 0 || q == c.rank()) continue;
+    others += (others.empty() ? "" : ", ") + std::to_string(c.global_rank(q));
+    (got[q] == kShmFull ? some_shm : some_arena) = true;
+  }
+  if (off < 0 || !others.empty()) {
+    if (off >= 0) c.arena_free(off);
+    std::string msg = me + (off < 0 ? why + "; " : std::string());
+    if (!others.empty())
+      msg += "rank(s) " + others + (off < 0 ? " had no room either: " : " had no room: ") +
+             (some_arena ? arena_full : std::string()) + (some_arena && some_shm ? ", or " : "") +
+             (some_shm ? std::to_string(bytes) + " bytes do not fit in /dev/shm (see their error)" : std::string()) +
+             "; ";
+    throw std::invalid_argument(msg + "no rank allocated it");
+  }
+  for (int q = 0; q < n; ++q)
+    if (got[q] != off) {
+      c.arena_free(off);
+      c.fail(me + "rank " + std::to_string(c.global_rank(q)) + " allocated its buffer at offset " +
+             std::to_string(got[q]) + " of its registered arena but this rank at " + std::to_string(off) +
+             ": ranks must allocate and free registered tensors in the same order");
+    }
   return off;
 }
 

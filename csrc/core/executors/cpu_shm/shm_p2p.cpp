@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
 #include <stdexcept>
 
 #include "../../transport/cpu_shm/host_memory.h"
@@ -168,6 +169,9 @@ bool ShmP2P::progress_send(int dst) {
   while (!o.queue.empty()) {
     const auto& op = o.queue.front();
     const uint64_t consumed = HostMemory::load_acquire(consumed_counter(peer_block));
+    if (consumed > o.posted)
+      malformed(dst, "it says it has read " + std::to_string(consumed) + " chunks of this rank's channel to it, but " +
+                         std::to_string(o.posted) + " were posted");
     if (o.posted - consumed >= uint64_t(kP2PChunks)) break;  // ring full
     const int64_t n = std::min(chunk, op->bytes - op->moved);
     ChunkHeader* h = header(block, o.posted);
@@ -198,28 +202,54 @@ bool ShmP2P::progress_recv(int src) {
   while (wants(src)) {
     const uint64_t posted = HostMemory::load_acquire(posted_counter(peer_block));
     if (posted == in.consumed) break;
-    const ChunkHeader* h = header(peer_block, in.consumed);
-    if (h->offset == 0) {  // the first chunk of a new message: who takes it?
-      in.op = match(src, h->tag);
-      in.remaining = h->total;
+    if (posted - in.consumed > uint64_t(kP2PChunks))  // also a counter that went backwards (wraps)
+      malformed(src, "its channel counter says " + std::to_string(posted) + " chunks were posted, " +
+                         std::to_string(in.consumed) + " were read, and at most " + std::to_string(kP2PChunks) +
+                         " fit in the channel");
+    // One copy of the header: the peer's memory may change under us, and
+    // what is checked must be what is used.
+    ChunkHeader h;
+    std::memcpy(&h, header(peer_block, in.consumed), sizeof(h));
+    const std::string sender_what(h.what, strnlen(h.what, sizeof(h.what)));
+    const bool first = !in.op && !in.heap;  // the first chunk of a new message
+    const int64_t want_offset = first ? 0 : in.total - in.remaining;
+    if (h.total < 0 || h.offset != want_offset || (!first && (h.total != in.total || h.tag != in.tag)) ||
+        h.bytes != std::min(chunk, h.total - h.offset))
+      malformed(src, "chunk " + std::to_string(in.consumed) + " has tag " + std::to_string(h.tag) + ", total " +
+                         std::to_string(h.total) + ", offset " + std::to_string(h.offset) + ", bytes " +
+                         std::to_string(h.bytes) + " but fastpar would have written offset " +
+                         std::to_string(want_offset) + (first ? "" : ", total " + std::to_string(in.total) +
+                                                                         ", tag " + std::to_string(in.tag)) +
+                         " and min(" + std::to_string(chunk) + ", total - offset) bytes");
+    if (first) {  // who takes it?
+      in.op = match(src, h.tag);
+      in.remaining = in.total = h.total;
+      in.tag = h.tag;
       if (in.op) {
-        if (h->total != in.op->bytes)  // fail() fails in.op with the others
-          fail(size_mismatch(who(), comm_->global_rank(src), *in.op, h->total, h->what));
+        if (h.total != in.op->bytes)  // fail() fails in.op with the others
+          fail(size_mismatch(who(), comm_->global_rank(src), *in.op, h.total, sender_what.c_str()));
         in.op->source = src;
       } else {
-        // Someone wants a later message from src (wants() said so): buffer this one.
+        // Someone wants a later message from src (wants() said so): buffer
+        // this one. Grown as chunks arrive, not sized by the header's word.
         in.heap = std::make_shared<Unexpected>();
         in.heap->src = src;
-        in.heap->tag = h->tag;
-        in.heap->total = h->total;
-        in.heap->buf.resize(size_t(h->total));
+        in.heap->tag = h.tag;
+        in.heap->total = h.total;
+        in.heap->buf.reserve(size_t(std::min<int64_t>(h.total, int64_t(64) << 20)));
         unexpected_.push_back(in.heap);
       }
     }
-    char* dst = in.op ? in.op->data : in.heap->buf.data();
-    if (h->bytes > 0) std::memcpy(dst + h->offset, chunk_data(peer_block, in.consumed, chunk), size_t(h->bytes));
-    in.remaining -= h->bytes;
-    if (in.op) in.op->moved += h->bytes;
+    char* dst;
+    if (in.op) {
+      dst = in.op->data;
+    } else {
+      if (int64_t(in.heap->buf.size()) < h.offset + h.bytes) in.heap->buf.resize(size_t(h.offset + h.bytes));
+      dst = in.heap->buf.data();
+    }
+    if (h.bytes > 0) std::memcpy(dst + h.offset, chunk_data(peer_block, in.consumed, chunk), size_t(h.bytes));
+    in.remaining -= h.bytes;
+    if (in.op) in.op->moved += h.bytes;
     HostMemory::store_release(consumed_counter(my_block), ++in.consumed);  // the sender may reuse the chunk
     moved = true;
     if (in.remaining > 0) continue;
@@ -244,24 +274,53 @@ bool ShmP2P::progress_recv(int src) {
   return moved;
 }
 
+void ShmP2P::malformed(int peer, const std::string& what) {
+  fail("fastpar.recv on " + who() + ": rank " + std::to_string(comm_->global_rank(peer)) + " (pid " +
+       std::to_string(comm_->pid(peer)) + ") left a malformed point-to-point channel: " + what +
+       "; its shared memory is corrupted, or it does not run fastpar's protocol");
+}
+
+bool ShmP2P::unread(int peer) const {
+  return HostMemory::load_acquire(posted_counter(comm_->p2p_block(peer, rank_))) != in_[peer].consumed;
+}
+
 void ShmP2P::check_deadlines() {
   const uint64_t now = HostMemory::now_ns();
   const bool liveness = now >= next_liveness_ns_;
   if (liveness) next_liveness_ns_ = now + kLivenessPeriodNs;
+  // Why `peer` will send or read nothing more, or "" while it may. Chunks it
+  // posted before it went are read first (a peer may post its last message
+  // and exit at once), so a peer with unread chunks is never gone.
+  enum class Gone { kNo, kAborted, kLeft, kDied };
+  auto gone = [&](int peer) {
+    if (comm_->peer_aborted(peer)) return Gone::kAborted;
+    if (unread(peer)) return Gone::kNo;
+    if (comm_->peer_left(peer)) return Gone::kLeft;
+    if (liveness && !comm_->peer_alive(peer)) return Gone::kDied;
+    return Gone::kNo;
+  };
+  auto pid = [&](int peer) { return " (pid " + std::to_string(comm_->pid(peer)) + ")"; };
   auto check = [&](const P2POp& op, int peer) {
     const std::string me = std::string("fastpar.") + (op.is_send ? "send" : "recv") + " on " + who();
     const std::string p = "rank " + std::to_string(comm_->global_rank(peer));
-    if (comm_->peer_aborted(peer))
-      fail(me + ": " + p + " failed and aborted the communicator (see its error; timeout " +
-           std::to_string(op.timeout.count()) + " ms)");
-    if (liveness && !comm_->peer_alive(peer))
-      fail(me + ": " + p + " (pid " + std::to_string(comm_->pid(peer)) + ") exited while this rank waited for it (" +
-           op.what + ", tag " + std::to_string(op.tag) + ", " + std::to_string(op.moved) + " of " +
-           std::to_string(op.bytes) + " bytes moved; timeout " + std::to_string(op.timeout.count()) + " ms)");
+    const std::string state = op.what + ", tag " + std::to_string(op.tag) + ", " + std::to_string(op.moved) + " of " +
+                              std::to_string(op.bytes) + " bytes moved";
+    switch (gone(peer)) {
+      case Gone::kAborted:
+        fail(me + ": " + p + " failed and aborted the communicator (see its error; timeout " +
+             std::to_string(op.timeout.count()) + " ms)");
+      case Gone::kLeft:
+        fail(me + ": " + p + pid(peer) + " left the group (destroy_process_group) while this rank waited for it (" +
+             state + ")");
+      case Gone::kDied:
+        fail(me + ": " + p + pid(peer) + " exited while this rank waited for it (" + state + "; timeout " +
+             std::to_string(op.timeout.count()) + " ms)");
+      case Gone::kNo:
+        break;
+    }
     if (now > op.deadline_ns)
-      fail(me + " timed out after " + std::to_string(op.timeout.count()) + " ms waiting for " + p + " (" + op.what +
-           ", tag " + std::to_string(op.tag) + ", " + std::to_string(op.moved) + " of " + std::to_string(op.bytes) +
-           " bytes moved): it has not posted the matching " + (op.is_send ? "recv" : "send") + ", or is stuck");
+      fail(me + " timed out after " + std::to_string(op.timeout.count()) + " ms waiting for " + p + " (" + state +
+           "): it has not posted the matching " + (op.is_send ? "recv" : "send") + ", or is stuck");
   };
   for (int q = 0; q < size_; ++q) {
     if (!out_[q].queue.empty()) check(*out_[q].queue.front(), q);
@@ -273,14 +332,33 @@ void ShmP2P::check_deadlines() {
       check(*r, r->peer);
       continue;
     }
-    // Any source: fail on the deadline, or when every peer is gone.
-    bool anyone = !liveness;
-    for (int q = 0; q < size_ && !anyone; ++q)
-      anyone = q != rank_ && !comm_->peer_aborted(q) && comm_->peer_alive(q);
-    if (!anyone || now > r->deadline_ns)
-      fail("fastpar.recv on " + who() + (anyone ? " timed out after " + std::to_string(r->timeout.count()) + " ms"
-                                                : std::string(": every other rank has exited or aborted")) +
-           " waiting for a message from any source (" + r->what + ", tag " + std::to_string(r->tag) + ")");
+    // Any source: every peer that has not left could be the sender. One that
+    // died or aborted fails the receive at once (waiting for the others could
+    // hang for ever if it was the one); one that left is no longer counted.
+    const std::string me = "fastpar.recv on " + who();
+    const std::string what = " while this rank waited for a message from any source (" + r->what + ", tag " +
+                             std::to_string(r->tag) + "; any rank could have sent it; timeout " +
+                             std::to_string(r->timeout.count()) + " ms)";
+    int senders = 0;
+    for (int q = 0; q < size_; ++q) {
+      if (q == rank_) continue;
+      const std::string p = "rank " + std::to_string(comm_->global_rank(q));
+      switch (gone(q)) {
+        case Gone::kAborted:
+          fail(me + ": " + p + " failed and aborted the communicator (see its error)" + what);
+        case Gone::kDied:
+          fail(me + ": " + p + pid(q) + " exited without leaving the group" + what);
+        case Gone::kLeft:
+          break;
+        case Gone::kNo:
+          ++senders;
+          break;
+      }
+    }
+    if (senders == 0) fail(me + ": every other rank has left the group" + what);
+    if (now > r->deadline_ns)
+      fail(me + " timed out after " + std::to_string(r->timeout.count()) + " ms waiting for a message from any "
+           "source (" + r->what + ", tag " + std::to_string(r->tag) + ")");
   }
 }
 

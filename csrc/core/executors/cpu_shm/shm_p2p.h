@@ -20,6 +20,17 @@
 // a later message from the same sender, earlier messages with other tags are
 // drained into heap buffers (the "unexpected" queue) and matched later.
 //
+// Peers that go. A receive from a named peer (and a send to it) fails when
+// that peer exits, aborts or leaves the group (destroy_process_group) while
+// the operation waits, once the chunks it posted before going are read. A
+// receive from any source fails as soon as any peer that could have sent the
+// message exits without leaving the group or aborts (naming it: it may have
+// been the sender, and waiting for the others could hang); peers that left
+// the group cleanly are no longer possible senders, and when every peer has
+// left it fails too. A peer's channel is validated chunk by chunk: a header
+// that fastpar would never write (sizes, offsets, counters out of range)
+// fails the receive naming that peer.
+//
 // Progress. Operations make progress whenever any thread calls progress():
 // the caller at post time (a message that fits in the ring completes before
 // send() returns), Work::wait(), and a background thread that runs while any
@@ -99,6 +110,7 @@ class ShmP2P {
     std::shared_ptr<P2POp> op;         // the receive taking the current message, or
     std::shared_ptr<Unexpected> heap;  // the heap buffer taking it
     int64_t remaining = 0;             // bytes of the current message still to come
+    int64_t total = 0, tag = 0;        // of the current message (its first chunk's header)
   };
   struct Outgoing {
     uint64_t posted = 0;
@@ -118,6 +130,11 @@ class ShmP2P {
   void finish(const std::shared_ptr<P2POp>& op);
   void check_deadlines();
   [[noreturn]] void fail(const std::string& msg);
+  // A peer's channel holds something fastpar never writes (corrupted or
+  // hostile memory): fail naming the peer instead of trusting it.
+  [[noreturn]] void malformed(int peer, const std::string& what);
+  // Whether `peer` posted chunks for this rank that are not read yet.
+  bool unread(int peer) const;
   bool pending() const { return pending_ops_ > 0; }
   void start_thread();
   void thread_main();

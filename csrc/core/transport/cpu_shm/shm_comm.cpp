@@ -26,6 +26,7 @@ struct SegmentHeader {
   int64_t slot_bytes;
   int64_t arena_bytes;
   int64_t p2p_chunk_bytes;
+  uint64_t left;  // set (release) by the owner in leave(); read by peers
 };
 constexpr int64_t kControlOffset = 512;  // ControlBlock after the header, 64-byte aligned
 static_assert(sizeof(SegmentHeader) <= kControlOffset, "header overlaps the control block");
@@ -71,6 +72,52 @@ ShmOptions default_shm_options(std::chrono::milliseconds timeout) {
   return o;
 }
 
+int64_t fixed_shm_bytes(const ShmOptions& o, int size) {
+  const int64_t block = (128 + kP2PChunks * 64 + kP2PChunks * o.p2p_chunk_bytes + 4095) / 4096 * 4096;
+  return 4096 + flags::kSlots * o.slot_bytes + int64_t(size - 1) * block;
+}
+
+// "/dev/shm has 1048576 bytes free of 67108864" for messages.
+static std::string shm_room(const Segment& s) {
+  const int64_t free_bytes = s.fs_free_bytes(), total = s.fs_total_bytes();
+  if (free_bytes < 0) return "the free space of /dev/shm is unknown";
+  return "/dev/shm has " + std::to_string(free_bytes) + " bytes free of " + std::to_string(total);
+}
+
+void ShmComm::reserve_fixed(const Segment& own, const std::string& name) const {
+  // The pages this rank touches: header and slots, then its channel to each
+  // peer (block q of its segment; its own block is never used).
+  std::vector<std::pair<int64_t, int64_t>> ranges{{0, kHeaderBytes + flags::kSlots * opts_.slot_bytes}};
+  const int64_t p2p0 = kHeaderBytes + flags::kSlots * opts_.slot_bytes + opts_.arena_bytes;
+  for (int q = 0; q < size_; ++q)
+    if (q != rank_) ranges.emplace_back(p2p0 + int64_t(q) * p2p_block_bytes(), p2p_block_bytes());
+  for (const auto& r : ranges) {
+    const int err = own.reserve(r.first, r.second);
+    if (err == 0) continue;
+    const int64_t need = fixed_shm_bytes(opts_, size_);
+    throw std::runtime_error(
+        "fastpar: init on rank " + std::to_string(global_ranks_[rank_]) + ": cannot reserve the " +
+        std::to_string(need) + " bytes of shared memory this rank needs (segment /" + name + "): " + shm_room(own) +
+        " (" + std::strerror(err) + "). Each rank needs 4096 + 3 x FASTPAR_SHM_SLOT_BYTES (" +
+        std::to_string(opts_.slot_bytes) + ") + " + std::to_string(size_ - 1) +
+        " peers x (4 x FASTPAR_SHM_P2P_CHUNK_BYTES (" + std::to_string(opts_.p2p_chunk_bytes) +
+        ") + 4096): lower those (equal on every rank), or give /dev/shm more room (docker run --shm-size=...)");
+  }
+}
+
+std::string ShmComm::arena_reserve(int64_t offset, int64_t bytes) {
+  const int err = segs_[rank_].reserve(arena(rank_) - base_[rank_] + offset, bytes);
+  if (err == 0) return "";
+  return std::to_string(bytes) + " bytes do not fit in /dev/shm: " + shm_room(segs_[rank_]) + " (" +
+         std::strerror(err) + "); free memory there, give it more room (docker run --shm-size=...), or allocate less";
+}
+
+void ShmComm::arena_free(int64_t offset) {
+  // The whole pages of the merged free range are unused by any buffer.
+  const RegisteredArena::Range r = registered_.free(offset);
+  if (r.bytes > 0) segs_[rank_].release(arena(rank_) - base_[rank_] + r.offset, r.bytes);
+}
+
 flags::ControlBlock* ShmComm::control(int peer) const {
   return reinterpret_cast<flags::ControlBlock*>(base_[peer] + kControlOffset);
 }
@@ -87,7 +134,8 @@ ShmComm::ShmComm(int rank, int size, std::vector<int> global_ranks, const Rendez
     const auto spent = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
     return std::max(std::chrono::milliseconds(1), opts_.timeout - spent);
   };
-  std::vector<std::string> names(static_cast<size_t>(size));
+  std::vector<std::string> names(static_cast<size_t>(size));  // only this job's names: see below
+  std::vector<int64_t> name_pids;
   auto cleanup = [&] {
     for (const auto& n : names)
       if (!n.empty()) unlink_segment(n);
@@ -102,7 +150,27 @@ ShmComm::ShmComm(int rank, int size, std::vector<int> global_ranks, const Rendez
                                what + " (store key '" + key + "'): " + e.what());
     }
   };
+  // A rank that fails here says why under the key its peers wait for next
+  // ("!" + the error), so they fail at once with its reason instead of
+  // waiting out the timeout.
+  bool published = false;
+  auto report = [&](const std::string& why) {
+    try {
+      rv.set((published ? "mapped/" : "seg/") + std::to_string(rank), "!" + why);
+    } catch (...) {
+    }
+  };
+  auto check_peer = [&](const std::string& value, int peer, const std::string& key) {
+    if (!value.empty() && value[0] == '!')
+      throw std::runtime_error("fastpar: init on rank " + std::to_string(global_ranks_[rank_]) + ": rank " +
+                               std::to_string(global_ranks_[peer]) + " failed (store key '" + key +
+                               "'): " + printable(value.substr(1), 2000));
+  };
   try {
+    // Values from the store are not trusted (anything that reaches the store
+    // can write to it): a name is opened, and unlinked, only if it is the
+    // segment name of this job and of the rank that published it.
+    const std::string me = "fastpar: init on rank " + std::to_string(global_ranks_[rank_]) + ": ";
     std::string job;
     if (rank == 0) {
       job = random_job_id();
@@ -110,25 +178,45 @@ ShmComm::ShmComm(int rank, int size, std::vector<int> global_ranks, const Rendez
     } else {
       wait_for("job", 0, "publish the job id");
       job = rv.get("job");
+      if (!valid_job_id(job))
+        throw std::runtime_error(me + "the store's job id (key 'job', written by rank " +
+                                 std::to_string(global_ranks_[0]) + ") is '" + printable(job) +
+                                 "', not 16 hex digits: the store holds a value fastpar did not write");
     }
     names[rank] = segment_name(job, rank);
     segs_.resize(size_t(size));
     segs_[rank] = Segment::create(names[rank], size_t(total));
-    rv.set("seg/" + std::to_string(rank), names[rank]);
+    reserve_fixed(segs_[rank], names[rank]);
     auto* h = reinterpret_cast<SegmentHeader*>(segs_[rank].data());
-    *h = SegmentHeader{kMagic, int64_t(getpid()), rank, opts_.slot_bytes, opts_.arena_bytes, opts_.p2p_chunk_bytes};
+    *h = SegmentHeader{kMagic, int64_t(getpid()), rank, opts_.slot_bytes, opts_.arena_bytes, opts_.p2p_chunk_bytes, 0};
+    rv.set("seg/" + std::to_string(rank), names[rank]);
+    published = true;
+    name_pids.assign(size_t(size), 0);
+    name_pids[rank] = int64_t(getpid());
     for (int q = 0; q < size; ++q) {
       if (q == rank) continue;
       const std::string key = "seg/" + std::to_string(q);
       wait_for(key, q, "create its shared-memory segment");
-      names[q] = rv.get(key);
+      const std::string value = rv.get(key);
+      check_peer(value, q, key);
+      if (!parse_segment_name(value, job, q, &name_pids[q]))
+        throw std::runtime_error(me + "the store's segment name for rank " + std::to_string(global_ranks_[q]) +
+                                 " (key '" + key + "') is '" + printable(value) + "', not " + kSegmentPrefix + job +
+                                 "_r" + std::to_string(q) + "_p<pid> of this job; it was neither opened nor "
+                                 "unlinked (a stale or foreign value in the store)");
+      names[q] = value;
       segs_[q] = Segment::open(names[q], size_t(total));
     }
     rv.set("mapped/" + std::to_string(rank), "1");
-    for (int q = 0; q < size; ++q)
-      if (q != rank) wait_for("mapped/" + std::to_string(q), q, "map every segment");
-  } catch (...) {
+    for (int q = 0; q < size; ++q) {
+      if (q == rank) continue;
+      const std::string key = "mapped/" + std::to_string(q);
+      wait_for(key, q, "map every segment");
+      check_peer(rv.get(key), q, key);
+    }
+  } catch (const std::exception& e) {
     cleanup();
+    report(e.what());
     throw;
   }
   // Every rank has mapped every segment: no name is needed any more.
@@ -139,6 +227,10 @@ ShmComm::ShmComm(int rank, int size, std::vector<int> global_ranks, const Rendez
   for (int q = 0; q < size; ++q) {
     base_[q] = segs_[q].data();
     const auto* h = reinterpret_cast<const SegmentHeader*>(base_[q]);
+    if (h->pid != name_pids[q])
+      throw std::runtime_error("fastpar: segment of rank " + std::to_string(global_ranks_[q]) + " (/" + names[q] +
+                               ") says it was created by pid " + std::to_string(h->pid) + " but its name says pid " +
+                               std::to_string(name_pids[q]));
     if (h->magic != kMagic || h->rank != q || h->slot_bytes != opts_.slot_bytes ||
         h->arena_bytes != opts_.arena_bytes || h->p2p_chunk_bytes != opts_.p2p_chunk_bytes)
       throw std::runtime_error("fastpar: segment of rank " + std::to_string(global_ranks_[q]) +
@@ -154,7 +246,19 @@ ShmComm::ShmComm(int rank, int size, std::vector<int> global_ranks, const Rendez
   }
 }
 
-ShmComm::~ShmComm() = default;
+ShmComm::~ShmComm() {
+  if (!base_.empty()) leave();
+}
+
+void ShmComm::leave() {
+  auto* h = reinterpret_cast<SegmentHeader*>(base_[rank_]);
+  HostMemory::store_release(&h->left, 1);
+}
+
+bool ShmComm::peer_left(int peer) const {
+  const auto* h = reinterpret_cast<const SegmentHeader*>(base_[peer]);
+  return HostMemory::load_acquire(&h->left) != 0;
+}
 
 void ShmComm::begin(Coll op, std::chrono::milliseconds timeout) {
   if (!broken_.empty())
@@ -210,7 +314,8 @@ void ShmComm::phase(const CollCall& call) {
       }
       if (now >= next_liveness) {
         next_liveness = now + kLivenessPeriodNs;
-        if (!peer_alive(q)) return flags::WaitStatus::kPeerDead;
+        // A peer that left (destroyed its group) will never post this phase either.
+        if (!peer_alive(q) || peer_left(q)) return flags::WaitStatus::kPeerDead;
       }
       return flags::WaitStatus::kOk;
     };
@@ -226,8 +331,9 @@ void ShmComm::phase(const CollCall& call) {
              " (phase " + std::to_string(mine.seq) + ", timeout " + std::to_string(current_timeout_.count()) +
              " ms): it has not called the same collective, or is stuck");
       case flags::WaitStatus::kPeerDead:
-        fail(me + ": " + peer + " (pid " + std::to_string(pids_[q]) + ") exited while this rank waited for it (timeout " +
-             std::to_string(current_timeout_.count()) + " ms)");
+        fail(me + ": " + peer + " (pid " + std::to_string(pids_[q]) + ") " +
+             (peer_left(q) ? "left the group (destroy_process_group)" : "exited") +
+             " while this rank waited for it (timeout " + std::to_string(current_timeout_.count()) + " ms)");
       case flags::WaitStatus::kPeerAborted: {
         // Name the root cause when it is a dead rank: the aborting rank
         // usually only saw that one die.

@@ -11,6 +11,15 @@
 //   [.., +arena_bytes)           registered buffers (registered_empty)
 //   [.., +size * p2p block)      point-to-point channels, one block per peer
 //                                (shm_p2p.h; block q: this rank -> q)
+//
+// Memory. The segment is a sparse tmpfs file: what is never touched costs
+// nothing, but a page touched when /dev/shm is full kills the process with
+// SIGBUS. So every page this rank will touch is reserved (fallocate) before it
+// is used, where a full /dev/shm is an error that says what to lower: the
+// header, the slots and the channels to peers when the communicator is built
+// (fixed_shm_bytes), a registered buffer's pages when registered_empty hands
+// it out (and given back when it is freed). The registered region is only
+// address space until then.
 #pragma once
 
 #include <chrono>
@@ -52,6 +61,11 @@ constexpr int kP2PChunks = 4;
 // (torch/distributed/knobs.h; tests shrink slots and chunks so small tensors
 // cross many of them).
 ShmOptions default_shm_options(std::chrono::milliseconds timeout);
+
+// The /dev/shm memory one rank of a `size`-rank communicator reserves when it
+// is built: header, slots, one channel to each peer (3 MiB + 1 MiB per peer with
+// the defaults: 8 MiB in all for 2 ranks, 24 MiB for 4).
+int64_t fixed_shm_bytes(const ShmOptions& o, int size);
 
 class ShmComm {
  public:
@@ -97,7 +111,11 @@ class ShmComm {
 
   // Registered buffers: the arena's bookkeeping (registered_arena.h).
   int64_t arena_alloc(int64_t bytes) { return registered_.alloc(bytes); }
-  void arena_free(int64_t offset) { registered_.free(offset); }
+  // Frees the block and gives its pages back to /dev/shm.
+  void arena_free(int64_t offset);
+  // Backs [offset, offset + bytes) of this rank's arena with memory; returns
+  // "" or why not (a message that names the bytes needed and free).
+  std::string arena_reserve(int64_t offset, int64_t bytes);
   // Offset of [p, p+bytes) in this rank's arena, or -1 if it is not inside.
   int64_t arena_offset(const void* p, int64_t bytes) const { return registered_.offset_of(p, bytes, arena(rank_)); }
 
@@ -113,12 +131,21 @@ class ShmComm {
   // failed (thread-safe: one release store) so peers stop waiting on it.
   bool peer_alive(int peer) const;
   bool peer_aborted(int peer) const;
+  // Whether `peer` has left the communicator (leave(): its group was
+  // destroyed, or its ShmComm freed): it will send nothing more, and its
+  // exit afterwards is not a failure.
+  bool peer_left(int peer) const;
   int64_t pid(int peer) const { return pids_[peer]; }
   void abort_self();
+  // Marks this rank as gone from the communicator (idempotent; the destructor
+  // calls it). Peers' receives from any source stop counting on this rank.
+  void leave();
 
  private:
   static constexpr int64_t kHeaderBytes = 4096;
   flags::ControlBlock* control(int peer) const;
+  // Reserves this rank's fixed parts (fixed_shm_bytes); throws if /dev/shm is short.
+  void reserve_fixed(const Segment& own, const std::string& name) const;
 
   int rank_, size_;
   std::vector<int> global_ranks_;

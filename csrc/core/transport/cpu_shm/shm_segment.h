@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 namespace fastpar {
@@ -23,7 +24,8 @@ class Segment {
   Segment& operator=(Segment&& o) noexcept;
   ~Segment();
 
-  // Creates `name` (must not exist) of `bytes` and maps it read-write.
+  // Creates `name` (must not exist) of `bytes` and maps it read-write. The
+  // file is sparse: no memory is reserved until reserve() (or a first touch).
   static Segment create(const std::string& name, size_t bytes);
   // Maps an existing segment created by a peer; `bytes` must match its size.
   static Segment open(const std::string& name, size_t bytes);
@@ -32,20 +34,43 @@ class Segment {
   size_t size() const { return bytes_; }
   const std::string& name() const { return name_; }
 
+  // Owner only (create()): backs [offset, offset + bytes) with memory now
+  // (fallocate), so that touching it later cannot SIGBUS on a full /dev/shm.
+  // Returns 0 or the errno (ENOSPC when /dev/shm has no room).
+  int reserve(int64_t offset, int64_t bytes) const;
+  // Owner only: gives the memory of [offset, offset + bytes) back to /dev/shm
+  // (reads then see zeros); whole pages only, best effort.
+  void release(int64_t offset, int64_t bytes) const;
+  // Bytes free in the file system that holds the segment (/dev/shm), and its
+  // size; -1 when unknown.
+  int64_t fs_free_bytes() const;
+  int64_t fs_total_bytes() const;
+
  private:
   std::string name_;
   char* base_ = nullptr;
   size_t bytes_ = 0;
+  int fd_ = -1;  // kept open by the owner for reserve() / release()
 };
 
 // shm_unlink that ignores ENOENT; returns false (never throws) on other errors
-// so it is safe on error paths.
+// so it is safe on error paths. Only ever called with this process's own
+// names or names that passed parse_segment_name.
 bool unlink_segment(const std::string& name);
 
 // A name no other job can produce: prefix, 16 hex digits from /dev/urandom
 // (the job id, shared by all ranks of a job), the rank and the pid.
 std::string random_job_id();
 std::string segment_name(const std::string& job_id, int rank);
+
+// Whether `job_id` has the form random_job_id() gives (16 lowercase hex digits).
+bool valid_job_id(const std::string& job_id);
+// Whether `name` is exactly segment_name(job_id, rank) of some process; its
+// pid goes to *pid. Names read from the store are only opened or unlinked
+// when this holds: anyone who can reach the store can write to it.
+bool parse_segment_name(const std::string& name, const std::string& job_id, int rank, int64_t* pid);
+// `value` for an error message: at most `max` characters, non-printable bytes as \xNN.
+std::string printable(const std::string& value, size_t max = 80);
 
 // The prefix of every fastpar segment name (tests look for it in /dev/shm).
 constexpr const char* kSegmentPrefix = "fastpar_";
