@@ -14,9 +14,9 @@ The backend is "fastpar" when fastpar's torch.distributed backend is built,
 else gloo; on GPUs pass --backend nccl. Without --data the images are
 SYNTHETIC (benchmarks/training/datasets.py); nothing is downloaded.
 """
-import sys
 import argparse
 import os
+import sys
 import time
 
 import torch
@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import fastpar
+# the LeNet, data and training helpers the benchmarks share (benchmarks/training/)
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
 from training.datasets import load_data
 from training.lenet import accuracy, lenet

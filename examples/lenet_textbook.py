@@ -15,15 +15,16 @@ Any Python that has torch works too once the extension is built in place
 
 Without --data the images are SYNTHETIC (benchmarks/training/datasets.py; nothing is downloaded).
 """
+import argparse
 import os
 import sys
-import argparse
 import time
 
 import torch
 import torch.nn.functional as F
 
 import fastpar
+# the LeNet, data and training helpers the benchmarks share (benchmarks/training/)
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
 from training.datasets import load_data
 

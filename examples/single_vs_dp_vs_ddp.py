@@ -18,9 +18,9 @@ Data: SYNTHETIC Fashion-MNIST-shaped images (benchmarks/training/datasets.py). T
 batch of 50 does not divide by 3 on purpose: DataParallel splits it 17/17/16
 and still matches; DDP ranks weight their losses by their share of the batch.
 """
-import sys
 import argparse
 import os
+import sys
 import tempfile
 
 import torch
@@ -29,6 +29,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 import fastpar
+# the LeNet, data and training helpers the benchmarks share (benchmarks/training/)
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
 from training.datasets import synthetic_fashion_like
 from training.lenet import lenet
