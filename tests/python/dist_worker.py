@@ -348,8 +348,10 @@ def sc_mismatch():
             elif kind == "dtype":
                 dist.all_reduce(torch.ones(10, dtype=torch.float32 if RANK == 0 else torch.float64), group=g)
             elif kind == "split":
-                dist.all_to_all_single(torch.empty(2 * WORLD), torch.ones(2 * WORLD), [2] * WORLD,
-                                       [2] * WORLD if RANK else [1] + [2] * (WORLD - 2) + [3], group=g)
+                # Each rank's splits are consistent with themselves (its block to
+                # itself agrees), but ranks >= 1 send rank 0 one row where it expects two.
+                splits = [2] * WORLD if RANK == 0 else [1] + [2] * (WORLD - 2) + [3]
+                dist.all_to_all_single(torch.empty(2 * WORLD), torch.ones(2 * WORLD), splits, splits, group=g)
         except dist.DistBackendError as e:
             print(f"{kind}: ERROR: {e}", flush=True)
             try:

@@ -59,7 +59,7 @@ MISMATCHES = {
     "size": "allreduce(count=10, dtype=float32, op=SUM, schedule=one_shot) but rank 1 called "
             "allreduce(count=11,",
     "dtype": "dtype=float32, op=SUM, schedule=one_shot) but rank 1 called allreduce(count=10, dtype=float64",
-    "split": "rank 0 sends 4 bytes to this rank but output split 0 expects 8 bytes",
+    "split": "rank 0 sends 8 bytes to this rank but output split 0 expects 4 bytes",
 }
 
 
@@ -150,7 +150,7 @@ def _backend_with_store(store, rank: int, size: int = 2, timeout_ms: int = 3000)
     """fastpar's backend for `rank`, built on a store the test controls."""
     import fastpar
 
-    return fastpar._C.ShmBackend(store, rank, size, timeout_ms, list(range(size)), list(range(size)))
+    return fastpar._C.Backend(store, rank, size, timeout_ms, list(range(size)), list(range(size)))
 
 
 @pytest.mark.parametrize("value", ["victim_{pid}", "../victim_{pid}", "fastpar_0123456789abcdef_r1_p{pid}",
