@@ -15,8 +15,8 @@
 #include <thread>
 #include <vector>
 
-#include "core/algorithms/flag_protocol.h"
-#include "core/transport/cpu_shm/host_memory.h"
+#include "../../csrc/core/algorithms/flag_protocol.h"
+#include "../../csrc/core/transport/cpu_shm/host_memory.h"
 
 using fastpar::cpu_shm::HostMemory;
 namespace flags = fastpar::flags;

@@ -71,6 +71,11 @@ def sc_recreate():
         else:
             raise ValueError(kind)
         dist.destroy_process_group()
+        if not same_store and RANK != 0:
+            # torch's own race, not fastpar's (gloo fails the same loop): a rank
+            # that re-inits through tcp:// before rank 0 has torn its TCPStore
+            # server down connects to the old server and loses it mid-rendezvous.
+            time.sleep(1.0)
         print(f"round {i} ok", flush=True)
 
 

@@ -379,9 +379,13 @@ void Backend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_r
   std::vector<int> missing;
   for (int r = 1; r < getSize(); ++r) {
     std::vector<at::Tensor> got{at::zeros({1}, at::kByte)};
+    c10::intrusive_ptr<c10d::Work> work = engine.recv(got, r, kTag);
     try {
-      engine.recv(got, r, kTag)->wait(left());
+      work->wait(left());
     } catch (const std::exception&) {
+      // The receive stays posted (a late rank's token lands there): its
+      // Work keeps the buffer alive.
+      late_tokens_.push_back(work);
       missing.push_back(r);
       if (!wait_all_ranks) break;
     }

@@ -149,6 +149,7 @@ class Backend : public c10d::Backend {
   std::atomic<uint64_t> calls_{0};
   std::mutex coalescing_mu_;
   std::optional<std::vector<c10::intrusive_ptr<c10d::Work>>> coalesced_;  // set between start/endCoalescing
+  std::vector<c10::intrusive_ptr<c10d::Work>> late_tokens_;  // monitoredBarrier's unanswered receives
 };
 
 // Adds fastpar._C.Backend, HierarchicalEngine and the module's constants.
