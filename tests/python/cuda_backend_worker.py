@@ -283,11 +283,11 @@ def sc_collectives():
         want = in_rank_order([fulls[q][i] for q in range(WORLD)], dist.ReduceOp.SUM, torch.float32)
         check_equal(o, want[RANK * m:(RANK + 1) * m], f"coalesced reduce_scatter_tensor [{i}]", True)
     # all_gather_coalesced (lists of lists; deprecated in torch, still served).
-    lists = [[torch.full((x.numel(),), 7.0, device=DEV) for _ in range(WORLD)] for x in xs[RANK]]
+    lists = [[torch.full((x.numel(),), 7.0, device=DEV) for x in xs[RANK]] for _ in range(WORLD)]  # [rank][input]
     dist.all_gather_coalesced(lists, [x.to(DEV) for x in xs[RANK]])
-    for i, lst in enumerate(lists):
-        for q in range(WORLD):
-            check_equal(lst[q], xs[q][i], f"all_gather_coalesced [{i}][{q}]", True)
+    for q, lst in enumerate(lists):
+        for i in range(len(xs[RANK])):
+            check_equal(lst[i], xs[q][i], f"all_gather_coalesced [{q}][{i}]", True)
     ts = [x.to(DEV) for x in xs[RANK]]
     with dist._coalescing_manager():
         for t in ts:

@@ -748,9 +748,9 @@ def sc_surface():
     ts = [full(r, 4), full(r, 1)]
     dist.all_reduce_coalesced(ts, op=dist.ReduceOp.MAX)
     assert torch.equal(ts[0], full(w - 1, 4)) and torch.equal(ts[1], full(w - 1, 1)), ts
-    lists = [[torch.empty(2, device=dev) for _ in range(w)], [torch.empty(3, device=dev) for _ in range(w)]]
+    lists = [[torch.empty(2, device=dev), torch.empty(3, device=dev)] for _ in range(w)]  # [rank][input]
     dist.all_gather_coalesced(lists, [full(r, 2), full(-r, 3)])
-    assert all(torch.equal(lists[0][q], full(q, 2)) and torch.equal(lists[1][q], full(-q, 3)) for q in range(w))
+    assert all(torch.equal(lists[q][0], full(q, 2)) and torch.equal(lists[q][1], full(-q, 3)) for q in range(w))
     # gather into one tensor on the root (torch >= 2.14)
     if hasattr(dist, "gather_single"):
         root = w - 1

@@ -91,7 +91,7 @@ META = torch.empty(3, device="meta")
     (lambda b: b.alltoall([torch.zeros(3), torch.zeros(3)], [torch.ones(3)], dist.AllToAllOptions()),
      r"fastpar.all_to_all: output_tensor_list has 2 tensors but the group has 1 ranks"),
     (lambda b: b.allgather_coalesced([], [torch.ones(3)]),
-     r"fastpar.all_gather_coalesced: outputs has 0 entries but inputs has 1"),
+     r"fastpar.all_gather_coalesced: output_tensor_lists has 0 lists but the group has 1 ranks"),
     (lambda b: b.broadcast([torch.ones(3), torch.ones(3)]),
      r"fastpar.broadcast: expected exactly one tensor in tensors \(one per process\), got 2"),
     (lambda b: b.allgather([[torch.zeros(3)]], [torch.ones(3), torch.ones(3)]),

@@ -213,15 +213,25 @@ Work Backend::_allgather_base(at::Tensor& output, at::Tensor& input, const c10d:
 
 Work Backend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
                                   const c10d::AllgatherOptions& opts) {
+  // output_tensor_lists[r][i] receives rank r's input_tensor_list[i] (as gloo's).
   const char* op = "all_gather_coalesced";
-  checks::pairs(op, outputs.size(), inputs.size());
   TORCH_CHECK_VALUE(!inputs.empty(), "fastpar.", op, ": input_tensor_list is an empty list");
+  TORCH_CHECK_VALUE(outputs.size() == size_t(getSize()), "fastpar.", op, ": output_tensor_lists has ",
+                    outputs.size(), " lists but the group has ", getSize(), " ranks (one list per rank)");
   for (size_t i = 0; i < inputs.size(); ++i) {
     const std::string in = checks::indexed("input_tensor_list", i);
     checks::tensor(op, in, inputs[i]);
     checks::like(op, in, inputs[i], "input_tensor_list[0]", inputs[0], inputs[i].numel(), "");
-    checks::per_rank(op, checks::indexed("output_tensor_lists", i), outputs[i], getSize(), in, inputs[i],
-                     inputs[i].numel());
+  }
+  for (size_t r = 0; r < outputs.size(); ++r) {
+    const std::string list = checks::indexed("output_tensor_lists", r);
+    checks::pairs(op, outputs[r].size(), inputs.size());
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const std::string out = checks::indexed(list, i);
+      checks::tensor(op, out, outputs[r][i], /*contiguous=*/false);
+      checks::like(op, out, outputs[r][i], checks::indexed("input_tensor_list", i), inputs[i], inputs[i].numel(),
+                   "the same number of elements as input_tensor_list[" + std::to_string(i) + "]");
+    }
   }
   return record(engine_for(op, "input_tensor_list[0]", inputs[0]).allgather_coalesced(outputs, inputs, opts));
 }
@@ -356,7 +366,7 @@ Work Backend::barrier(const c10d::BarrierOptions& opts) {
 void Backend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {
   // One byte each way over point to point, on a tag no user send can have.
   constexpr int kTag = INT32_MIN + 7;
-  const auto timeout = call_timeout(opts.timeout, timeout_);
+  const std::chrono::milliseconds timeout = opts.timeout;  // torch always passes one; 0 times out at once, as gloo
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   auto left = [&] {
     return std::max(std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -366,16 +376,20 @@ void Backend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_r
   std::vector<at::Tensor> token{at::zeros({1}, at::kByte)};
   if (getRank() != 0) {
     engine.send(token, 0, kTag)->wait(left());
+    c10::intrusive_ptr<c10d::Work> release = engine.recv(token, 0, kTag);
     try {
-      engine.recv(token, 0, kTag)->wait(left());
+      release->wait(left());
     } catch (const std::exception& e) {
-      C10_THROW_ERROR(DistBackendError, "[Rank " + std::to_string(getRank()) +
-                                            "]: rank 0 did not release monitoredBarrier within " +
-                                            std::to_string(timeout.count()) + " ms (it waits for every rank): " +
-                                            e.what());
+      late_tokens_.push_back(release);  // still posted: keep its buffer alive
+      C10_THROW_ERROR(DistBackendError, "Rank " + std::to_string(getRank()) +
+                                            " successfully reached monitoredBarrier, but received errors while "
+                                            "waiting for send/recv from rank 0. Please check rank 0 logs for "
+                                            "faulty rank (" + e.what() + ")");
     }
     return;
   }
+  TORCH_CHECK_WITH(DistBackendError, timeout.count() > 0, "Rank 0 timed out in monitoredBarrier after ",
+                   timeout.count(), " ms");
   std::vector<int> missing;
   for (int r = 1; r < getSize(); ++r) {
     std::vector<at::Tensor> got{at::zeros({1}, at::kByte)};

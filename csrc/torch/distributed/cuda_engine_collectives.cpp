@@ -235,7 +235,7 @@ Work CudaEngine::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outpu
         StagedOutputs staged;
         for (size_t i = 0; i < inputs.size(); ++i) {
           void* outs[cuda_ipc::kMaxIpcRanks];
-          for (int r = 0; r < getSize(); ++r) outs[r] = staged.add(outputs[i][size_t(r)]);
+          for (int r = 0; r < getSize(); ++r) outs[r] = staged.add(outputs[size_t(r)][i]);  // rank r's inputs[i]
           C10_CUDA_CHECK(cuda_ipc::allgather_ipc(c, descriptor_dtype(inputs[i]), inputs[i].numel(),
                                                  inputs[i].const_data_ptr(), outs, int64_t(inputs[i].nbytes()), stream));
         }

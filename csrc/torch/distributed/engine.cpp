@@ -30,13 +30,15 @@ c10::intrusive_ptr<c10d::Work> Engine::allreduce_coalesced(std::vector<at::Tenso
 c10::intrusive_ptr<c10d::Work> Engine::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
                                                            std::vector<at::Tensor>& inputs,
                                                            const c10d::AllgatherOptions& opts) {
-  std::vector<at::Tensor> all;
+  // outputs[r][i] receives rank r's inputs[i].
   for (size_t i = 0; i < inputs.size(); ++i) {
-    std::vector<std::vector<at::Tensor>> outs{outputs[i]};
+    std::vector<std::vector<at::Tensor>> outs(1);
+    for (auto& list : outputs) outs[0].push_back(list[i]);
     std::vector<at::Tensor> ins{inputs[i]};
     allgather(outs, ins, opts)->wait();
-    all.insert(all.end(), outputs[i].begin(), outputs[i].end());
   }
+  std::vector<at::Tensor> all;
+  for (const auto& list : outputs) all.insert(all.end(), list.begin(), list.end());
   return enqueued_work(std::move(all));
 }
 
