@@ -56,6 +56,7 @@ inline void stream_store_fence() {
 template <typename T>
 inline void write_block(T* const* dsts, int ndst, int64_t b, const T* out, int64_t len, bool streaming) {
   const int64_t bytes = len * int64_t(sizeof(T));
+  if (bytes <= 0) return;  // also tells GCC the size is positive (-Wstringop-overflow)
   for (int d = 0; d < ndst; ++d) {
     if (!streaming || !stream_store_block(dsts[d] + b, out, bytes)) std::memcpy(dsts[d] + b, out, size_t(bytes));
   }
