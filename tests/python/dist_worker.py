@@ -766,6 +766,11 @@ def sc_surface():
     for work in dist.batch_isend_irecv(ops):
         work.wait()
     assert torch.equal(got_left, full(left, 3)) and torch.equal(got_right, full(-right, 3)), (got_left, got_right)
+    if dev.type == "cpu":  # sparse COO all_reduce: SUM, as gloo's
+        sparse = torch.sparse_coo_tensor(torch.tensor([[r, w + r]]), torch.tensor([1.0 + r, 2.0]), (2 * w,))
+        dist.all_reduce(sparse)
+        want = torch.cat([torch.arange(1.0, w + 1), torch.full((w,), 2.0)])
+        assert torch.equal(sparse.to_dense(), want), sparse
     # every form also as async_op=True
     t = full(r)
     dist.all_reduce(t, async_op=True).wait()
