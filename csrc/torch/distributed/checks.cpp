@@ -76,7 +76,7 @@ ReduceOp reduction(const char* op, const c10d::ReduceOp& r, const std::string& n
   TORCH_CHECK_VALUE(v >= 0 && v <= 4, "fastpar.", op, ": op ReduceOp value ", v,
                     " is not supported (supported: SUM, AVG, PRODUCT, MIN, MAX)");
   const ReduceOp rop = ReduceOp(v);
-  ops::check_op_dtype(op, rop, name, t);
+  ops::to_dtype(op, name, t.scalar_type());  // every op reduces every dtype it has
   return rop;
 }
 

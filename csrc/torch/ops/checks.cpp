@@ -77,10 +77,6 @@ ReduceOp to_reduce_op(const char* op, int64_t value) {
   return ReduceOp(value);
 }
 
-void check_op_dtype(const char* op, ReduceOp /*rop*/, const std::string& name, const at::Tensor& t) {
-  to_dtype(op, name, t.scalar_type());
-}
-
 void check_like(const char* op, const std::string& name, const at::Tensor& t,
                 const std::string& ref_name, const at::Tensor& ref) {
   TORCH_CHECK_TYPE(t.scalar_type() == ref.scalar_type(), "fastpar.", op, ": ", name, " has dtype ",
@@ -156,7 +152,7 @@ void check_like_any_device(const char* op, const std::string& name, const at::Te
 ReduceOp check_allreduce_args(at::TensorList tensors, int64_t op, const std::string& algorithm) {
   check_tensor_list("allreduce", "tensors", tensors);
   const ReduceOp rop = to_reduce_op("allreduce", op);
-  check_op_dtype("allreduce", rop, "tensors[0]", tensors[0]);
+  to_dtype("allreduce", "tensors[0]", tensors[0].scalar_type());  // every op reduces every dtype it has
   TORCH_CHECK_VALUE(algorithm == "auto" || algorithm == "direct" || algorithm == "ring",
                     "fastpar.allreduce: algorithm is '", algorithm, "' but must be 'auto', 'direct' or 'ring'");
   check_no_overlap("allreduce", "tensors", tensors);
@@ -168,7 +164,7 @@ ReduceOp check_reduce_args(at::TensorList inputs, const at::Tensor& output, int6
   check_like("reduce", "output", output, "inputs[0]", inputs[0]);
   check_numel("reduce", "output", output, inputs[0].numel(), "the numel of inputs[0]");
   const ReduceOp rop = to_reduce_op("reduce", op);
-  check_op_dtype("reduce", rop, "inputs[0]", inputs[0]);
+  to_dtype("reduce", "inputs[0]", inputs[0].scalar_type());  // every op reduces every dtype it has
   return rop;
 }
 
@@ -182,7 +178,7 @@ ReduceOp check_reduce_scatter_args(at::TensorList inputs, at::TensorList outputs
   check_numel("reduce_scatter", "inputs[0]", inputs[0], n * outputs[0].numel(),
               "len(inputs) * outputs[0].numel()");
   const ReduceOp rop = to_reduce_op("reduce_scatter", op);
-  check_op_dtype("reduce_scatter", rop, "inputs[0]", inputs[0]);
+  to_dtype("reduce_scatter", "inputs[0]", inputs[0].scalar_type());  // every op reduces every dtype it has
   check_no_overlap("reduce_scatter", "outputs", outputs);
   return rop;
 }

@@ -46,8 +46,6 @@ void check_numel(const char* op, const std::string& name, const at::Tensor& t, i
 // supports (AVG on integers as NCCL: the wrapped sum divided by n, truncated
 // toward zero; docs/semantics.md), so this is the dtype check; the op stays
 // an argument so callers need not know that.
-void check_op_dtype(const char* op, ReduceOp rop, const std::string& name, const at::Tensor& t);
-
 std::string indexed(const char* arg, size_t i);
 
 // Python's spelling (torch.float16), not c10's (Half): users read these.
