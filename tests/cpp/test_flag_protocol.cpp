@@ -9,6 +9,9 @@
 //   2. timeout: a peer that never posts yields kTimeout, at the deadline.
 //   3. abort: a peer that sets its abort word yields kPeerAborted.
 //   4. mismatch: a peer posting another descriptor yields kMismatch.
+//   5. gone after posting: a peer that posts its phase and then leaves, exits
+//      or aborts (all seen between two spins) has still posted: kOk; one
+//      that went without posting yields the poll's status.
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -105,11 +108,37 @@ static void test_mismatch() {
   CHECK(s == flags::WaitStatus::kOk, "status %d", int(s));
 }
 
+static void test_gone_after_posting() {
+  flags::ControlBlock peer{};
+  // The poll sees the peer gone, but the peer posted phase 1 just before it
+  // went (after the waiter's last look at the flag): the phase counts.
+  auto posted_then_left = [&] {
+    flags::post<HostMemory>(&peer, flags::OpDesc{1, 4, -1, 2, 0, -1, 0});
+    return flags::WaitStatus::kPeerDead;
+  };
+  auto s = flags::wait_posted<HostMemory>(&peer, 1, HostMemory::now_ns() + 1'000'000'000ull, posted_then_left);
+  CHECK(s == flags::WaitStatus::kOk, "posted, then left: status %d", int(s));
+  // Posted phase 2 and then aborted (in a later phase): phase 2 still counts.
+  flags::post<HostMemory>(&peer, flags::OpDesc{2, 4, -1, 2, 0, -1, 0});
+  flags::abort_rank<HostMemory>(&peer, 1);
+  s = flags::wait_posted<HostMemory>(&peer, 2, HostMemory::now_ns() + 1'000'000'000ull, no_poll);
+  CHECK(s == flags::WaitStatus::kOk, "posted, then aborted: status %d", int(s));
+  // Gone without posting phase 3: the poll's status stands.
+  s = flags::wait_posted<HostMemory>(&peer, 3, HostMemory::now_ns() + 1'000'000'000ull,
+                                     [] { return flags::WaitStatus::kPeerDead; });
+  CHECK(s == flags::WaitStatus::kPeerAborted, "aborted before phase 3: status %d", int(s));
+  flags::ControlBlock silent{};
+  s = flags::wait_posted<HostMemory>(&silent, 1, HostMemory::now_ns() + 1'000'000'000ull,
+                                     [] { return flags::WaitStatus::kPeerDead; });
+  CHECK(s == flags::WaitStatus::kPeerDead, "left before phase 1: status %d", int(s));
+}
+
 int main() {
   test_rotation();
   test_timeout();
   test_abort();
   test_mismatch();
+  test_gone_after_posting();
   std::printf("flag protocol: all tests passed\n");
   return 0;
 }

@@ -123,9 +123,11 @@ FASTPAR_HD WaitStatus wait_posted(const ControlBlock* peer, uint64_t seq, uint64
       if (Mem::load_acquire(&peer->flag) >= seq) return WaitStatus::kOk;
       Mem::pause();
     }
-    if (Mem::load_acquire(&peer->abort) != 0) return WaitStatus::kPeerAborted;
-    const WaitStatus s = poll();
-    if (s != WaitStatus::kOk) return s;
+    // A peer may post its last phase and then abort, leave or exit: poll()
+    // reads that state with acquire, so one more look at the flag after a bad
+    // report tells a peer that went after posting from one that never did.
+    WaitStatus s = Mem::load_acquire(&peer->abort) != 0 ? WaitStatus::kPeerAborted : poll();
+    if (s != WaitStatus::kOk) return Mem::load_acquire(&peer->flag) >= seq ? WaitStatus::kOk : s;
     if (Mem::now_ns() > deadline_ns) {
       // One last look: the flag may have landed while we checked the clock.
       return Mem::load_acquire(&peer->flag) >= seq ? WaitStatus::kOk : WaitStatus::kTimeout;

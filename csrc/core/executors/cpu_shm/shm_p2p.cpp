@@ -288,16 +288,18 @@ void ShmP2P::check_deadlines() {
   const uint64_t now = HostMemory::now_ns();
   const bool liveness = now >= next_liveness_ns_;
   if (liveness) next_liveness_ns_ = now + kLivenessPeriodNs;
-  // Why `peer` will send or read nothing more, or "" while it may. Chunks it
+  // Why `peer` will send or read nothing more, or kNo while it may. Chunks it
   // posted before it went are read first (a peer may post its last message
-  // and exit at once), so a peer with unread chunks is never gone.
+  // and exit at once), so a peer with unread chunks is never gone. Its state
+  // is read before its chunks: a peer posts, then leaves or exits, so every
+  // chunk posted before the state we saw is visible to unread().
   enum class Gone { kNo, kAborted, kLeft, kDied };
   auto gone = [&](int peer) {
     if (comm_->peer_aborted(peer)) return Gone::kAborted;
+    const bool left = comm_->peer_left(peer);
+    const bool died = !left && liveness && !comm_->peer_alive(peer);
     if (unread(peer)) return Gone::kNo;
-    if (comm_->peer_left(peer)) return Gone::kLeft;
-    if (liveness && !comm_->peer_alive(peer)) return Gone::kDied;
-    return Gone::kNo;
+    return left ? Gone::kLeft : died ? Gone::kDied : Gone::kNo;
   };
   auto pid = [&](int peer) { return " (pid " + std::to_string(comm_->pid(peer)) + ")"; };
   auto check = [&](const P2POp& op, int peer) {
