@@ -144,6 +144,12 @@ def worker(args) -> None:
                  ("fastpar_registered", lambda: dist.all_reduce(reg), None, 0)]
         if not args.no_gloo:
             kinds.insert(0, ("gloo", lambda: dist.all_reduce(plain, group=gloo), gloo, 0))
+        if args.json:
+            # --groups: every rank copies its own tensor at once, interleaved
+            # with the others: the memory system's rate in this group's
+            # minutes, to tell a slow machine from a slow path between cores.
+            scratch = torch.empty_like(plain)
+            kinds.append(("local_copy", lambda: scratch.copy_(plain), None, 0))
         if args.schedules:
             kinds += [("fastpar_one_shot", kinds[1][1], None, 1), ("fastpar_two_shot", kinds[1][1], None, 2)]
         if nccl is not None:
@@ -266,12 +272,16 @@ def report_groups(groups: list, n: int, args) -> None:
     if spread:
         print(f"fastpar spread (max / min over {len(groups)} fresh groups): "
               + ", ".join(f"{human(b)} {v:.2f}x" for b, v in sorted(spread.items())) + "  (target <= 1.3x)")
-    print("\nper group: fastpar us at the largest size; each rank's CPUs / migrations / involuntary "
+    print("\nper group, at the largest size: fastpar us, and its time over a local copy of the same tensor "
+          "(every rank at once, measured between the allreduce runs; a group whose allreduce slows while its "
+          "copy does not has a slow path between its cores); each rank's CPUs / migrations / involuntary "
           "context switches / minor page faults during the sweep")
     for g_i, g in enumerate(groups):
         ranks = "  ".join(f"r{r}: cpus {s['cpus']} mig {s['migrations']} invol {s['nonvol_switches']} "
                           f"flt {s['minor_faults']}" for r, s in enumerate(g["ranks"]))
-        print(f"  group {g_i:>2}: {g['rows'][-1]['fastpar'] * 1e6:>10.1f} us   {ranks}")
+        last = g["rows"][-1]
+        print(f"  group {g_i:>2}: {last['fastpar'] * 1e6:>10.1f} us  {last['fastpar'] / last['local_copy']:>5.2f}x "
+              f"copy   {ranks}")
     if args.csv:
         write_csv(args.csv, out)
 
