@@ -13,8 +13,10 @@ fastpar registered buffers.
 processes, new shared-memory segments), and reports min / median / max of
 each point over the groups and fastpar's spread (max / min over the groups)
 at 1, 16 and 64 MiB, plus what each group's ranks saw of the scheduler (CPUs
-they ran on, migrations, involuntary context switches, page faults), so a
-slow group can be told apart from a slow machine.
+they ran on, migrations, involuntary context switches, page faults) and
+fastpar's time over a local copy of the same tensor timed in the same group,
+so a slow group can be told apart from a slow machine (docs/measurements.md,
+"The slow mode of large messages").
 
 time is per call (the slowest rank's mean), algbw = bytes / time,
 busbw = algbw * 2(n-1)/n (the bytes each rank's link must carry in any
