@@ -239,16 +239,7 @@ Work Backend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
 Work Backend::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
                                               const c10d::AllgatherOptions& opts) {
   const char* op = "all_gather_into_tensor_coalesced";
-  checks::pairs(op, outputs.size(), inputs.size());
-  TORCH_CHECK_VALUE(!inputs.empty(), "fastpar.", op, ": inputs is an empty list");
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    const std::string in = checks::indexed("inputs", i), out = checks::indexed("outputs", i);
-    checks::tensor(op, in, inputs[i]);
-    checks::like(op, in, inputs[i], "inputs[0]", inputs[0], inputs[i].numel(), "");
-    checks::tensor(op, out, outputs[i]);
-    checks::like(op, out, outputs[i], in, inputs[i], inputs[i].numel() * getSize(),
-                 "world size x " + in + "'s elements");
-  }
+  checks::coalesced_flat(op, outputs, inputs, /*small_is_output=*/false, getSize(), nullptr);
   return record(engine_for(op, "inputs[0]", inputs[0]).allgather_into_tensor_coalesced(outputs, inputs, opts));
 }
 
@@ -306,17 +297,7 @@ Work Backend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input, const 
 Work Backend::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
                                               const c10d::ReduceScatterOptions& opts) {
   const char* op = "reduce_scatter_tensor_coalesced";
-  checks::pairs(op, outputs.size(), inputs.size());
-  TORCH_CHECK_VALUE(!outputs.empty(), "fastpar.", op, ": outputs is an empty list");
-  for (size_t i = 0; i < outputs.size(); ++i) {
-    const std::string in = checks::indexed("inputs", i), out = checks::indexed("outputs", i);
-    checks::tensor(op, out, outputs[i]);
-    checks::like(op, out, outputs[i], "outputs[0]", outputs[0], outputs[i].numel(), "");
-    checks::reduction(op, opts.reduceOp, out, outputs[i]);
-    checks::tensor(op, in, inputs[i]);
-    checks::like(op, in, inputs[i], out, outputs[i], outputs[i].numel() * getSize(),
-                 "world size x " + out + "'s elements");
-  }
+  checks::coalesced_flat(op, outputs, inputs, /*small_is_output=*/true, getSize(), &opts.reduceOp);
   return record(engine_for(op, "outputs[0]", outputs[0]).reduce_scatter_tensor_coalesced(outputs, inputs, opts));
 }
 

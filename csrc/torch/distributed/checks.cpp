@@ -85,6 +85,24 @@ void pairs(const char* op, size_t outputs, size_t inputs) {
                     " (one output per input)");
 }
 
+void coalesced_flat(const char* op, const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& inputs,
+                    bool small_is_output, int ranks, const c10d::ReduceOp* reduce) {
+  pairs(op, outputs.size(), inputs.size());
+  const char* small_arg = small_is_output ? "outputs" : "inputs";
+  const char* flat_arg = small_is_output ? "inputs" : "outputs";
+  const std::vector<at::Tensor>& small = small_is_output ? outputs : inputs;
+  const std::vector<at::Tensor>& flat = small_is_output ? inputs : outputs;
+  TORCH_CHECK_VALUE(!small.empty(), "fastpar.", op, ": ", small_arg, " is an empty list");
+  for (size_t i = 0; i < small.size(); ++i) {
+    const std::string s = indexed(small_arg, i), f = indexed(flat_arg, i);
+    tensor(op, s, small[i]);
+    like(op, s, small[i], indexed(small_arg, 0), small[0], small[i].numel(), "");
+    if (reduce) reduction(op, *reduce, s, small[i]);
+    tensor(op, f, flat[i]);
+    like(op, f, flat[i], s, small[i], small[i].numel() * ranks, "world size x " + s + "'s elements");
+  }
+}
+
 void own_block(const char* op, int64_t sends, int64_t expects) {
   TORCH_CHECK_VALUE(sends == expects, "fastpar.", op, ": this rank sends itself ", sends, " bytes but expects ",
                     expects, " from itself");

@@ -50,6 +50,14 @@ ReduceOp reduction(const char* op, const c10d::ReduceOp& r, const std::string& n
 // Coalesced forms: `outputs` and `inputs` pair up, entry by entry.
 void pairs(const char* op, size_t outputs, size_t inputs);
 
+// The coalesced flat forms (all_gather_into_tensor_coalesced: `small` are the
+// inputs; reduce_scatter_tensor_coalesced: the outputs): `outputs` and
+// `inputs` pair up, at least one pair; every small[i] is like small[0] and,
+// where `reduce` is given, reducible by it; every flat[i] holds world size x
+// small[i]'s elements. Checked pair by pair, the small tensor first.
+void coalesced_flat(const char* op, const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& inputs,
+                    bool small_is_output, int ranks, const c10d::ReduceOp* reduce);
+
 // all_to_all_single's element counts per rank for `arg` ("input"/"output"),
 // from its split sizes (rows; even when empty).
 std::vector<int64_t> splits(const char* arg, const std::vector<int64_t>& sizes, const at::Tensor& t, int ranks);

@@ -204,6 +204,18 @@ class CudaEngine : public Engine {
                                                   const std::vector<at::Tensor>& keep, std::vector<at::Tensor> outputs,
                                                   std::chrono::milliseconds timeout,
                                                   const std::function<void()>& after);
+  // all_gather_into_tensor and reduce_scatter_tensor, single (one pair) and
+  // coalesced: per pair, inputs[i] into rank blocks of outputs[i] / rank
+  // blocks of inputs[i] reduced into outputs[i]; `fallback` serves the call
+  // where the route refuses it.
+  c10::intrusive_ptr<c10d::Work> allgather_flat(const char* op, c10d::OpType type, std::vector<at::Tensor>& outputs,
+                                                std::vector<at::Tensor>& inputs, std::chrono::milliseconds timeout,
+                                                const std::function<c10::intrusive_ptr<c10d::Work>()>& fallback);
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_flat(const char* op, c10d::OpType type,
+                                                     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                                     const c10d::ReduceOp& reduce_op,
+                                                     std::chrono::milliseconds timeout,
+                                                     const std::function<c10::intrusive_ptr<c10d::Work>()>& fallback);
   // This rank's stream for messages to (is_send) or from `peer` (mu_ held).
   c10::cuda::CUDAStream p2p_stream(int peer, bool is_send);
 

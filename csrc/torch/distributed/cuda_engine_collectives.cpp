@@ -181,24 +181,25 @@ Work CudaEngine::allgather(std::vector<std::vector<at::Tensor>>& outputs, std::v
 }
 
 Work CudaEngine::_allgather_base(at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
-  return run(
-      "all_gather_into_tensor", c10d::OpType::_ALLGATHER_BASE, input, opts.timeout, {output},
-      [&](RouteQuery& q) { also(q, output, device_); },
-      [&](IpcComm& c, const Stream& stream, const RouteQuery&) {
-        const int64_t b = int64_t(input.nbytes());
-        void* outs[cuda_ipc::kMaxIpcRanks];
-        for (int r = 0; r < getSize(); ++r) outs[r] = block(output, b, r);
-        C10_CUDA_CHECK(
-            cuda_ipc::allgather_ipc(c, descriptor_dtype(input), input.numel(), input.const_data_ptr(), outs, b, stream));
-      },
-      [&] { return fallback_->_allgather_base(output, input, opts); });
+  std::vector<at::Tensor> outputs{output}, inputs{input};
+  return allgather_flat("all_gather_into_tensor", c10d::OpType::_ALLGATHER_BASE, outputs, inputs, opts.timeout,
+                        [&] { return fallback_->_allgather_base(output, input, opts); });
 }
 
-// One route for a whole coalesced call: every entry must qualify.
 Work CudaEngine::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
                                                  const c10d::AllgatherOptions& opts) {
+  return allgather_flat("all_gather_into_tensor_coalesced", kAllgatherIntoTensorCoalesced, outputs, inputs,
+                        opts.timeout,
+                        [&] { return fallback_->allgather_into_tensor_coalesced(outputs, inputs, opts); });
+}
+
+// One route for the whole call: every pair must qualify; the size weighed is
+// the largest input's.
+Work CudaEngine::allgather_flat(const char* op, c10d::OpType type, std::vector<at::Tensor>& outputs,
+                                std::vector<at::Tensor>& inputs, std::chrono::milliseconds timeout,
+                                const std::function<Work()>& fallback) {
   return run(
-      "all_gather_into_tensor_coalesced", kAllgatherIntoTensorCoalesced, inputs[0], opts.timeout, outputs,
+      op, type, inputs[0], timeout, outputs,
       [&](RouteQuery& q) {
         for (size_t i = 0; i < inputs.size(); ++i) {
           also(q, inputs[i], device_);
@@ -215,7 +216,7 @@ Work CudaEngine::allgather_into_tensor_coalesced(std::vector<at::Tensor>& output
                                                  inputs[i].const_data_ptr(), outs, b, stream));
         }
       },
-      [&] { return fallback_->allgather_into_tensor_coalesced(outputs, inputs, opts); });
+      fallback);
 }
 
 Work CudaEngine::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
@@ -263,30 +264,28 @@ Work CudaEngine::reduce_scatter(std::vector<at::Tensor>& outputs, std::vector<st
 }
 
 Work CudaEngine::_reduce_scatter_base(at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
-  return run(
-      "reduce_scatter_tensor", c10d::OpType::_REDUCE_SCATTER_BASE, output, opts.timeout, {output},
-      [&](RouteQuery& q) {
-        reducing(output, opts.reduceOp)(q);
-        also(q, input, device_);
-      },
-      [&](IpcComm& c, const Stream& stream, const RouteQuery&) {
-        const int64_t b = int64_t(output.nbytes());
-        const void* ins[cuda_ipc::kMaxIpcRanks];
-        for (int r = 0; r < getSize(); ++r) ins[r] = block(input, b, r);
-        C10_CUDA_CHECK(cuda_ipc::reduce_scatter_ipc(c, *ops::maybe_dtype(output.scalar_type()),
-                                                    reduction(opts.reduceOp), ins, output.data_ptr(), output.numel(),
-                                                    stream));
-      },
-      [&] { return fallback_->_reduce_scatter_base(output, input, opts); });
+  std::vector<at::Tensor> outputs{output}, inputs{input};
+  return reduce_scatter_flat("reduce_scatter_tensor", c10d::OpType::_REDUCE_SCATTER_BASE, outputs, inputs,
+                             opts.reduceOp, opts.timeout,
+                             [&] { return fallback_->_reduce_scatter_base(output, input, opts); });
 }
 
 Work CudaEngine::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
                                                  const c10d::ReduceScatterOptions& opts) {
+  return reduce_scatter_flat("reduce_scatter_tensor_coalesced", kReduceScatterTensorCoalesced, outputs, inputs,
+                             opts.reduceOp, opts.timeout,
+                             [&] { return fallback_->reduce_scatter_tensor_coalesced(outputs, inputs, opts); });
+}
+
+// As allgather_flat, the other way: the size weighed is the largest output's.
+Work CudaEngine::reduce_scatter_flat(const char* op, c10d::OpType type, std::vector<at::Tensor>& outputs,
+                                     std::vector<at::Tensor>& inputs, const c10d::ReduceOp& reduce_op,
+                                     std::chrono::milliseconds timeout, const std::function<Work()>& fallback) {
   return run(
-      "reduce_scatter_tensor_coalesced", kReduceScatterTensorCoalesced, outputs[0], opts.timeout, outputs,
+      op, type, outputs[0], timeout, outputs,
       [&](RouteQuery& q) {
         for (size_t i = 0; i < outputs.size(); ++i) {
-          reducing(outputs[i], opts.reduceOp)(q);
+          reducing(outputs[i], reduce_op)(q);
           also(q, outputs[i], device_);
           also(q, inputs[i], device_);
           q.nbytes = std::max<int64_t>(q.nbytes, int64_t(outputs[i].nbytes()));
@@ -298,11 +297,11 @@ Work CudaEngine::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& output
           const void* ins[cuda_ipc::kMaxIpcRanks];
           for (int r = 0; r < getSize(); ++r) ins[r] = block(inputs[i], b, r);
           C10_CUDA_CHECK(cuda_ipc::reduce_scatter_ipc(c, *ops::maybe_dtype(outputs[i].scalar_type()),
-                                                      reduction(opts.reduceOp), ins, outputs[i].data_ptr(),
+                                                      reduction(reduce_op), ins, outputs[i].data_ptr(),
                                                       outputs[i].numel(), stream));
         }
       },
-      [&] { return fallback_->reduce_scatter_tensor_coalesced(outputs, inputs, opts); });
+      fallback);
 }
 
 // Only the root holds gather's outputs and scatter's inputs, so these are
