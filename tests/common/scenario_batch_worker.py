@@ -1,4 +1,5 @@
-"""Scenarios for test_scenario_batch.py (CPU, gloo): a batch of them in one launch.
+"""Scenarios for tooling/test_scenario_batch.py (CPU, gloo, without fastpar: the
+batch mechanism alone): a batch of them in one launch.
 
     python scenario_batch_worker.py batch RANK WORLD PORT SPECS_JSON"""
 import datetime

@@ -1,8 +1,8 @@
 """scenario_batch.py on the CPU: several scenarios in one launch of 2 ranks,
 each reported by name; a scenario that fails on one rank is reported FAILED
 there (traceback included) and the batch goes on; env set per scenario and
-restored; a scenario that never ran is reported as such. (The GPU tests,
-test_cuda_backend.py, batch the same way but need a GPU.)"""
+restored; a scenario that never ran is reported as such. (The multi-process
+tests batch their scenarios this way on both devices: batched_scenarios.py.)"""
 import json
 import os
 
