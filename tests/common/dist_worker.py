@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+import scenarios_batching
 import scenarios_collectives
 import scenarios_cuda_faults
 import scenarios_cuda_streams
@@ -34,7 +35,7 @@ import scenarios_training
 import worker_context
 from worker_context import ARGS, CUDA, RANK, SCENARIO, WORLD, base_store, cuda_backend
 
-MODULES = [scenarios_collectives, scenarios_cuda_faults, scenarios_cuda_streams, scenarios_faults,
+MODULES = [scenarios_batching, scenarios_collectives, scenarios_cuda_faults, scenarios_cuda_streams, scenarios_faults,
            scenarios_hierarchical, scenarios_p2p, scenarios_surface, scenarios_training]
 
 

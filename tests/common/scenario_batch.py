@@ -8,8 +8,8 @@ list of scenarios in turn, each between report lines on stdout
 
 and the test side cuts each rank's output into the scenarios' reports, so
 every test still fails by its scenario's name (dist_worker.py "batch",
-batched_scenarios.py; tooling/test_scenario_batch.py checks both sides on
-its own gloo worker)."""
+batched_scenarios.py; tooling/test_scenario_batch.py checks both sides with
+the gloo probes of scenarios_batching.py)."""
 from __future__ import annotations
 
 import datetime
