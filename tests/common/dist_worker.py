@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+import scenarios_allreduce
 import scenarios_batching
 import scenarios_collectives
 import scenarios_cuda_faults
@@ -35,8 +36,9 @@ import scenarios_training
 import worker_context
 from worker_context import ARGS, CUDA, RANK, SCENARIO, WORLD, base_store, cuda_backend
 
-MODULES = [scenarios_batching, scenarios_collectives, scenarios_cuda_faults, scenarios_cuda_streams, scenarios_faults,
-           scenarios_hierarchical, scenarios_p2p, scenarios_surface, scenarios_training]
+MODULES = [scenarios_allreduce, scenarios_batching, scenarios_collectives, scenarios_cuda_faults,
+           scenarios_cuda_streams, scenarios_faults, scenarios_hierarchical, scenarios_p2p, scenarios_surface,
+           scenarios_training]
 
 
 def scenario(name: str):
