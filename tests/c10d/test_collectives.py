@@ -4,10 +4,9 @@ shared memory (a 4 KiB slot makes the larger sizes cross many chunks; both
 allreduce schedules run, auto and each one forced); on CUDA tensors
 ("cpu:fastpar,cuda:fastpar") over CUDA IPC, every op x dtype below
 (bitwise, in rank order) and above the IPC threshold, the route each call
-took. The CUDA shapes skip without a
-GPU (and in CPU-only builds). Batched: one launch per shape
-(batched_scenarios.py). What only the CUDA path has (small IPC slots, graphs,
-streams, the IPC state): test_cuda_ipc.py."""
+took. The CUDA shapes skip without a GPU (and in CPU-only builds).
+Batched: one launch per shape (batched_scenarios.py). What only the CUDA
+path has (small IPC slots, graphs, streams, the IPC state): test_cuda_ipc.py."""
 import pytest
 
 from batched_scenarios import batched, scenario_result, shapes
@@ -17,6 +16,7 @@ pytestmark = pytest.mark.usefixtures("no_leftover_segments")
 
 
 def assert_scenario_ok(results, device, name):
+    """Every rank passed; a CUDA scenario also printed its own last line."""
     assert_ok(results)
     if device == "cuda":
         assert all(f"{name} rank {r.rank} ok" in r.out for r in results)
