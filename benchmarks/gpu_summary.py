@@ -1,6 +1,6 @@
 """The GPU benchmark's rows, its targets and its one summary table: pure
 Python (no CUDA), so the table, CSV and plots are tested on any machine
-(tests/python/test_bench_cuda.py) and bench_cuda.py only measures.
+(tests/tooling/test_bench_cuda.py) and bench_cuda.py only measures.
 
 Row kinds (the "part" column):
   lists  fastpar.allreduce over k tensors in one process, beside a baseline

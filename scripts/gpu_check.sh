@@ -156,12 +156,16 @@ echo "== smoke test (the extension's error-message path)"
 timeout 120 "$PY" scripts/smoke_test.py || { echo "gpu_check: smoke test FAILED"; exit 1; }
 copy_out
 
-# --- tests. GPU test files: those that look at GPUs; multi-process ones start
-# ranks (multiprocessing, the CUDA backend's worker script, the dist harness).
-mapfile -t GPU_TESTS < <(grep -l -E 'torch\.cuda\.device_count|built_with_cuda|cuda_built\(' tests/python/test_*.py)
+# --- tests. GPU test files, in every feature folder (tests/*/): those that
+# look at GPUs or take the device shapes of tests/common/batched_scenarios.py;
+# multi-process ones start ranks (multiprocessing, the dist harness, the
+# batched scenarios). A multi-process file also holds CPU shapes: that phase
+# runs only the tests marked `cuda` (pytest -m cuda).
+mapfile -t GPU_TESTS < <(grep -l -E 'torch\.cuda\.device_count|built_with_cuda|cuda_built\(|from batched_scenarios import' \
+  tests/*/test_*.py)
 MULTI=()
 if [ "${#GPU_TESTS[@]}" -gt 0 ]; then
-  mapfile -t MULTI < <(grep -l -E 'multiprocessing|cuda_backend_worker|dist_harness|run_cuda' "${GPU_TESTS[@]}")
+  mapfile -t MULTI < <(grep -l -E 'multiprocessing|dist_harness|from batched_scenarios import|run_cuda' "${GPU_TESTS[@]}")
 fi
 SINGLE=() LAST=()
 for f in "${GPU_TESTS[@]}"; do
@@ -243,7 +247,7 @@ fi
 if [ "${#MULTI[@]}" -gt 0 ] && want multi; then
   wait_for_gpu "before the multi-process tests"
   # -v: one line per test, so a run cut off by its cap still shows what passed
-  run_tests multi-process "${GPU_CHECK_MULTI_S:-$BUDGET}" "$(reserve_after multi)" -v "${MULTI[@]}"
+  run_tests multi-process "${GPU_CHECK_MULTI_S:-$BUDGET}" "$(reserve_after multi)" -v -m cuda "${MULTI[@]}"
 fi
 if want ipc; then
   # the multi-process tests SIGKILL ranks: the MPS server may still be cleaning up

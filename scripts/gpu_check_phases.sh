@@ -1,5 +1,5 @@
 # The GPU check's phase selection and time budget (sourced by gpu_check.sh;
-# tests/python/test_bench_cuda.py checks them without a GPU). Needs BUDGET
+# tests/tooling/test_bench_cuda.py checks them without a GPU). Needs BUDGET
 # and START (seconds, bash's $SECONDS at the start) set by the caller. The
 # budget counts from the script's start: the build, the smoke test and the
 # MPS start are inside it.

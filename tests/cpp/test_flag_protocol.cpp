@@ -1,6 +1,6 @@
 // Unit test of core/algorithms/flag_protocol.h over the host memory policy, with
 // threads as ranks (the protocol cannot tell threads from processes: both see
-// coherent memory). Built and run by tests/python/test_flag_protocol.py.
+// coherent memory). Built and run by ctest (CMakeLists.txt).
 //
 //   1. rotation: 4 ranks run 3000 one-phase rounds, each publishing a slot of
 //      values derived from (rank, round) and checking every peer's slot after

@@ -3,7 +3,7 @@
 // Every user mistake is caught here, before any work starts, and the message
 // names the op, the argument, the index and both values, e.g.
 //   "fastpar.allreduce: tensors[1] has dtype torch.float16 but tensors[0] has dtype torch.float32"
-// tests/python/test_errors.py pins these messages.
+// tests/faults/test_errors.py pins these messages.
 #pragma once
 
 #include <torch/extension.h>

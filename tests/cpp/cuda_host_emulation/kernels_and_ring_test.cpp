@@ -16,7 +16,7 @@
 //                                                          order for n = 9; on several
 //                                                          devices, events from the cache,
 //                                                          not created per call)
-// Built against fake_cuda/ (no GPU, no CUDA toolkit); tests/python/test_cuda_host_emulation.py
+// Built against fake_cuda/ (no GPU, no CUDA toolkit); tests/tooling/test_cuda_host_emulation.py
 // compiles and runs it. Exit status 0 = every check passed.
 #include <algorithm>
 #include <cstdio>

@@ -1,10 +1,8 @@
-"""Scenarios for group life cycles, hostile or broken peers and a small
-/dev/shm, one process per rank:
-
-    python fault_worker.py SCENARIO RANK WORLD PORT [ARGS...]
-
-Shares dist_worker.py's helpers. Each scenario asserts on its own results;
-the pytest side checks exit codes and messages."""
+"""Fault scenarios on the CPU (dist_worker.py runs them): a missing peer, a
+peer that stops calling, a SIGKILLed peer, ranks that disagree, two jobs
+side by side, group life cycles, hostile or broken peers and a small
+/dev/shm. Each asserts on its own results or prints what the test checks.
+The CUDA IPC faults: scenarios_cuda_faults.py."""
 from __future__ import annotations
 
 import ctypes
@@ -18,7 +16,111 @@ import torch
 import torch.distributed as dist
 
 import fastpar.distributed as fd
-from dist_worker import ARGS, PORT, RANK, SCENARIO, TIMEOUT_S, WORLD, init
+from worker_context import ARGS, PORT, RANK, TIMEOUT_S, WORLD, init
+
+
+def sc_mismatch():
+    """Ranks that call different collectives, sizes, dtypes or splits get an
+    error that says so. Each case runs in a fresh fastpar group (a failed
+    communicator stays failed), and the world group must survive them all."""
+    init()
+    for kind in ARGS:
+        g = dist.new_group(backend="fastpar")
+        try:
+            if kind == "op":
+                if RANK == 0:
+                    dist.all_reduce(torch.ones(10), group=g)
+                else:
+                    dist.broadcast(torch.ones(10), src=0, group=g)
+            elif kind == "size":
+                dist.all_reduce(torch.ones(10 + RANK), group=g)
+            elif kind == "dtype":
+                dist.all_reduce(torch.ones(10, dtype=torch.float32 if RANK == 0 else torch.float64), group=g)
+            elif kind == "split":
+                # Each rank's splits are consistent with themselves (its block to
+                # itself agrees), but ranks >= 1 send rank 0 one row where it expects two.
+                splits = [2] * WORLD if RANK == 0 else [1] + [2] * (WORLD - 2) + [3]
+                dist.all_to_all_single(torch.empty(2 * WORLD), torch.ones(2 * WORLD), splits, splits, group=g)
+        except dist.DistBackendError as e:
+            print(f"{kind}: ERROR: {e}", flush=True)
+            try:
+                dist.all_reduce(torch.ones(1), group=g)
+                raise AssertionError("a failed communicator accepted another collective")
+            except dist.DistBackendError as again:
+                assert "unusable after an earlier error" in str(again), again
+            continue
+        raise AssertionError(f"{kind}: no error")
+    t = torch.ones(3)
+    dist.all_reduce(t)
+    assert torch.all(t == WORLD)
+    dist.destroy_process_group()
+
+
+def sc_missing_peer():
+    """Rank WORLD-1 never starts; the others must fail within the timeout."""
+    t0 = time.monotonic()
+    try:
+        init(timeout_s=float(ARGS[0]))
+    except Exception as e:  # noqa: BLE001  the type is DistBackendError; print it for the test
+        print(f"ERROR after {time.monotonic() - t0:.1f}s: {type(e).__name__}: {e}", file=sys.stderr)
+        sys.exit(3)
+    sys.exit(0)
+
+
+def sc_absent_in_collective():
+    """Everyone joins; the last rank then never calls all_reduce."""
+    init(timeout_s=float(ARGS[0]))
+    dist.barrier()
+    if RANK == WORLD - 1:
+        time.sleep(float(ARGS[0]) * 3)
+        sys.exit(0)
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(10))
+    except dist.DistBackendError as e:
+        print(f"ERROR after {time.monotonic() - t0:.1f}s: {e}", file=sys.stderr)
+        sys.exit(3)
+    sys.exit(0)
+
+
+def sc_sigkill():
+    """Rank ARGS[1] SIGKILLs itself in the middle of a stream of all_reduces; the
+    others must fail fast (liveness), well within the long timeout."""
+    init(timeout_s=float(ARGS[0]))
+    victim = int(ARGS[1])
+    t = torch.ones(100000)
+    for i in range(20):
+        if RANK == victim and i == 10:
+            os.kill(os.getpid(), signal.SIGKILL)
+        t0 = time.monotonic()
+        try:
+            dist.all_reduce(t)
+        except dist.DistBackendError as e:
+            print(f"ERROR after {time.monotonic() - t0:.1f}s: {e}", file=sys.stderr)
+            sys.exit(3)
+    sys.exit(0)
+
+
+def sc_exception_exit():
+    """A rank raises (uncaught) after a few collectives: segments must be gone anyway."""
+    init()
+    t = torch.ones(10)
+    dist.all_reduce(t)
+    if RANK == 0:
+        raise RuntimeError("user code failed on purpose")
+    sys.exit(0)
+
+
+def sc_job_value():
+    """One of two simultaneous jobs: allreduce a job-specific value many times."""
+    init()
+    base = float(ARGS[0])
+    for i in range(200):
+        t = torch.full((1000,), base + RANK)
+        dist.all_reduce(t)
+        want = sum(base + q for q in range(WORLD))
+        assert torch.all(t == want), f"job {base} iteration {i}: got {t[0].item()} want {want}"
+    dist.destroy_process_group()
 
 
 _STORE = []
@@ -41,8 +143,6 @@ def error_exit(t0: float, e: Exception):
     print(f"ERROR after {time.monotonic() - t0:.1f}s: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
     sys.exit(3)
 
-
-# -- group life cycles -------------------------------------------------------------------
 
 def sc_recreate():
     """ARGS[0] rounds of init_process_group(init_method=tcp://..., or the same
@@ -78,8 +178,6 @@ def sc_recreate():
             time.sleep(1.0)
         print(f"round {i} ok", flush=True)
 
-
-# -- receive from any source ---------------------------------------------------------------
 
 def sc_any_source_sender_dies():
     """3 ranks. Rank 1 streams 1 MiB messages to rank 0 and SIGKILLs itself
@@ -143,8 +241,6 @@ def sc_any_source_sender_leaves():
     dist.destroy_process_group()
 
 
-# -- fake hosts ----------------------------------------------------------------------
-
 def sc_hier_exit():
     """Ranks on 2 fake hosts (FASTPAR_HOST_ID): a few collectives and point to
     point, then exit with the group destroyed (ARGS[0] 'destroy') or not
@@ -166,8 +262,6 @@ def sc_hier_exit():
         dist.destroy_process_group()
     print("hier exit ok", flush=True)
 
-
-# -- a hostile peer ---------------------------------------------------------------------
 
 def _p2p_block_bytes(chunk: int) -> int:
     head = 128 + 4 * 64  # counters, 4 chunk headers (shm_p2p.cpp)
@@ -207,8 +301,6 @@ def sc_bad_chunk_header():
     print("bad headers ok", flush=True)
     dist.destroy_process_group()
 
-
-# -- a small /dev/shm -------------------------------------------------------------------
 
 def sc_small_shm():
     """Run under a small /dev/shm: collectives, point to point, registered
@@ -278,7 +370,3 @@ def sc_small_shm_ddp():
     assert torch.equal(g, h), "ranks hold different averaged gradients"
     print("small shm ddp ok", flush=True)
     dist.destroy_process_group()
-
-
-if __name__ == "__main__":
-    globals()["sc_" + SCENARIO]()

@@ -3,7 +3,7 @@ environment, its state before setup, the front's refusal of bad calls before
 any engine runs, and the forwarding of the other calls to its fallback backend,
 with a one-rank gloo group standing in for NCCL (the class itself never
 touches the GPU until the first CUDA collective). The CUDA paths:
-test_cuda_backend.py (needs a GPU)."""
+test_collectives.py, test_cuda_ipc.py (their CUDA shapes need a GPU)."""
 import datetime
 import os
 

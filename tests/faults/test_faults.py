@@ -7,14 +7,10 @@ import re
 
 import pytest
 
-from dist_harness import assert_ok, collect, free_port, launch, run, shm_entries
+from dist_harness import assert_ok, collect, free_port, launch, run
 
 
-@pytest.fixture(autouse=True)
-def no_leftover_segments():
-    before = shm_entries()
-    yield
-    assert shm_entries() - before == set(), "fastpar segments left in /dev/shm"
+pytestmark = pytest.mark.usefixtures("no_leftover_segments")
 
 
 def _elapsed(err: str) -> float:
@@ -88,9 +84,6 @@ def test_two_jobs_never_share_segments():
 
 # -- group life cycles, receives from any source, hostile peers ------------------------------
 
-FAULT_WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fault_worker.py")
-
-
 @pytest.mark.parametrize("kind,store", [("direct", "tcp"), ("direct", "same_store"), ("p2p", "same_store")])
 def test_default_group_recreated(kind, store):
     # 3 rounds of init_process_group / one dist.all_reduce and a direct
@@ -98,7 +91,7 @@ def test_default_group_recreated(kind, store):
     # init_method="tcp://..." or one TCPStore object passed to every round (its
     # keys outlive the groups): every round must come up on fresh keys and
     # segments, and the direct call must not keep the last group alive.
-    results = run("recreate", 2, worker=FAULT_WORKER, args=[3, kind, store], timeout=90)
+    results = run("recreate", 2, args=[3, kind, store], timeout=90)
     assert_ok(results)
     for r in results:
         assert "round 2 ok" in r.out, r.out
@@ -110,7 +103,7 @@ def test_any_source_receive_fails_when_a_sender_dies(rank2):
     # recv() from any source; rank 2 either stays in the group (alive, sending
     # nothing more) or leaves it. Rank 0 raises at once naming rank 1, not
     # after the 60 s timeout.
-    results = run("any_source_sender_dies", 3, worker=FAULT_WORKER, args=[60, rank2], timeout=50)
+    results = run("any_source_sender_dies", 3, args=[60, rank2], timeout=50)
     assert results[1].rc == -9, results[1].err
     r0 = results[0]
     assert r0.rc == 3, (r0.rc, r0.err)
@@ -124,7 +117,7 @@ def test_any_source_receive_fails_when_a_sender_dies(rank2):
 def test_any_source_receive_outlives_a_sender_that_left():
     # Rank 2 sends, leaves the group (destroy_process_group) and exits before
     # rank 1 sends: rank 0's receives from any source still get every message.
-    results = run("any_source_sender_leaves", 3, worker=FAULT_WORKER, timeout=60)
+    results = run("any_source_sender_leaves", 3, timeout=60)
     assert_ok(results)
     assert "any source ok" in results[0].out
 
@@ -137,7 +130,7 @@ def test_malformed_chunk_header_names_the_peer():
     # A peer that writes nonsense into its channel (corrupted or hostile): the
     # receiver raises naming it instead of crashing, for each kind of damage.
     env = {"FASTPAR_SHM_P2P_CHUNK_BYTES": "1024", "FASTPAR_SHM_REGISTERED_BYTES": str(1 << 20)}
-    results = run("bad_chunk_header", 2, worker=FAULT_WORKER, env=env, args=BAD_HEADERS, timeout=90)
+    results = run("bad_chunk_header", 2, env=env, args=BAD_HEADERS, timeout=90)
     assert_ok(results)
     lines = [line for line in results[1].out.splitlines() if ": ERROR" in line]
     assert [line.split(":")[0] for line in lines] == BAD_HEADERS, results[1].out
@@ -208,7 +201,7 @@ def test_fake_hosts_exit(end):
     # 2 fake hosts (FASTPAR_HOST_ID), collectives and point to point, then exit
     # with the group destroyed or not: every rank exits (the harness kills and
     # fails a rank that hangs).
-    results = run("hier_exit", 4, worker=FAULT_WORKER, per_rank_env=lambda r: {"FASTPAR_HOST_ID": f"host{r // 2}"},
+    results = run("hier_exit", 4, per_rank_env=lambda r: {"FASTPAR_HOST_ID": f"host{r // 2}"},
                   args=[end], timeout=60)
     assert_ok(results)
     assert all("hier exit ok" in r.out for r in results)

@@ -2,20 +2,24 @@
 accepts for it, on any machine (GPU or not). Checks which object torch
 registers for each device, that CPU collectives stay correct, and that a
 tensor on a device fastpar does not serve is refused with its argument and
-device. CUDA collectives themselves: test_cuda_backend.py (needs >= 2 GPUs)."""
+device; and torchrun with env:// (the issue's 'done when'). CUDA
+collectives themselves: test_collectives.py (their CUDA shapes need a GPU)."""
+import subprocess
+import sys
+
 import pytest
 
-from dist_harness import assert_ok, run, shm_entries
+from dist_harness import ROOT, WORKER, assert_ok, child_env, free_port, run
+
+pytestmark = pytest.mark.usefixtures("no_leftover_segments")
 
 
 @pytest.mark.parametrize("spec", ["fastpar", "cpu:fastpar,cuda:fastpar", "cpu:gloo,cuda:fastpar"])
 def test_distributed_device_backends(spec):
-    before = shm_entries()
     results = run("device_backends", 2, args=[spec], timeout=120)
     assert_ok(results)
     for r in results:
         assert f"{spec}: rank {r.rank} ok" in r.out, r.out + r.err
-    assert shm_entries() - before == set(), "fastpar segments left in /dev/shm"
 
 
 def test_bound_device_reaches_the_backend_on_torch_without_process_group_in_the_options():
@@ -43,3 +47,12 @@ def test_bound_device_reaches_the_backend_on_torch_without_process_group_in_the_
     assert _new_process_group_helper(None) is None
     assert _create_from_options(OptionsOfTorch211()) is None  # called from elsewhere: no device
     assert _create_from_options(OptionsOfTorch214()) == torch.device("cuda", 1)
+
+
+@pytest.mark.parametrize("spec", ["fastpar", "cpu:fastpar,cuda:fastpar"])
+def test_torchrun_env_init(spec):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+           "--master-port", str(free_port()), WORKER, "torchrun", "0", "0", "0", spec]
+    p = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "torchrun rank 0 ok" in p.stdout and "torchrun rank 1 ok" in p.stdout

@@ -14,8 +14,8 @@ import sys
 
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-WORKER = os.path.join(HERE, "fault_worker.py")
+HERE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "common")
+WORKER = os.path.join(HERE, "dist_worker.py")
 MiB = 1 << 20
 
 

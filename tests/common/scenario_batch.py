@@ -7,8 +7,9 @@ list of scenarios in turn, each between report lines on stdout
     [scenario ID] ok in 1.2 s        or        [scenario ID] FAILED in 3.4 s
 
 and the test side cuts each rank's output into the scenarios' reports, so
-every test still fails by its scenario's name (cuda_backend_worker.py,
-test_cuda_backend.py; test_scenario_batch.py checks both sides on the CPU)."""
+every test still fails by its scenario's name (dist_worker.py "batch",
+batched_scenarios.py; tooling/test_scenario_batch.py checks both sides with
+the gloo probes of scenarios_batching.py)."""
 from __future__ import annotations
 
 import datetime

@@ -1,24 +1,22 @@
-"""scenario_batch.py on the CPU: several scenarios in one launch of 2 ranks,
+"""scenario_batch.py on the CPU (dist_worker.py "batch" running the gloo probes
+of scenarios_batching.py): several scenarios in one launch of 2 ranks,
 each reported by name; a scenario that fails on one rank is reported FAILED
 there (traceback included) and the batch goes on; env set per scenario and
-restored; a scenario that never ran is reported as such. (The GPU tests,
-test_cuda_backend.py, batch the same way but need a GPU.)"""
+restored; a scenario that never ran is reported as such. (The multi-process
+tests batch their scenarios this way on both devices: batched_scenarios.py.)"""
 import json
-import os
 
-from dist_harness import HERE, RankResult, run
+from dist_harness import RankResult, run
 from scenario_batch import section
-
-WORKER = os.path.join(HERE, "scenario_batch_worker.py")
 
 
 def test_a_batch_reports_each_scenario_by_name_and_goes_on_after_a_failure():
     specs = [
-        {"id": "sum-a", "name": "sum", "env": {"BATCH_TEST_KNOB": "7"}},
-        {"id": "fail-1", "name": "fail_on", "args": [1]},
-        {"id": "sum-b", "name": "sum"},
+        {"id": "sum-a", "name": "batch_sum", "env": {"BATCH_TEST_KNOB": "7"}},
+        {"id": "fail-1", "name": "batch_fail_on", "args": [1]},
+        {"id": "sum-b", "name": "batch_sum"},
     ]
-    results = run("batch", 2, worker=WORKER, args=[json.dumps(specs)], timeout=120)
+    results = run("batch", 2, args=[json.dumps(specs)], timeout=120)
     assert all(r.rc == 0 for r in results), [(r.rc, r.out, r.err) for r in results]
     for r in results:
         a = section(r, "sum-a")

@@ -1,11 +1,16 @@
-"""Pure-torch references and exact test data for the collective tests."""
+"""Pure-torch references and test data for every collective test, single-process
+and multi-process, CPU and CUDA alike: `reference` (any order of summation: for
+exact data, or where a tolerance applies) and `in_rank_order` (ranks combined
+0..n-1, what the CUDA IPC kernels compute bit for bit), and the data both feed
+them (`exact_data`: small integers every order sums to the same bits;
+`random_data`: floats whose bits depend on the order)."""
 import torch
 from torch.distributed import ReduceOp
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16,
           torch.int8, torch.uint8, torch.int32, torch.int64]
 OPS = [ReduceOp.SUM, ReduceOp.AVG, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX]
-FLOATING = {torch.float32, torch.float64, torch.float16, torch.bfloat16}
+FLOATS = {torch.float32, torch.float64, torch.float16, torch.bfloat16}
 
 # Integer AVG as NCCL computes it: the sum wraps in the dtype, then is divided
 # by the number of contributions (tensors or ranks), truncating toward zero.
@@ -47,7 +52,7 @@ def reference(tensors, op):
     s = torch.stack([t.to(acc) for t in tensors])
     if op == ReduceOp.SUM:
         r = s.sum(0)
-    elif op == ReduceOp.AVG and dtype in FLOATING:
+    elif op == ReduceOp.AVG and dtype in FLOATS:
         r = s.sum(0) / len(tensors)
     elif op == ReduceOp.AVG:
         return torch.div(reference(tensors, ReduceOp.SUM).to(torch.int64), len(tensors),
@@ -69,3 +74,37 @@ def reference(tensors, op):
 def bits(t):
     """A view whose equality is bitwise equality (NaN == NaN, -0 != +0)."""
     return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+
+
+def random_data(rank, n, dtype, seed):
+    g = torch.Generator().manual_seed(seed * 1000 + rank)
+    if dtype in FLOATS:
+        return torch.randn(n, generator=g, dtype=torch.float64).mul(4).to(dtype)
+    lo, hi = (0, 4) if dtype == torch.uint8 else (-3, 4)
+    return torch.randint(lo, hi, (n,), generator=g, dtype=torch.int64).to(dtype)
+
+
+def exact_data(rank, n, dtype, seed=0):
+    """Small integers: every order of summation or multiplication gives the
+    same bits (what NCCL, whose order is its own, can be held to)."""
+    v = (torch.arange(n, dtype=torch.int64) * 7 + rank * 3 + seed) % 5
+    if dtype != torch.uint8:
+        v = v - 2
+    return v.to(dtype)
+
+
+def in_rank_order(xs, op, dtype):
+    """The IPC kernels' result: ranks combined in order 0..n-1 in fp32 for
+    16-bit floats (the dtype itself otherwise), AVG divided once, rounded once."""
+    acc_t = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    acc = xs[0].to(acc_t)
+    for x in xs[1:]:
+        x = x.to(acc_t)
+        acc = {ReduceOp.SUM: torch.add, ReduceOp.AVG: torch.add, ReduceOp.PRODUCT: torch.mul,
+               ReduceOp.MIN: torch.minimum, ReduceOp.MAX: torch.maximum}[op](acc, x)
+    if op == ReduceOp.AVG and dtype in FLOATS:
+        acc = acc / len(xs)
+    elif op == ReduceOp.AVG:  # NCCL's: the wrapped sum, divided truncating toward zero
+        acc = torch.div(acc.to(torch.int64), len(xs), rounding_mode="trunc")
+    return acc.to(dtype)
+

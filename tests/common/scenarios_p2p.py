@@ -1,9 +1,7 @@
-"""Scenarios for point-to-point and the direct calls, one process per rank:
-
-    python p2p_worker.py SCENARIO RANK WORLD PORT [ARGS...]
-
-Shares dist_worker.py's helpers (init, data, reference, check). Each scenario
-asserts on its own results; the pytest side checks exit codes and messages."""
+"""Point-to-point scenarios (dist_worker.py runs them): send / recv / isend /
+irecv / batch_isend_irecv / any source / tags / objects over shared memory
+and the direct calls (fastpar.distributed.all_reduce & co) on the CPU; over
+CUDA IPC on CUDA (p2p, p2p_first)."""
 from __future__ import annotations
 
 import os
@@ -15,7 +13,10 @@ import torch
 import torch.distributed as dist
 
 import fastpar.distributed as fd
-from dist_worker import ARGS, DTYPES, FLOATS, RANK, SCENARIO, WORLD, check, data, finish, init, ops_for, reference
+from reference import DTYPES, exact_data, reference
+from worker_context import (ARGS, DEV, RANK, SHARED, WORLD, check, check_equal, cuda_backend, finish, init, ops_for,
+                            peer_access_everywhere)
+
 
 # Every dtype moves over point to point, reducible or not.
 P2P_DTYPES = DTYPES + [torch.bool, torch.int16, torch.complex64]
@@ -35,7 +36,7 @@ def expect(fn, exc, *fragments):
 
 
 def payload(src: int, dst: int, n: int, dtype: torch.dtype, tag: int = 0) -> torch.Tensor:
-    v = data(src * 7 + dst * 3 + tag, n, torch.int64 if dtype in (torch.bool, torch.complex64) else dtype)
+    v = exact_data(src * 7 + dst * 3 + tag, n, torch.int64 if dtype in (torch.bool, torch.complex64) else dtype)
     return v.to(dtype) if dtype != torch.bool else (v % 2 == 0)
 
 
@@ -192,13 +193,13 @@ def sc_direct():
     for dtype in DTYPES:
         for op in ops_for(dtype):
             for n in (0, 1, 7, 5003):
-                xs = [data(q, n, dtype) for q in range(WORLD)]
+                xs = [exact_data(q, n, dtype) for q in range(WORLD)]
                 t = xs[RANK].clone()
                 fd.all_reduce(t, op=op)
-                check(t, reference(xs, op, dtype), f"direct all_reduce {dtype} {op} n={n}",
+                check(t, reference(xs, op), f"direct all_reduce {dtype} {op} n={n}",
                       exact=op != dist.ReduceOp.AVG)
         for n in (0, 7, 5003):
-            xs = [data(q, n, dtype) for q in range(WORLD)]
+            xs = [exact_data(q, n, dtype) for q in range(WORLD)]
             for src in range(WORLD):
                 t = xs[RANK].clone()
                 fd.broadcast(t, src=src)
@@ -238,5 +239,94 @@ def sc_direct():
     finish()
 
 
-if __name__ == "__main__":
-    globals()["sc_" + SCENARIO]()
+def sc_p2p():
+    """send/recv over CUDA IPC (after one collective has set IPC up): every
+    ordered pair at once through batch_isend_irecv, every dtype, sizes from 0
+    to more chunks than a ring holds, messages matched in order per pair with
+    their tags; isend/irecv with wait(); the receiver's stream waits for the
+    data; a receive from any source is refused by name on a shared GPU."""
+    init()
+    cb = cuda_backend()
+    dist.all_reduce(torch.ones(1, device=DEV))  # sets the group's IPC communicator up
+    ipc = peer_access_everywhere()
+    calls0, fb0 = cb.ipc_calls, cb.fallback_calls
+    seed = 900
+    for dtype in DTYPES:
+        for n in (0, 1, 17, 1000, 100_003, (1 << 20) + 5):
+            seed += 1
+            ops, got = [], {}
+            for q in range(WORLD):
+                if q == RANK:
+                    continue
+                ops.append(dist.P2POp(dist.isend, exact_data(RANK * 7 + q, n, dtype, seed).to(DEV), q, tag=q))
+                got[q] = torch.full((n,), 3, dtype=dtype, device=DEV)
+                ops.append(dist.P2POp(dist.irecv, got[q], q, tag=RANK))
+            for w in dist.batch_isend_irecv(ops):
+                w.wait()
+            for q, t in got.items():
+                check_equal(t, exact_data(q * 7 + RANK, n, dtype, seed), f"batch_isend_irecv {dtype} n={n} from {q}",
+                            True)
+    # Several messages to one peer, in order, different tags and sizes.
+    if RANK in (0, 1):
+        peer = 1 - RANK
+        sizes = [5, 0, 300_000, 7]
+        if RANK == 0:
+            works = [dist.isend(torch.arange(k, dtype=torch.float32, device=DEV) + i, dst=peer, tag=i)
+                     for i, k in enumerate(sizes)]
+        else:
+            bufs = [torch.empty(k, device=DEV) for k in sizes]
+            works = [dist.irecv(b, src=peer, tag=i) for i, b in enumerate(bufs)]
+        for w in works:
+            w.wait()
+        if RANK == 1:
+            # wait() ordered this stream after the receives: no synchronize needed.
+            for i, (k, b) in enumerate(zip(sizes, bufs)):
+                check_equal(b, torch.arange(k, dtype=torch.float32) + i, f"isend/irecv message {i}", True)
+        # Blocking send/recv.
+        if RANK == 0:
+            dist.send(torch.full((33,), 2.5, device=DEV), dst=1, tag=7)
+        else:
+            t = torch.empty(33, device=DEV)
+            dist.recv(t, src=0, tag=7)
+            check_equal(t, torch.full((33,), 2.5), "send/recv", True)
+    if ipc:
+        assert cb.fallback_calls == fb0, (cb.fallback_calls, fb0)
+        assert cb.ipc_calls > calls0
+    if SHARED:
+        try:
+            dist.recv(torch.empty(1, device=DEV))
+            raise AssertionError("recv from any source on a shared GPU did not raise")
+        except ValueError as e:
+            assert "fastpar.recv: a receive from any source" in str(e), str(e)
+    torch.cuda.synchronize()
+    dist.barrier()
+    dist.destroy_process_group()
+    print(f"p2p rank {RANK} ok", flush=True)
+
+
+def sc_p2p_first():
+    """init_process_group(device_id=...) sets CUDA IPC up when the group is
+    created, so send/recv as the group's first CUDA calls run over IPC (on a
+    shared GPU, where NCCL cannot run, they would otherwise be refused); then
+    a new group inherits the bound device and is set up at creation too."""
+    init(device_id=DEV)
+    cb = cuda_backend()
+    ipc = peer_access_everywhere()
+    assert cb.ipc_state != "not set up", cb.ipc_state
+    if ipc:
+        assert cb.ipc_state.startswith("ipc"), cb.ipc_state
+    peer = RANK ^ 1
+    if peer < WORLD:
+        x = torch.arange(1000, dtype=torch.float32, device=DEV) + RANK
+        got = torch.empty(1000, device=DEV)
+        for w in dist.batch_isend_irecv([dist.P2POp(dist.isend, x, peer), dist.P2POp(dist.irecv, got, peer)]):
+            w.wait()
+        check_equal(got, torch.arange(1000, dtype=torch.float32) + peer, "send/recv before any collective", True)
+        if ipc:
+            assert cb.fallback_calls == 0 and cb.ipc_calls >= 2, (cb.fallback_calls, cb.ipc_calls)
+    g = dist.new_group(list(range(WORLD)))
+    assert cuda_backend(g).ipc_state != "not set up", cuda_backend(g).ipc_state
+    torch.cuda.synchronize()
+    dist.barrier()
+    dist.destroy_process_group()
+    print(f"p2p_first rank {RANK} ok", flush=True)

@@ -1,0 +1,185 @@
+"""Scenarios of the torch.distributed surface (dist_worker.py runs them): the
+call shapes beyond the classic collectives on every device, the backend
+strings that register fastpar for cpu and cuda, monitored_barrier, and
+torchrun's env:// initialisation."""
+from __future__ import annotations
+
+import datetime
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+import fastpar
+import fastpar.distributed as fd
+from reference import exact_data, reference
+from worker_context import ARGS, RANK, TIMEOUT_S, WORLD, check, finish, init
+
+
+def sc_device_backends():
+    """init_process_group(ARGS[0]) with fastpar registered for cpu and cuda, on
+    any machine: torch builds one fastpar object and registers it for CUDA (and
+    for CPU unless ARGS[0] names another CPU backend); CPU collectives are
+    right; tensors on a device fastpar does not serve are refused by name."""
+    spec = ARGS[0]
+    init(backend=spec)
+    pg = dist.group.WORLD
+    on_cuda = pg._get_backend(torch.device("cuda"))
+    assert isinstance(on_cuda, fastpar._C.Backend), f"{spec}: CUDA backend is {type(on_cuda).__name__}"
+    if fd.cuda_supported():
+        assert isinstance(on_cuda.cuda_engine, fastpar._C.CudaEngine), type(on_cuda.cuda_engine)
+        assert on_cuda.cuda_engine.ipc_state == "not set up", on_cuda.cuda_engine.ipc_state
+    else:  # CPU-only build or no GPU: CUDA tensors get the error, as before
+        assert on_cuda.cuda_engine is None, on_cuda.cuda_engine
+    on_cpu = pg._get_backend(torch.device("cpu"))
+    if spec.startswith("cpu:gloo"):
+        assert isinstance(on_cpu, dist.ProcessGroupGloo), type(on_cpu)
+    else:
+        assert isinstance(on_cpu, fastpar._C.Backend) and on_cpu.local_size == WORLD, type(on_cpu)
+    for dtype in (torch.float32, torch.bfloat16, torch.int64):
+        for n in (0, 5, 3001):
+            xs = [exact_data(q, n, dtype) for q in range(WORLD)]
+            tag = f"{spec} {dtype} n={n}"
+            for op in (dist.ReduceOp.SUM, dist.ReduceOp.MAX):
+                t = xs[RANK].clone()
+                dist.all_reduce(t, op=op)
+                check(t, reference(xs, op), f"all_reduce {op} {tag}")
+            t = xs[RANK].clone()
+            dist.broadcast(t, src=WORLD - 1)
+            check(t, xs[WORLD - 1], f"broadcast {tag}")
+            out = [torch.empty(n, dtype=dtype) for _ in range(WORLD)]
+            dist.all_gather(out, xs[RANK])
+            for q in range(WORLD):
+                check(out[q], xs[q], f"all_gather [{q}] {tag}")
+    t = exact_data(RANK, 64, torch.float32)
+    work = dist.all_reduce(t, async_op=True)
+    assert work.wait() is True
+    check(work.get_future().wait()[0], reference([exact_data(q, 64, torch.float32) for q in range(WORLD)],
+                                                 dist.ReduceOp.SUM), f"{spec} async all_reduce")
+    dist.barrier()
+    # A device fastpar does not serve. Called on the backend object itself:
+    # torch's dispatcher answers collectives on meta tensors without calling
+    # any backend (dist.all_reduce(meta) returns at once, as for every backend).
+    meta = torch.empty(4, device="meta")
+    calls = {
+        "fastpar.all_reduce: tensors[0] is on device 'meta'": lambda: on_cuda.allreduce([meta]),
+        "fastpar.broadcast: tensors[0] is on device 'meta'": lambda: on_cuda.broadcast([meta]),
+        "fastpar.all_gather: input_tensors[0] is on device 'meta'":
+            lambda: on_cuda.allgather([[meta] * WORLD], [meta]),
+    }
+    for want, call in calls.items():
+        try:
+            call()
+        except ValueError as e:
+            assert want in str(e) and "handles CPU and CUDA tensors only" in str(e), f"{want!r} not in: {e}"
+        else:
+            raise AssertionError(f"no error; expected {want!r}")
+    t = torch.full((3,), float(RANK))
+    dist.all_reduce(t)  # still usable after the refusals
+    assert torch.all(t == sum(range(WORLD)))
+    print(f"{spec}: rank {RANK} ok", flush=True)
+    finish()
+
+
+# The device the surface scenarios run on (FASTPAR_TEST_DEVICE: "cpu", or
+# "cuda" where ranks share cuda:0).
+DEVICE = torch.device(os.environ.get("FASTPAR_TEST_DEVICE", "cpu"))
+
+
+def sc_surface():
+    """Every torch.distributed call shape torch 2.11-2.14 programs use beyond
+    the classic collectives (the *_single and coalesced forms, coalescing
+    blocks, gather into one tensor, mixed batch_isend_irecv, monitored
+    barrier), on DEVICE, checked against values every rank can compute."""
+    init(backend="fastpar", timeout_s=TIMEOUT_S)
+    dev, w, r = DEVICE, WORLD, RANK
+    full = lambda v, n=5: torch.full((n,), float(v), device=dev)  # noqa: E731
+    # all_gather / reduce_scatter in one tensor, under their 2.14 names where torch has them
+    gather_single = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
+    rs_single = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
+    out = torch.empty(5 * w, device=dev)
+    gather_single(out, full(r))
+    assert torch.equal(out, torch.cat([full(q) for q in range(w)])), out
+    out = torch.empty(5, device=dev)
+    rs_single(out, torch.cat([full(r + q) for q in range(w)]))
+    assert torch.equal(out, full(sum(q + r for q in range(w)))), out
+    # coalescing blocks: torch turns these into all_gather_single_coalesced /
+    # reduce_scatter_single_coalesced / allreduce_coalesced on the backend
+    outs = [torch.empty(3 * w, device=dev), torch.empty(2 * w, device=dev)]
+    with dist._coalescing_manager(device=dev, async_ops=True) as cm:
+        gather_single(outs[0], full(r, 3))
+        gather_single(outs[1], full(10 * r, 2))
+    cm.wait()
+    assert torch.equal(outs[0], torch.cat([full(q, 3) for q in range(w)])), outs
+    assert torch.equal(outs[1], torch.cat([full(10 * q, 2) for q in range(w)])), outs
+    outs = [torch.empty(3, device=dev), torch.empty(2, device=dev)]
+    with dist._coalescing_manager(device=dev):  # one reduction for the whole block, as torch requires
+        rs_single(outs[0], full(r, 3 * w))
+        rs_single(outs[1], full(1, 2 * w))
+    assert torch.equal(outs[0], full(sum(range(w)), 3)) and torch.equal(outs[1], full(w, 2)), outs
+    ts = [full(r, 4), full(2 * r, 6)]
+    with dist._coalescing_manager(device=dev):
+        for t in ts:
+            dist.all_reduce(t)
+    assert torch.equal(ts[0], full(sum(range(w)), 4)) and torch.equal(ts[1], full(2 * sum(range(w)), 6)), ts
+    ts = [full(r, 4), full(r, 1)]
+    dist.all_reduce_coalesced(ts, op=dist.ReduceOp.MAX)
+    assert torch.equal(ts[0], full(w - 1, 4)) and torch.equal(ts[1], full(w - 1, 1)), ts
+    lists = [[torch.empty(2, device=dev), torch.empty(3, device=dev)] for _ in range(w)]  # [rank][input]
+    dist.all_gather_coalesced(lists, [full(r, 2), full(-r, 3)])
+    assert all(torch.equal(lists[q][0], full(q, 2)) and torch.equal(lists[q][1], full(-q, 3)) for q in range(w))
+    # gather into one tensor on the root (torch >= 2.14)
+    if hasattr(dist, "gather_single"):
+        root = w - 1
+        out = torch.empty(4 * w, device=dev) if r == root else None
+        dist.gather_single(full(r + 1, 4), out, dst=root)
+        if r == root:
+            assert torch.equal(out, torch.cat([full(q + 1, 4) for q in range(w)])), out
+    # mixed point to point in one batch: a ring both ways
+    right, left = (r + 1) % w, (r - 1) % w
+    got_left, got_right = torch.empty(3, device=dev), torch.empty(3, device=dev)
+    ops = [dist.P2POp(dist.isend, full(r, 3), right), dist.P2POp(dist.irecv, got_left, left),
+           dist.P2POp(dist.isend, full(-r, 3), left), dist.P2POp(dist.irecv, got_right, right)]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+    assert torch.equal(got_left, full(left, 3)) and torch.equal(got_right, full(-right, 3)), (got_left, got_right)
+    if dev.type == "cpu":  # sparse COO all_reduce: SUM, as gloo's
+        sparse = torch.sparse_coo_tensor(torch.tensor([[r, w + r]]), torch.tensor([1.0 + r, 2.0]), (2 * w,))
+        dist.all_reduce(sparse)
+        want = torch.cat([torch.arange(1.0, w + 1), torch.full((w,), 2.0)])
+        assert torch.equal(sparse.to_dense(), want), sparse
+    # every form also as async_op=True
+    t = full(r)
+    dist.all_reduce(t, async_op=True).wait()
+    assert torch.equal(t, full(sum(range(w))))
+    dist.monitored_barrier(timeout=datetime.timedelta(seconds=TIMEOUT_S), wait_all_ranks=True)
+    finish()
+
+
+def sc_monitored_barrier_timeout():
+    """A rank that comes late: rank 0 names it, as gloo does."""
+    init()
+    if RANK == WORLD - 1:
+        time.sleep(2.5)
+    try:
+        dist.monitored_barrier(timeout=datetime.timedelta(seconds=1), wait_all_ranks=True)
+    except RuntimeError as e:
+        print("ERROR:", e, flush=True)
+    dist.barrier()
+    finish()
+
+
+def sc_torchrun():
+    """Run under torchrun (env://): the 'done when' smoke test. ARGS[0], if
+    given, is the backend string (default "fastpar")."""
+    spec = ARGS[0] if ARGS else "fastpar"
+    dist.init_process_group(spec, timeout=datetime.timedelta(seconds=TIMEOUT_S))
+    r, w = dist.get_rank(), dist.get_world_size()
+    t = torch.full((4,), float(r))
+    dist.all_reduce(t)
+    assert torch.all(t == sum(range(w)))
+    assert dist.get_backend() == spec, dist.get_backend()
+    assert isinstance(dist.group.WORLD._get_backend(torch.device("cuda")), fastpar._C.Backend)
+    dist.destroy_process_group()
+    print(f"torchrun rank {r} ok")
