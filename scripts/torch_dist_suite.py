@@ -19,7 +19,10 @@ meant to take gloo's place, so the suite runs exactly as for gloo, BACKEND
 included, and every process group it creates with the name "gloo" is created
 on fastpar instead (init_process_group, new_group, "cpu:gloo" specs).
 dist.get_backend() then says "fastpar". Tests that gloo skips for gloo's own
-limits are therefore skipped on fastpar too.
+limits are therefore skipped on fastpar too in that pass; a third pass runs
+those of them whose feature fastpar has (CPU all_to_all, which the suite
+tests on MPI only) on fastpar standing in for that backend's name
+(OTHER_BACKEND_FEATURES).
 
 Processes are forked (--start-method fork, the default; PyTorch's spawn with
 --start-method spawn): on a small machine that is most of the run time.
@@ -45,8 +48,10 @@ CHILD_BACKEND = os.environ.get("FASTPAR_SUITE_BACKEND")  # set in the child that
 
 if CHILD_BACKEND:
     # Top level, so that spawned test processes (which re-import this file)
-    # make the same switch as forked ones inherit.
-    os.environ["BACKEND"] = "gloo"
+    # make the same switch as forked ones inherit. FASTPAR_SUITE_AS: the
+    # backend name the suite sees (gloo, or another whose tests fastpar runs).
+    STANDS_IN_FOR = os.environ.get("FASTPAR_SUITE_AS", "gloo")
+    os.environ["BACKEND"] = STANDS_IN_FOR
     import functools
     import inspect
 
@@ -61,7 +66,7 @@ if CHILD_BACKEND:
         def _on_fastpar(backend):
             if backend is None:
                 return None  # new_group: the default group's backend (fastpar already)
-            return re.sub(r"\bgloo\b", "fastpar", str(backend), flags=re.IGNORECASE)
+            return re.sub(rf"\b{STANDS_IN_FOR}\b", "fastpar", str(backend), flags=re.IGNORECASE)
 
         def _substituting(fn):
             sig = inspect.signature(fn)  # through torch's logging decorators (__wrapped__)
@@ -81,6 +86,12 @@ if CHILD_BACKEND:
 
     from torch.testing._internal.distributed import distributed_test as _dt
 
+    # The suite's decorators read BACKEND at import (the feature skips: those
+    # of STANDS_IN_FOR); helpers such as skip_if_small_worldsize read it at run
+    # time: they see gloo's name, whose place fastpar takes, so a test runs at
+    # the world sizes it would run at on gloo.
+    os.environ["BACKEND"] = "gloo"
+
     _START = os.environ.get("FASTPAR_SUITE_START", "fork")
 
     class TestDistBackendSuite(_dt.TestDistBackend, _dt.DistributedTest._DistTestBase):
@@ -88,6 +99,12 @@ if CHILD_BACKEND:
             super().setUp()
             self._start_processes(torch.multiprocessing.get_context(_START).Process)
 
+
+# Tests the suite runs on another backend only, for a CPU feature gloo lacks
+# and fastpar has: gloo's skip reason -> the backend name fastpar runs them as.
+OTHER_BACKEND_FEATURES = {
+    re.compile(r"^Only MPI supports (CPU )?all_to_all"): "mpi",
+}
 
 # Tests that fail on fastpar only because of how it stands in for gloo here.
 HARNESS_ARTIFACTS = {
@@ -106,7 +123,9 @@ def run_child(out_json: str, pattern: str | None) -> int:
     import unittest
 
     loader = unittest.TestLoader()
-    names = [n for n in loader.getTestCaseNames(TestDistBackendSuite) if not pattern or pattern in n]
+    only = set(filter(None, os.environ.get("FASTPAR_SUITE_TESTS", "").split(",")))  # exact names, if given
+    names = [n for n in loader.getTestCaseNames(TestDistBackendSuite)
+             if (not pattern or pattern in n) and (not only or n in only)]
     suite = unittest.TestSuite(TestDistBackendSuite(n) for n in names)
     outcomes: dict[str, list] = {}
 
@@ -145,11 +164,15 @@ def run_child(out_json: str, pattern: str | None) -> int:
     return 0
 
 
-def run_backend(backend: str, world: int, pattern: str | None, start: str, timeout: float) -> dict:
+def run_backend(backend: str, world: int, pattern: str | None, start: str, timeout: float, as_name: str = "gloo",
+                tests: list[str] | None = None) -> dict:
+    """The suite's outcomes on `backend`, the suite seeing the name `as_name`;
+    only `tests` (exact names) where given."""
     with tempfile.TemporaryDirectory(prefix=f"torch-suite-{backend}-") as tmp:
         out_json = os.path.join(tmp, "outcomes.json")
         env = dict(os.environ, FASTPAR_SUITE_BACKEND=backend, FASTPAR_SUITE_START=start, WORLD_SIZE=str(world),
-                   TEMP_DIR=tmp, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME=os.environ.get("GLOO_SOCKET_IFNAME", "lo"))
+                   TEMP_DIR=tmp, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME=os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
+                   FASTPAR_SUITE_AS=as_name, FASTPAR_SUITE_TESTS=",".join(tests or []))
         env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
         os.makedirs(os.path.join(tmp, "barrier"), exist_ok=True)
         cmd = [sys.executable, os.path.abspath(__file__), "--child", out_json] + (["-k", pattern] if pattern else [])
@@ -160,7 +183,8 @@ def run_backend(backend: str, world: int, pattern: str | None, start: str, timeo
                 subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=timeout)
             except subprocess.TimeoutExpired:
                 print(f"[{backend}] stopped after {timeout:.0f} s; results so far are kept", file=sys.stderr)
-        print(f"[{backend}, world size {world}] {time.monotonic() - t0:.0f} s", file=sys.stderr)
+        shown = backend if as_name == "gloo" else f"{backend} as {as_name}"
+        print(f"[{shown}, world size {world}] {time.monotonic() - t0:.0f} s", file=sys.stderr)
         if not os.path.exists(out_json):
             with open(log) as f:
                 sys.exit(f"{backend}: the suite produced no results:\n{f.read()[-4000:]}")
@@ -168,7 +192,28 @@ def run_backend(backend: str, world: int, pattern: str | None, start: str, timeo
             return json.load(f)
 
 
-def compare(world: int, gloo: dict, fastpar: dict, csv_path: str | None) -> int:
+def beyond_gloo(gloo: dict) -> dict[str, list[str]]:
+    """The tests gloo skipped for a feature only another backend's tests
+    cover (OTHER_BACKEND_FEATURES), by the name to run them as."""
+    found: dict[str, list[str]] = {}
+    for name, (status, text) in sorted(gloo.items()):
+        for reason, as_name in OTHER_BACKEND_FEATURES.items():
+            if status == "skip" and reason.search(text):
+                found.setdefault(as_name, []).append(name)
+    return found
+
+
+def report_beyond(world: int, runs: dict[str, dict]) -> None:
+    for as_name, outcomes in runs.items():
+        passed = sorted(n for n, (status, _) in outcomes.items() if status == "pass")
+        print(f"world size {world}: of the {len(outcomes)} tests gloo skips for a feature it lacks (run on fastpar "
+              f"as '{as_name}'), fastpar passes {len(passed)}")
+        for n, (status, text) in sorted(outcomes.items()):
+            if status != "pass":
+                print(f"  {n}: [{status}] {text}")
+
+
+def compare(world: int, gloo: dict, fastpar: dict, csv_path: str | None, beyond: dict | None = None) -> int:
     names = sorted(set(gloo) | set(fastpar))
     status = lambda d, n: d.get(n, ["missing", ""])[0]  # noqa: E731
     run = [n for n in names if "skip" not in (status(gloo, n), status(fastpar, n))
@@ -193,6 +238,8 @@ def compare(world: int, gloo: dict, fastpar: dict, csv_path: str | None) -> int:
             w.writerow(["world_size", "test", "gloo", "fastpar", "gloo_detail", "fastpar_detail"])
             for n in names:
                 g, p = gloo.get(n, ["missing", ""]), fastpar.get(n, ["missing", ""])
+                for outcomes in (beyond or {}).values():  # run again under another backend's name
+                    p = outcomes.get(n, p)
                 w.writerow([world, n, g[0], p[0], g[1], p[1]])
         print(f"wrote {csv_path}")
     return len(regressions)
@@ -213,7 +260,10 @@ def main() -> int:
         ap.error("--world-size must be at least 2 (the suite's tests need peers)")
     results = {b: run_backend(b, args.world_size, args.pattern, args.start_method, args.timeout)
                for b in ("gloo", "fastpar")}
-    compare(args.world_size, results["gloo"], results["fastpar"], args.csv)
+    beyond = {as_name: run_backend("fastpar", args.world_size, None, args.start_method, args.timeout, as_name, tests)
+              for as_name, tests in beyond_gloo(results["gloo"]).items()}
+    compare(args.world_size, results["gloo"], results["fastpar"], args.csv, beyond)
+    report_beyond(args.world_size, beyond)
     return 0
 
 
