@@ -25,6 +25,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cpu_isa.h"
 #include "reduce_ops.h"
@@ -65,17 +66,33 @@ inline vf load(const bf16* p) {
 inline vf load(const f16* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
 
 inline void store(float* p, vf v) { _mm256_storeu_ps(p, v); }
-inline void store(bf16* p, vf v) {
+// Each lane's bf16 in its high 16 bits: to_bf16's round to nearest even, NaN
+// quieted (bit 22, the bf16's bit 6).
+inline __m256i bf16_high_bits(vf v) {
   const __m256i u = _mm256_castps_si256(v);
-  const __m256i hi = _mm256_srli_epi32(u, 16);
-  const __m256i lsb = _mm256_and_si256(hi, _mm256_set1_epi32(1));
-  const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
-  const __m256i quiet = _mm256_or_si256(hi, _mm256_set1_epi32(0x40));
-  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-  const __m256i r = _mm256_blendv_epi8(rounded, quiet, nan);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  const __m256i rounded = _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb);
+  const __m256i quiet = _mm256_or_si256(u, _mm256_set1_epi32(0x400000));
+  return _mm256_blendv_epi8(rounded, quiet, _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+}
+inline void store(bf16* p, vf v) {
+  const __m256i r = _mm256_srli_epi32(bf16_high_bits(v), 16);
   // 32 -> 16 bits: packus works per 128-bit lane, the permute joins the halves.
   const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
+}
+// 2 * kLanes bf16 elements as two vectors, without moving data across lanes:
+// a 32-bit lane holds elements 2j (low half) and 2j+1 (high half); shifted
+// left, the low one is an fp32, masked, the high one is.
+inline void load_pairs(const bf16* p, vf& even, vf& odd) {
+  const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  even = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+  odd = _mm256_castsi256_ps(_mm256_and_si256(w, _mm256_set1_epi32(int(0xffff0000u))));
+}
+inline void store_pairs(bf16* p, vf even, vf odd) {
+  const __m256i lo = _mm256_srli_epi32(bf16_high_bits(even), 16);
+  const __m256i hi = _mm256_and_si256(bf16_high_bits(odd), _mm256_set1_epi32(int(0xffff0000u)));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm256_or_si256(lo, hi));
 }
 inline void store(f16* p, vf v) {
   const __m128i h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -121,14 +138,26 @@ inline vf load(const bf16* p) {
 inline vf load(const f16* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
 
 inline void store(float* p, vf v) { _mm512_storeu_ps(p, v); }
-inline void store(bf16* p, vf v) {
+// As simd_avx2::bf16_high_bits.
+inline __m512i bf16_high_bits(vf v) {
   const __m512i u = _mm512_castps_si512(v);
-  const __m512i hi = _mm512_srli_epi32(u, 16);
-  const __m512i lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
-  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
-  const __m512i quiet = _mm512_or_si512(hi, _mm512_set1_epi32(0x40));
-  const __m512i r = _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), rounded, quiet);
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb);
+  return _mm512_mask_or_epi32(rounded, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), u, _mm512_set1_epi32(0x400000));
+}
+inline void store(bf16* p, vf v) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(_mm512_srli_epi32(bf16_high_bits(v), 16)));
+}
+// As simd_avx2::load_pairs / store_pairs.
+inline void load_pairs(const bf16* p, vf& even, vf& odd) {
+  const __m512i w = _mm512_loadu_si512(p);
+  even = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+  odd = _mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32(int(0xffff0000u))));
+}
+inline void store_pairs(bf16* p, vf even, vf odd) {
+  // lo | (hi & 0xffff0000) in one ternary-logic op (0xf8 = A | (B & C)).
+  const __m512i lo = _mm512_srli_epi32(bf16_high_bits(even), 16);
+  _mm512_storeu_si512(p, _mm512_ternarylogic_epi32(lo, bf16_high_bits(odd), _mm512_set1_epi32(int(0xffff0000u)), 0xf8));
 }
 inline void store(f16* p, vf v) {
   const __m256i h = _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
