@@ -4,7 +4,9 @@
 // do, 8 (AVX2) or 16 (AVX-512) elements at a time.
 //
 // Why the bits match the scalar path:
-//  * bf16 -> fp32 is a 16-bit shift, fp16 -> fp32 (VCVTPH2PS) is exact;
+//  * bf16 -> fp32 is a 16-bit shift (or, for the odd element of a pair that
+//    shares a 32-bit lane, a mask: load_pairs), fp16 -> fp32 (VCVTPH2PS)
+//    is exact;
 //  * the fp32 operations (add, mul, div for AVG) are the same IEEE operations
 //    in the same order; MIN/MAX select the same operand as combine<OP>
 //    (NaN-propagating, first operand on ties, so -0/+0 too);
