@@ -9,17 +9,10 @@ Batched: one launch per shape (batched_scenarios.py). What only the CUDA
 path has (small IPC slots, graphs, streams, the IPC state): test_cuda_ipc.py."""
 import pytest
 
-from batched_scenarios import batched, scenario_result, shapes
+from batched_scenarios import assert_scenario_ok, batched, scenario_result, shapes
 from dist_harness import assert_ok
 
 pytestmark = pytest.mark.usefixtures("no_leftover_segments")
-
-
-def assert_scenario_ok(results, device, name):
-    """Every rank passed; a CUDA scenario also printed its own last line."""
-    assert_ok(results)
-    if device == "cuda":
-        assert all(f"{name} rank {r.rank} ok" in r.out for r in results)
 
 
 @pytest.mark.parametrize("device,layout,world", shapes(cpu_worlds=[2, 3, 4]))

@@ -13,7 +13,8 @@ host abort word on the host (tooling/test_cuda_host_emulation.py), the
 backend's argument errors and knobs (test_cuda_backend_plumbing.py)."""
 import pytest
 
-from batched_scenarios import CUDA_LAYOUTS, CUDA_MARKS, TWO_RANK_LAYOUT, batched, needs_two_gpus, scenario_result
+from batched_scenarios import (CUDA_LAYOUTS, CUDA_MARKS, TWO_RANK_LAYOUT, assert_scenario_ok, batched, needs_two_gpus,
+                               scenario_result)
 from dist_harness import assert_ok
 
 pytestmark = CUDA_MARKS
@@ -35,17 +36,14 @@ def test_collectives_with_a_small_slot(request, layout):
 @pytest.mark.parametrize("layout,world", CUDA_LAYOUTS)
 @batched("root_and_alltoall")
 def test_gather_scatter_all_to_all_and_what_has_no_ipc_schedule(request, layout, world):
-    results = scenario_result(request, "cuda", layout, world, "root_and_alltoall")
-    assert_ok(results)
-    assert all(f"root_and_alltoall rank {r.rank} ok" in r.out for r in results)
+    assert_scenario_ok(scenario_result(request, "cuda", layout, world, "root_and_alltoall"), "cuda",
+                       "root_and_alltoall")
 
 
 @pytest.mark.parametrize("layout,world", CUDA_LAYOUTS)
 @batched("graph")
 def test_all_reduce_captured_in_a_cuda_graph(request, layout, world):
-    results = scenario_result(request, "cuda", layout, world, "graph")
-    assert_ok(results)
-    assert all(f"graph rank {r.rank} ok" in r.out for r in results)
+    assert_scenario_ok(scenario_result(request, "cuda", layout, world, "graph"), "cuda", "graph")
 
 
 @pytest.mark.parametrize("layout", ["shared", pytest.param("distinct", marks=needs_two_gpus)])

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from batched_scenarios import CUDA_LAYOUTS, batched, cuda_only, scenario_result, shapes
+from batched_scenarios import CUDA_LAYOUTS, assert_scenario_ok, batched, cuda_only, scenario_result, shapes
 from dist_harness import assert_ok, run
 
 pytestmark = pytest.mark.usefixtures("no_leftover_segments")
@@ -20,9 +20,7 @@ SMALL_CHUNKS = {"FASTPAR_SHM_P2P_CHUNK_BYTES": "1024"}
 @batched(lambda p: "p2p" if p["device"] == "cuda" else None)
 def test_p2p_against_sent_values(request, device, layout, world):
     if device == "cuda":  # every ordered pair, every dtype, sizes past a ring's chunks, tags, any source refused
-        results = scenario_result(request, device, layout, world, "p2p")
-        assert_ok(results)
-        assert all(f"p2p rank {r.rank} ok" in r.out for r in results)
+        assert_scenario_ok(scenario_result(request, device, layout, world, "p2p"), device, "p2p")
         return
     results = run("p2p_values", world, env=SMALL_CHUNKS, timeout=170)
     assert_ok(results)
@@ -33,9 +31,7 @@ def test_p2p_against_sent_values(request, device, layout, world):
 @cuda_only
 @batched("p2p_first")
 def test_send_recv_first_with_a_bound_device(request, layout, world):
-    results = scenario_result(request, "cuda", layout, world, "p2p_first")
-    assert_ok(results)
-    assert all(f"p2p_first rank {r.rank} ok" in r.out for r in results)
+    assert_scenario_ok(scenario_result(request, "cuda", layout, world, "p2p_first"), "cuda", "p2p_first")
 
 
 def test_p2p_across_hosts_uses_gloo():

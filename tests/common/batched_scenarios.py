@@ -182,6 +182,16 @@ def _run_batch(device, layout, world, sids):
                args=[json.dumps(specs)], timeout=timeout)
 
 
+def assert_scenario_ok(results, device, name):
+    """Every rank exited cleanly; on CUDA each also printed the scenario's own
+    last line ("NAME rank R ok"), so a scenario cut short cannot pass."""
+    from dist_harness import assert_ok
+
+    assert_ok(results)
+    if device == "cuda":
+        assert all(f"{name} rank {r.rank} ok" in r.out for r in results), [r.out for r in results]
+
+
 def scenario_result(request, device, layout, world, sid):
     """Runs (once per session) the batch of every selected test of this
     (device, layout, world), then returns each rank's report of scenario `sid`."""

@@ -8,7 +8,8 @@ Skips without a GPU (and in CPU-only builds of fastpar)."""
 import pytest
 import torch
 
-from batched_scenarios import CUDA_LAYOUTS, CUDA_MARKS, NGPU, TWO_RANK_LAYOUT, batched, run_cuda, scenario_result
+from batched_scenarios import (CUDA_LAYOUTS, CUDA_MARKS, NGPU, TWO_RANK_LAYOUT, assert_scenario_ok, batched, run_cuda,
+                               scenario_result)
 from dist_harness import assert_ok
 
 pytestmark = CUDA_MARKS
@@ -17,9 +18,7 @@ pytestmark = CUDA_MARKS
 @pytest.mark.parametrize("layout,world", CUDA_LAYOUTS)
 @batched("registered_alone")
 def test_registered_empty_is_collective_a_rank_alone_fails_at_once(request, layout, world):
-    results = scenario_result(request, "cuda", layout, world, "registered_alone")
-    assert_ok(results)
-    assert all(f"registered_alone rank {r.rank} ok" in r.out for r in results)
+    assert_scenario_ok(scenario_result(request, "cuda", layout, world, "registered_alone"), "cuda", "registered_alone")
 
 
 @pytest.mark.parametrize("variant", ["tag", "size"])
