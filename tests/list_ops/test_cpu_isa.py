@@ -4,13 +4,11 @@ choice is made once per process), and the same bits as torch's fp32
 reference for float16/bfloat16: widen, sum in rank order, round once."""
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import sys
 
 import pytest
-import torch
 
 import fastpar
 
