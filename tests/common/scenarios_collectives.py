@@ -258,6 +258,63 @@ def sc_root_and_alltoall():
     print(f"root_and_alltoall rank {RANK} ok", flush=True)
 
 
+def sc_strided():
+    """CPU tensors that are not contiguous (channels_last, transposed, a
+    strided slice), as gloo takes them, in every collective: the results are
+    those of contiguous tensors, written into the caller's tensor, and a
+    slice's neighbours are left alone."""
+    init()
+    W, r = WORLD, RANK
+    n = 48 * W
+    xs = [exact_data(q, n, torch.float32) for q in range(W)]
+    rows = lambda x, c: x.reshape(-1, c).t().contiguous().t()  # noqa: E731  (x as c columns, column-major)
+    empty_rows = lambda k, c: torch.zeros(c, k).t()  # noqa: E731  (k x c, column-major)
+    layouts = {
+        "channels_last": lambda x: x.reshape(2, 3, 4, -1).contiguous(memory_format=torch.channels_last),
+        "transposed": lambda x: rows(x, 6),
+        "slice": lambda x: torch.stack([x, torch.full_like(x, -7.0)], 1)[:, 0],
+    }
+    for name, lay in layouts.items():
+        mine = lay(xs[r].clone())
+        assert not mine.is_contiguous(), name
+        dist.all_reduce(mine)
+        check(mine.flatten(), sum(xs), f"all_reduce {name}")
+        if name == "slice":
+            assert torch.all(mine._base[:, 1] == -7.0), "all_reduce wrote a slice's neighbours"
+        mine = lay(xs[r].clone())
+        dist.broadcast(mine, src=W - 1)
+        check(mine.flatten(), xs[W - 1], f"broadcast {name}")
+        mine = lay(xs[r].clone())
+        dist.reduce(mine, dst=0)
+        check(mine.flatten(), sum(xs) if r == 0 else xs[r], f"reduce {name}")
+        gl = [torch.zeros(n) for _ in range(W)] if r == 0 else None
+        dist.gather(lay(xs[r].clone()), gl, dst=0)
+        for q in range(W if r == 0 else 0):
+            check(gl[q], xs[q], f"gather [{q}] {name}")
+    # The flat and list forms, strided inputs and outputs (2 columns, column-major).
+    out = empty_rows(n // 2 * W, 2)
+    dist.all_gather_into_tensor(out, rows(xs[r], 2))
+    check(out, torch.cat([rows(x, 2) for x in xs]), "all_gather_into_tensor")
+    outs = [empty_rows(n // 2, 2) for _ in range(W)]
+    dist.all_gather(outs, rows(xs[r], 2))
+    for q in range(W):
+        check(outs[q], xs[q].reshape(-1, 2), f"all_gather [{q}]")
+    out = empty_rows(n // 2 // W, 2)
+    dist.reduce_scatter_tensor(out, rows(xs[r], 2))
+    k = n // 2 // W
+    check(out, sum(xs).reshape(-1, 2)[r * k:(r + 1) * k], "reduce_scatter_tensor")
+    out = empty_rows(n // 2, 2)
+    dist.all_to_all_single(out, rows(xs[r], 2))
+    check(out, torch.cat([xs[q].reshape(-1, 2)[r * k:(r + 1) * k] for q in range(W)]), "all_to_all_single")
+    out = empty_rows(n // 2, 2)
+    dist.scatter(out, [rows(x, 2) for x in xs] if r == 0 else None, src=0)
+    check(out, xs[r].reshape(-1, 2), "scatter")
+    # and the direct call
+    t = rows(xs[r], 4)
+    fd.all_reduce(t)
+    check(t, sum(xs).reshape(-1, 4), "fastpar.distributed.all_reduce, transposed")
+    finish()
+
 def sc_bad_input():
     """Mistakes are caught before any work, with argument, index and values;
     the communicator stays usable afterwards."""
@@ -275,7 +332,7 @@ def sc_bad_input():
             return
         raise AssertionError(f"no error; expected {fragments}")
 
-    expect(lambda: dist.all_reduce(torch.ones(4, 4).t()), "fastpar.all_reduce: tensors[0] must be contiguous",
+    expect(lambda: dist.send(torch.ones(4, 4).t(), (RANK + 1) % WORLD), "fastpar.send: tensors[0] must be contiguous",
            "strides")
     expect(lambda: dist.all_reduce(torch.ones(3, dtype=torch.bool)), "tensors[0] has dtype torch.bool", "which fastpar does not support")
     expect(lambda: dist.all_reduce(torch.ones(3), op=dist.ReduceOp.BAND), "is not supported")

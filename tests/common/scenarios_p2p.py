@@ -209,7 +209,8 @@ def sc_direct():
             check(out, torch.cat(xs), f"direct all_gather_into_tensor {dtype} n={n}")
 
     # the same words as dist.all_reduce's
-    expect(lambda: fd.all_reduce(torch.ones(4, 4).t()), ValueError, "fastpar.all_reduce: tensors[0] must be contiguous")
+    expect(lambda: fd.all_reduce(torch.ones(3, 4, dtype=torch.float32, device="meta")), ValueError,
+           "fastpar.all_reduce: tensors[0] is on device 'meta'")
     expect(lambda: fd.all_reduce(torch.ones(3, dtype=torch.bool)), TypeError, "torch.bool",
            "which fastpar does not support")
     expect(lambda: fd.all_reduce(torch.ones(3), op=dist.ReduceOp.BAND), ValueError, "op", "is not supported")

@@ -153,8 +153,18 @@ def sc_surface():
     t = full(r)
     dist.all_reduce(t, async_op=True).wait()
     assert torch.equal(t, full(sum(range(w))))
-    dist.monitored_barrier(timeout=datetime.timedelta(seconds=TIMEOUT_S), wait_all_ranks=True)
+    monitored_barrier(datetime.timedelta(seconds=TIMEOUT_S), wait_all_ranks=True)
     finish()
+
+
+def monitored_barrier(timeout: datetime.timedelta, wait_all_ranks: bool) -> None:
+    """dist.monitored_barrier; torch before 2.14 refuses it in Python for every
+    backend but gloo (by name), so there the group's own method is called:
+    the same backend call (docs/c10d_methods.md)."""
+    if tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 14):
+        dist.monitored_barrier(timeout=timeout, wait_all_ranks=wait_all_ranks)
+    else:
+        dist.group.WORLD.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
 
 
 def sc_monitored_barrier_timeout():
@@ -163,7 +173,7 @@ def sc_monitored_barrier_timeout():
     if RANK == WORLD - 1:
         time.sleep(2.5)
     try:
-        dist.monitored_barrier(timeout=datetime.timedelta(seconds=1), wait_all_ranks=True)
+        monitored_barrier(datetime.timedelta(seconds=1), wait_all_ranks=True)
     except RuntimeError as e:
         print("ERROR:", e, flush=True)
     dist.barrier()

@@ -8,6 +8,7 @@
 #include "checks.h"
 #include "engine.h"
 #include "hierarchical_engine.h"
+#include "staging.h"
 
 namespace fastpar {
 namespace distributed {
@@ -122,7 +123,8 @@ Work Backend::allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceO
   if (tensors[0].defined() && tensors[0].is_sparse()) return allreduce_sparse(tensors, opts);
   checks::tensor("all_reduce", "tensors[0]", tensors[0]);
   checks::reduction("all_reduce", opts.reduceOp, "tensors[0]", tensors[0]);
-  return record(engine_for("all_reduce", "tensors[0]", tensors[0]).allreduce(tensors, opts));
+  Staging s;
+  return record(s.done(engine_for("all_reduce", "tensors[0]", tensors[0]).allreduce(s.list(tensors, true), opts)));
 }
 
 Work Backend::allreduce_sparse(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
@@ -175,14 +177,17 @@ Work Backend::allreduce_coalesced(std::vector<at::Tensor>& tensors, const c10d::
     checks::like("all_reduce_coalesced", name, tensors[i], "tensors[0]", tensors[0], tensors[i].numel(), "");
     checks::reduction("all_reduce_coalesced", opts.reduceOp, name, tensors[i]);
   }
-  return record(engine_for("all_reduce_coalesced", "tensors[0]", tensors[0]).allreduce_coalesced(tensors, opts));
+  Staging s;
+  return record(s.done(
+      engine_for("all_reduce_coalesced", "tensors[0]", tensors[0]).allreduce_coalesced(s.list(tensors, true), opts)));
 }
 
 Work Backend::broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) {
   checks::one("broadcast", "tensors", tensors.size());
   checks::tensor("broadcast", "tensors[0]", tensors[0]);
   checks::root("broadcast", opts.rootRank, getSize());
-  return record(engine_for("broadcast", "tensors[0]", tensors[0]).broadcast(tensors, opts));
+  Staging s;
+  return record(s.done(engine_for("broadcast", "tensors[0]", tensors[0]).broadcast(s.list(tensors, true), opts)));
 }
 
 Work Backend::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) {
@@ -190,7 +195,8 @@ Work Backend::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions
   checks::tensor("reduce", "tensors[0]", tensors[0]);
   checks::reduction("reduce", opts.reduceOp, "tensors[0]", tensors[0]);
   checks::root("reduce", opts.rootRank, getSize());
-  return record(engine_for("reduce", "tensors[0]", tensors[0]).reduce(tensors, opts));
+  Staging s;
+  return record(s.done(engine_for("reduce", "tensors[0]", tensors[0]).reduce(s.list(tensors, true), opts)));
 }
 
 Work Backend::allgather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
@@ -200,7 +206,9 @@ Work Backend::allgather(std::vector<std::vector<at::Tensor>>& outputs, std::vect
   const at::Tensor& in = inputs[0];
   checks::tensor("all_gather", "input_tensors[0]", in);
   checks::per_rank("all_gather", "output_tensors[0]", outputs[0], getSize(), "input_tensors[0]", in, in.numel());
-  return record(engine_for("all_gather", "input_tensors[0]", in).allgather(outputs, inputs, opts));
+  Staging s;
+  return record(s.done(
+      engine_for("all_gather", "input_tensors[0]", in).allgather(s.lists(outputs, true), s.list(inputs, false), opts)));
 }
 
 Work Backend::_allgather_base(at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
@@ -208,7 +216,9 @@ Work Backend::_allgather_base(at::Tensor& output, at::Tensor& input, const c10d:
   checks::tensor("all_gather_into_tensor", "output_tensor", output);
   checks::like("all_gather_into_tensor", "output_tensor", output, "input_tensor", input, input.numel() * getSize(),
                "world size x input_tensor's elements");
-  return record(engine_for("all_gather_into_tensor", "input_tensor", input)._allgather_base(output, input, opts));
+  Staging s;
+  return record(s.done(engine_for("all_gather_into_tensor", "input_tensor", input)
+                           ._allgather_base(s.one(output, true), s.one(input, false), opts)));
 }
 
 Work Backend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
@@ -228,19 +238,23 @@ Work Backend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
     checks::pairs(op, outputs[r].size(), inputs.size());
     for (size_t i = 0; i < inputs.size(); ++i) {
       const std::string out = checks::indexed(list, i);
-      checks::tensor(op, out, outputs[r][i], /*contiguous=*/false);
+      checks::tensor(op, out, outputs[r][i]);
       checks::like(op, out, outputs[r][i], checks::indexed("input_tensor_list", i), inputs[i], inputs[i].numel(),
                    "the same number of elements as input_tensor_list[" + std::to_string(i) + "]");
     }
   }
-  return record(engine_for(op, "input_tensor_list[0]", inputs[0]).allgather_coalesced(outputs, inputs, opts));
+  Staging s;
+  return record(
+      s.done(engine_for(op, "input_tensor_list[0]", inputs[0]).allgather_coalesced(outputs, s.list(inputs, false), opts)));
 }
 
 Work Backend::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
                                               const c10d::AllgatherOptions& opts) {
   const char* op = "all_gather_into_tensor_coalesced";
   checks::coalesced_flat(op, outputs, inputs, /*small_is_output=*/false, getSize(), nullptr);
-  return record(engine_for(op, "inputs[0]", inputs[0]).allgather_into_tensor_coalesced(outputs, inputs, opts));
+  Staging s;
+  return record(s.done(engine_for(op, "inputs[0]", inputs[0])
+                           .allgather_into_tensor_coalesced(s.list(outputs, true), s.list(inputs, false), opts)));
 }
 
 Work Backend::gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
@@ -249,7 +263,8 @@ Work Backend::gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<
   checks::tensor("gather", "input_tensors[0]", inputs[0]);
   checks::root_lists("gather", "output_tensors", outputs, getRank(), int(opts.rootRank), getSize(),
                      "input_tensors[0]", inputs[0]);
-  return record(engine_for("gather", "input_tensors[0]", inputs[0]).gather(outputs, inputs, opts));
+  Staging s;
+  return record(engine_for("gather", "input_tensors[0]", inputs[0]).gather(outputs, s.list(inputs, false), opts));
 }
 
 #if FASTPAR_TORCH_AT_LEAST(2, 14)
@@ -261,7 +276,9 @@ Work Backend::gather_into_tensor(at::Tensor& output, at::Tensor& input, const c1
     checks::like("gather_into_tensor", "output", output, "input", input, input.numel() * getSize(),
                  "world size x input's elements");
   }
-  return record(engine_for("gather_into_tensor", "input", input).gather_into_tensor(output, input, opts));
+  Staging s;
+  return record(s.done(engine_for("gather_into_tensor", "input", input)
+                           .gather_into_tensor(s.one(output, true), s.one(input, false), opts)));
 }
 #endif
 
@@ -271,7 +288,9 @@ Work Backend::scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<
   checks::tensor("scatter", "output_tensors[0]", outputs[0]);
   checks::root_lists("scatter", "input_tensors", inputs, getRank(), int(opts.rootRank), getSize(),
                      "output_tensors[0]", outputs[0]);
-  return record(engine_for("scatter", "output_tensors[0]", outputs[0]).scatter(outputs, inputs, opts));
+  Staging s;
+  return record(
+      s.done(engine_for("scatter", "output_tensors[0]", outputs[0]).scatter(s.list(outputs, true), inputs, opts)));
 }
 
 Work Backend::reduce_scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
@@ -282,7 +301,9 @@ Work Backend::reduce_scatter(std::vector<at::Tensor>& outputs, std::vector<std::
   checks::reduction("reduce_scatter", opts.reduceOp, "output", outputs[0]);
   checks::per_rank("reduce_scatter", "input_list[0]", inputs[0], getSize(), "output", outputs[0],
                    outputs[0].numel());
-  return record(engine_for("reduce_scatter", "output", outputs[0]).reduce_scatter(outputs, inputs, opts));
+  Staging s;
+  return record(s.done(
+      engine_for("reduce_scatter", "output", outputs[0]).reduce_scatter(s.list(outputs, true), s.lists(inputs, false), opts)));
 }
 
 Work Backend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
@@ -291,14 +312,18 @@ Work Backend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input, const 
   checks::like("reduce_scatter_tensor", "input", input, "output", output, output.numel() * getSize(),
                "world size x output's elements");
   checks::reduction("reduce_scatter_tensor", opts.reduceOp, "output", output);
-  return record(engine_for("reduce_scatter_tensor", "output", output)._reduce_scatter_base(output, input, opts));
+  Staging s;
+  return record(s.done(engine_for("reduce_scatter_tensor", "output", output)
+                           ._reduce_scatter_base(s.one(output, true), s.one(input, false), opts)));
 }
 
 Work Backend::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
                                               const c10d::ReduceScatterOptions& opts) {
   const char* op = "reduce_scatter_tensor_coalesced";
   checks::coalesced_flat(op, outputs, inputs, /*small_is_output=*/true, getSize(), &opts.reduceOp);
-  return record(engine_for(op, "outputs[0]", outputs[0]).reduce_scatter_tensor_coalesced(outputs, inputs, opts));
+  Staging s;
+  return record(s.done(engine_for(op, "outputs[0]", outputs[0])
+                           .reduce_scatter_tensor_coalesced(s.list(outputs, true), s.list(inputs, false), opts)));
 }
 
 Work Backend::alltoall_base(at::Tensor& output, at::Tensor& input, std::vector<int64_t>& output_split_sizes,
@@ -315,8 +340,10 @@ Work Backend::alltoall_base(at::Tensor& output, at::Tensor& input, std::vector<i
   const auto expects = checks::splits("output", output_split_sizes, output, getSize());
   checks::own_block(op, sends[getRank()] * int64_t(input.element_size()),
                     expects[getRank()] * int64_t(output.element_size()));
-  return record(
-      engine_for(op, "input", input).alltoall_base(output, input, output_split_sizes, input_split_sizes, opts));
+  Staging s;
+  return record(s.done(engine_for(op, "input", input)
+                           .alltoall_base(s.one(output, true), s.one(input, false), output_split_sizes,
+                                          input_split_sizes, opts)));
 }
 
 Work Backend::alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
@@ -334,7 +361,9 @@ Work Backend::alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>
     checks::like(op, out, outputs[q], "input_tensor_list[0]", inputs[0], outputs[q].numel(), "");
   }
   checks::own_block(op, int64_t(inputs[getRank()].nbytes()), int64_t(outputs[getRank()].nbytes()));
-  return record(engine_for(op, "input_tensor_list[0]", inputs[0]).alltoall(outputs, inputs, opts));
+  Staging s;
+  return record(s.done(engine_for(op, "input_tensor_list[0]", inputs[0])
+                           .alltoall(s.list(outputs, true), s.list(inputs, false), opts)));
 }
 
 // A barrier names no tensor: it runs on the CPU engine, as gloo's does, unless
@@ -398,6 +427,7 @@ void Backend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_r
 Work Backend::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
   checks::one("send", "tensors", tensors.size());
   checks::tensor("send", "tensors[0]", tensors[0]);
+  checks::contiguous("send", "tensors[0]", tensors[0]);
   checks::peer("send", "dst", dst_rank, getRank(), getSize());
   return record(engine_for("send", "tensors[0]", tensors[0]).send(tensors, dst_rank, tag));
 }
@@ -405,6 +435,7 @@ Work Backend::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
 Work Backend::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
   checks::one("recv", "tensors", tensors.size());
   checks::tensor("recv", "tensors[0]", tensors[0]);
+  checks::contiguous("recv", "tensors[0]", tensors[0]);
   checks::peer("recv", "src", src_rank, getRank(), getSize());
   return record(engine_for("recv", "tensors[0]", tensors[0]).recv(tensors, src_rank, tag));
 }
@@ -412,6 +443,7 @@ Work Backend::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
 Work Backend::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
   checks::one("recv", "tensors", tensors.size());
   checks::tensor("recv", "tensors[0]", tensors[0]);
+  checks::contiguous("recv", "tensors[0]", tensors[0]);
   return record(engine_for("recv", "tensors[0]", tensors[0]).recvAnysource(tensors, tag));
 }
 
@@ -422,7 +454,7 @@ void Backend::direct_all_reduce(const at::Tensor& t, int64_t op) {
                     " is not supported (supported: SUM, AVG, PRODUCT, MIN, MAX)");
   c10d::AllreduceOptions opts;
   opts.reduceOp = c10d::ReduceOp(static_cast<c10d::ReduceOp::RedOpType>(op));
-  if (!t.is_cpu() || cpu_hier_) {  // CUDA: wait() orders the current stream after it
+  if (!t.is_cpu() || cpu_hier_ || !t.is_contiguous()) {  // CUDA: wait() orders the current stream after it
     std::vector<at::Tensor> ts{t};
     allreduce(ts, opts)->wait();
     return;

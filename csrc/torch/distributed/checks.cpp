@@ -15,15 +15,17 @@ void one(const char* op, const char* arg, size_t got) {
                     got);
 }
 
-void tensor(const char* op, const std::string& name, const at::Tensor& t, bool contiguous) {
+void tensor(const char* op, const std::string& name, const at::Tensor& t) {
   TORCH_CHECK_VALUE(t.defined(), "fastpar.", op, ": ", name, " is an undefined tensor");
   TORCH_CHECK_VALUE(t.is_cpu() || t.is_cuda(), "fastpar.", op, ": ", name, " is on device ", device_str(t),
                     " but the fastpar backend handles CPU and CUDA tensors only");
   TORCH_CHECK_VALUE(!t.is_sparse(), "fastpar.", op, ": ", name, " is a sparse tensor (layout ", t.layout(),
                     "); fastpar reduces dense tensors (call .to_dense() first)");
-  TORCH_CHECK_VALUE(!contiguous || t.is_contiguous(), "fastpar.", op, ": ", name,
-                    " must be contiguous, but it has sizes ", t.sizes(), " and strides ", t.strides(),
-                    " (call .contiguous() first)");
+}
+
+void contiguous(const char* op, const std::string& name, const at::Tensor& t) {
+  TORCH_CHECK_VALUE(t.is_contiguous(), "fastpar.", op, ": ", name, " must be contiguous, but it has sizes ",
+                    t.sizes(), " and strides ", t.strides(), " (call .contiguous() first)");
 }
 
 void like(const char* op, const std::string& name, const at::Tensor& t, const std::string& ref_name,
@@ -39,12 +41,12 @@ void like(const char* op, const std::string& name, const at::Tensor& t, const st
 }
 
 void per_rank(const char* op, const std::string& arg, const std::vector<at::Tensor>& list, int ranks,
-              const std::string& ref_name, const at::Tensor& ref, int64_t numel, bool contiguous) {
+              const std::string& ref_name, const at::Tensor& ref, int64_t numel) {
   TORCH_CHECK_VALUE(list.size() == size_t(ranks), "fastpar.", op, ": ", arg, " has ", list.size(),
                     " tensors but the group has ", ranks, " ranks");
   for (size_t q = 0; q < list.size(); ++q) {
     const std::string name = indexed(arg, q);
-    tensor(op, name, list[q], contiguous);
+    tensor(op, name, list[q]);
     like(op, name, list[q], ref_name, ref, numel, "the same number of elements as " + ref_name);
   }
 }
@@ -64,7 +66,7 @@ void root_lists(const char* op, const char* arg, const std::vector<std::vector<a
   root(op, root_rank, ranks);
   if (rank == root_rank) {
     one(op, arg, lists.size());
-    per_rank(op, std::string(arg) + "[0]", lists[0], ranks, ref_name, ref, ref.numel(), /*contiguous=*/false);
+    per_rank(op, std::string(arg) + "[0]", lists[0], ranks, ref_name, ref, ref.numel());
   } else {
     TORCH_CHECK_VALUE(lists.empty() || (lists.size() == 1 && lists[0].empty()), "fastpar.", op, ": rank ", rank,
                       " is not the root (", root_rank, ") and must pass no ", arg, ", got ", lists.size(), " lists");

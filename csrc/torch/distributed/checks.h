@@ -23,9 +23,13 @@ namespace checks {
 // Torch's API passes lists; fastpar runs one tensor per process, as NCCL does.
 void one(const char* op, const char* arg, size_t got);
 
-// A tensor the call reads or writes: defined, on a CPU or CUDA device,
-// contiguous (unless `contiguous` is false: list entries the engines stage).
-void tensor(const char* op, const std::string& name, const at::Tensor& t, bool contiguous = true);
+// A tensor the call reads or writes: defined, dense, on a CPU or CUDA device.
+// Any strides: the front stages CPU tensors that are not contiguous
+// (backend.cpp, Staging), CUDA engines route them (route.h).
+void tensor(const char* op, const std::string& name, const at::Tensor& t);
+
+// Point to point wants contiguous tensors, as gloo's and NCCL's do.
+void contiguous(const char* op, const std::string& name, const at::Tensor& t);
 
 // `t` like `ref`: same dtype and device type, `numel` elements.
 void like(const char* op, const std::string& name, const at::Tensor& t, const std::string& ref_name,
@@ -33,7 +37,7 @@ void like(const char* op, const std::string& name, const at::Tensor& t, const st
 
 // `list` holds one tensor per rank, each like `ref` with `numel` elements.
 void per_rank(const char* op, const std::string& arg, const std::vector<at::Tensor>& list, int ranks,
-              const std::string& ref_name, const at::Tensor& ref, int64_t numel, bool contiguous = true);
+              const std::string& ref_name, const at::Tensor& ref, int64_t numel);
 
 // gather's output lists / scatter's input lists: on the root exactly one list
 // of one tensor per rank, each like `ref`; elsewhere none.
