@@ -13,8 +13,10 @@ figures (gpu_summary.py holds the rows, targets, tables, CSV and plots).
          processes sharing cuda:0 (start an MPS daemon first, or they
          time-slice), and on distinct GPUs beside an NCCL group when there
          are enough; with 2 ranks, up to 256 KiB also captured in a CUDA graph
-         (one all_reduce per replay), above it also on registered tensors
-         (registered_empty: no copy-in). Each run's rank 0 also measures the
+         (one all_reduce per replay) and as fastpar.distributed.all_reduce
+         (no torch wrapper), above it also on registered tensors
+         (registered_empty: no copy-in) and with two-shot above 256 KiB (the
+         schedule 2 ranks ran before). Each run's rank 0 also measures the
          targets' units in its own process (gpu_summary.ref_row): one kernel
          launch from Python and a device-to-device copy's rate.
 
@@ -41,6 +43,7 @@ import gpu_summary as gs  # noqa: E402
 from launch import run_ranks  # noqa: E402
 
 KiB, MiB = gs.KiB, gs.MiB
+SLOT_BYTES = int(os.environ.get("FASTPAR_CUDA_IPC_SLOT_BYTES", str(8 * MiB)))  # CUDA IPC slot (docs/knobs.md)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PARTS = ("lists", "host", "ipc")
 
@@ -321,11 +324,34 @@ def ipc_worker(args) -> None:
         dist.barrier(group=gloo)
         return slowest(event_time(graph.replay, reps=3, agree=agreed_calls)), host
 
+    def direct(size):
+        """fastpar.distributed.all_reduce: the same call without torch's Python
+        wrapper, dispatcher and Work, so the host time splits into torch's
+        share and fastpar's."""
+        t = torch.ones(size // 4, device="cuda")
+        dist.barrier(group=gloo)
+        host = slowest(host_time(lambda: fd.all_reduce(t), args.host_calls))
+        dist.barrier(group=gloo)
+        return slowest(event_time(lambda: fd.all_reduce(t), reps=3, agree=agreed_calls)), host
+
+    def two_shot_above_256k(size):
+        """The schedule 2 ranks ran before one-shot took every size that fits
+        a slot: the baseline of that choice, in the same run."""
+        engine = fd.get_fastpar_backend().cuda_engine
+        engine._set_one_shot_max_bytes(256 * KiB)
+        try:
+            return plain(None, size)
+        finally:
+            engine._set_one_shot_max_bytes(-1)
+
     for name, group in groups:
         series(name, args.ipc_sizes, lambda size: plain(group, size))
     if n == 2:  # 3 and 4 ranks are measured against 2 on the plain all_reduce only (the time it takes)
+        series("fastpar direct", [s for s in args.ipc_sizes if s <= 256 * KiB], direct)
+        series("fastpar two-shot above 256 KiB", [s for s in args.ipc_sizes if 256 * KiB < s <= SLOT_BYTES],
+               two_shot_above_256k)
         # The same all_reduce on registered tensors (registered_empty: no
-        # copy-in) at the two-shot sizes, where that schedule runs.
+        # copy-in); the registered two-shot runs above the one-shot sizes.
         series("fastpar registered", [s for s in args.ipc_sizes if s > 256 * KiB], registered)
         # The same all_reduce captured in a CUDA graph (fastpar's graphed kernel):
         # one all_reduce per graph, so host time per replay is per call.

@@ -186,6 +186,11 @@ void CudaEngine::connect(int device) {
   if (!set_up_) set_up(device);
 }
 
+void CudaEngine::set_one_shot_max_bytes(int64_t bytes) {
+  TORCH_CHECK_VALUE(bytes >= -1, "fastpar: one_shot_max_bytes is ", bytes, " but must be >= 0, or -1 for the default");
+  one_shot_max_bytes_ = bytes;
+}
+
 std::string CudaEngine::ipc_state() const {
   std::lock_guard<std::mutex> g(mu_);
   if (!set_up_) return "not set up";
@@ -389,6 +394,7 @@ fastpar._C.Backend, which hands it the checked calls on CUDA tensors.)")
       .def_property_readonly("ipc_calls", &CudaEngine::ipc_calls)
       .def_property_readonly("fallback_calls", &CudaEngine::fallback_calls)
       .def_property_readonly("max_ipc_bytes", &CudaEngine::max_ipc_bytes)
+      .def("_set_one_shot_max_bytes", &CudaEngine::set_one_shot_max_bytes, py::arg("bytes"))
       .def_property_readonly("blocking_wait", &CudaEngine::blocking_wait)
       .def_property_readonly("fallback", &CudaEngine::fallback);
 }

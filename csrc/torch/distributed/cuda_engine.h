@@ -142,6 +142,10 @@ class CudaEngine : public Engine {
   int64_t ipc_calls() const { return ipc_calls_; }
   int64_t fallback_calls() const { return fallback_calls_; }
   int64_t max_ipc_bytes() const { return max_ipc_bytes_; }
+  // Benchmarks compare all_reduce schedules at run time: one-shot up to this
+  // many bytes (-1: cuda_ipc::default_one_shot_max_bytes). Every rank must
+  // set the same (a mix fails with a descriptor mismatch).
+  void set_one_shot_max_bytes(int64_t bytes);
   bool blocking_wait() const { return blocking_wait_; }
   c10::intrusive_ptr<c10d::Backend> fallback() const { return fallback_; }
 
@@ -236,6 +240,7 @@ class CudaEngine : public Engine {
   bool group_shares_gpu_ = false;  // from setup, equal on every rank
   cuda_ipc::Mps mps_ = cuda_ipc::Mps::kUnknown;
   std::atomic<int64_t> ipc_calls_{0}, fallback_calls_{0};
+  std::atomic<int64_t> one_shot_max_bytes_{-1};
   std::vector<std::optional<c10::cuda::CUDAStream>> send_streams_, recv_streams_;  // per peer, taken at first p2p
   std::vector<cudaStream_t> own_streams_;  // those streams, given back to the cache by release_ipc
   // The stream of the last phased IPC call (begin_ipc): a call on another

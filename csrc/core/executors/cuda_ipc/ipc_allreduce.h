@@ -80,14 +80,24 @@ inline void raise_abort_word(uint64_t* word, uint64_t code) {
   __atomic_compare_exchange_n(word, &expected, code, false, __ATOMIC_RELEASE, __ATOMIC_RELAXED);
 }
 
-// One-shot up to this size: its latency is one phase, two-shot's is two, and
-// below ~256 KiB latency, not bandwidth, decides (vLLM's custom allreduce
-// draws the line in the same region for 2-8 GPUs).
-constexpr int64_t kOneShotMaxBytes = 256 * 1024;
+// The largest message the "auto" schedule runs one-shot among `ranks` ranks.
+// One-shot's latency is one phase, two-shot's two; one-shot reads the n-1
+// peers' data, two-shot 2(n-1)/n of it. With 2 ranks that is the same bytes,
+// so one-shot at every size that fits a slot; with more, latency decides up
+// to a few hundred KiB. vLLM's custom allreduce draws its lines at the same
+// places (one stage for 2 GPUs at every size, up to 512 KiB for 4, 256 KiB
+// for 8).
+inline int64_t default_one_shot_max_bytes(int ranks) {
+  return ranks <= 2 ? INT64_MAX : ranks <= 4 ? 512 * 1024 : 256 * 1024;
+}
 
-// The "auto" schedule: one-shot for small messages that fit one slot.
-inline bool prefer_one_shot(int64_t nbytes, const IpcComm& c) {
-  return nbytes <= kOneShotMaxBytes && nbytes <= int64_t(c.slot_bytes);
+// The "auto" schedule: one-shot for messages that fit one slot, up to
+// `max_bytes` (< 0: default_one_shot_max_bytes). Depends only on what every
+// rank has alike (the size, the group, the setting), so every rank picks the
+// same; a rank that picked otherwise would fail the descriptor check.
+inline bool prefer_one_shot(int64_t nbytes, const IpcComm& c, int64_t max_bytes = -1) {
+  if (max_bytes < 0) max_bytes = default_one_shot_max_bytes(c.size);
+  return nbytes <= max_bytes && nbytes <= int64_t(c.slot_bytes);
 }
 
 
