@@ -121,6 +121,7 @@ SCENARIOS = {
         "collectives": ("collectives", [], {}),
         "registered": ("registered", [], {}),
         "avg_integers": ("avg_integers", [], {}),
+        "strided": ("strided", [], {}),
     },
     "cuda": {
         "state": ("state", [], {}),

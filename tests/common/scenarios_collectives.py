@@ -309,6 +309,15 @@ def sc_strided():
     out = empty_rows(n // 2, 2)
     dist.scatter(out, [rows(x, 2) for x in xs] if r == 0 else None, src=0)
     check(out, xs[r].reshape(-1, 2), "scatter")
+    gl = [empty_rows(n // 2, 2) for _ in range(W)] if r == 0 else None
+    dist.gather(rows(xs[r], 2), gl, dst=0)
+    for q in range(W if r == 0 else 0):
+        check(gl[q], xs[q].reshape(-1, 2), f"gather [{q}]")
+    outs = [[empty_rows(n // 2, 2), empty_rows(3, 2)] for _ in range(W)]
+    dist.all_gather_coalesced(outs, [rows(xs[r], 2), rows(xs[r][:6], 2)])
+    for q in range(W):
+        check(outs[q][0], xs[q].reshape(-1, 2), f"all_gather_coalesced [{q}][0]")
+        check(outs[q][1], xs[q][:6].reshape(-1, 2), f"all_gather_coalesced [{q}][1]")
     # and the direct call
     t = rows(xs[r], 4)
     fd.all_reduce(t)

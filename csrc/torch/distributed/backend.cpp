@@ -122,7 +122,7 @@ Work Backend::allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceO
   checks::one("all_reduce", "tensors", tensors.size());
   if (tensors[0].defined() && tensors[0].is_sparse()) return allreduce_sparse(tensors, opts);
   checks::tensor("all_reduce", "tensors[0]", tensors[0]);
-  checks::reduction("all_reduce", opts.reduceOp, "tensors[0]", tensors[0]);
+  checks::reducible("all_reduce", opts.reduceOp, "tensors[0]", tensors[0]);
   Staging s;
   return record(s.done(engine_for("all_reduce", "tensors[0]", tensors[0]).allreduce(s.list(tensors, true), opts)));
 }
@@ -175,7 +175,7 @@ Work Backend::allreduce_coalesced(std::vector<at::Tensor>& tensors, const c10d::
     const std::string name = checks::indexed("tensors", i);
     checks::tensor("all_reduce_coalesced", name, tensors[i]);
     checks::like("all_reduce_coalesced", name, tensors[i], "tensors[0]", tensors[0], tensors[i].numel(), "");
-    checks::reduction("all_reduce_coalesced", opts.reduceOp, name, tensors[i]);
+    checks::reducible("all_reduce_coalesced", opts.reduceOp, name, tensors[i]);
   }
   Staging s;
   return record(s.done(
@@ -193,7 +193,7 @@ Work Backend::broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastO
 Work Backend::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) {
   checks::one("reduce", "tensors", tensors.size());
   checks::tensor("reduce", "tensors[0]", tensors[0]);
-  checks::reduction("reduce", opts.reduceOp, "tensors[0]", tensors[0]);
+  checks::reducible("reduce", opts.reduceOp, "tensors[0]", tensors[0]);
   checks::root("reduce", opts.rootRank, getSize());
   Staging s;
   return record(s.done(engine_for("reduce", "tensors[0]", tensors[0]).reduce(s.list(tensors, true), opts)));
@@ -245,7 +245,8 @@ Work Backend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
   }
   Staging s;
   return record(
-      s.done(engine_for(op, "input_tensor_list[0]", inputs[0]).allgather_coalesced(outputs, s.list(inputs, false), opts)));
+      s.done(engine_for(op, "input_tensor_list[0]", inputs[0])
+                 .allgather_coalesced(s.lists(outputs, true), s.list(inputs, false), opts)));
 }
 
 Work Backend::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
@@ -264,7 +265,8 @@ Work Backend::gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<
   checks::root_lists("gather", "output_tensors", outputs, getRank(), int(opts.rootRank), getSize(),
                      "input_tensors[0]", inputs[0]);
   Staging s;
-  return record(engine_for("gather", "input_tensors[0]", inputs[0]).gather(outputs, s.list(inputs, false), opts));
+  return record(s.done(
+      engine_for("gather", "input_tensors[0]", inputs[0]).gather(s.lists(outputs, true), s.list(inputs, false), opts)));
 }
 
 #if FASTPAR_TORCH_AT_LEAST(2, 14)
@@ -289,8 +291,8 @@ Work Backend::scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<
   checks::root_lists("scatter", "input_tensors", inputs, getRank(), int(opts.rootRank), getSize(),
                      "output_tensors[0]", outputs[0]);
   Staging s;
-  return record(
-      s.done(engine_for("scatter", "output_tensors[0]", outputs[0]).scatter(s.list(outputs, true), inputs, opts)));
+  return record(s.done(engine_for("scatter", "output_tensors[0]", outputs[0])
+                           .scatter(s.list(outputs, true), s.lists(inputs, false), opts)));
 }
 
 Work Backend::reduce_scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
@@ -298,12 +300,12 @@ Work Backend::reduce_scatter(std::vector<at::Tensor>& outputs, std::vector<std::
   checks::one("reduce_scatter", "output", outputs.size());
   checks::one("reduce_scatter", "input_list", inputs.size());
   checks::tensor("reduce_scatter", "output", outputs[0]);
-  checks::reduction("reduce_scatter", opts.reduceOp, "output", outputs[0]);
+  checks::reducible("reduce_scatter", opts.reduceOp, "output", outputs[0]);
   checks::per_rank("reduce_scatter", "input_list[0]", inputs[0], getSize(), "output", outputs[0],
                    outputs[0].numel());
   Staging s;
-  return record(s.done(
-      engine_for("reduce_scatter", "output", outputs[0]).reduce_scatter(s.list(outputs, true), s.lists(inputs, false), opts)));
+  return record(s.done(engine_for("reduce_scatter", "output", outputs[0])
+                           .reduce_scatter(s.list(outputs, true), s.lists(inputs, false), opts)));
 }
 
 Work Backend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
@@ -311,7 +313,7 @@ Work Backend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input, const 
   checks::tensor("reduce_scatter_tensor", "input", input);
   checks::like("reduce_scatter_tensor", "input", input, "output", output, output.numel() * getSize(),
                "world size x output's elements");
-  checks::reduction("reduce_scatter_tensor", opts.reduceOp, "output", output);
+  checks::reducible("reduce_scatter_tensor", opts.reduceOp, "output", output);
   Staging s;
   return record(s.done(engine_for("reduce_scatter_tensor", "output", output)
                            ._reduce_scatter_base(s.one(output, true), s.one(input, false), opts)));

@@ -82,6 +82,10 @@ ReduceOp reduction(const char* op, const c10d::ReduceOp& r, const std::string& n
   return rop;
 }
 
+void reducible(const char* op, const c10d::ReduceOp& r, const std::string& name, const at::Tensor& t) {
+  if (!t.is_cuda()) reduction(op, r, name, t);
+}
+
 void pairs(const char* op, size_t outputs, size_t inputs) {
   TORCH_CHECK_VALUE(outputs == inputs, "fastpar.", op, ": outputs has ", outputs, " entries but inputs has ", inputs,
                     " (one output per input)");
@@ -99,7 +103,7 @@ void coalesced_flat(const char* op, const std::vector<at::Tensor>& outputs, cons
     const std::string s = indexed(small_arg, i), f = indexed(flat_arg, i);
     tensor(op, s, small[i]);
     like(op, s, small[i], indexed(small_arg, 0), small[0], small[i].numel(), "");
-    if (reduce) reduction(op, *reduce, s, small[i]);
+    if (reduce) reducible(op, *reduce, s, small[i]);
     tensor(op, f, flat[i]);
     like(op, f, flat[i], s, small[i], small[i].numel() * ranks, "world size x " + s + "'s elements");
   }

@@ -51,6 +51,13 @@ void peer(const char* op, const char* arg, int64_t peer, int rank, int ranks);
 // it reduces. Returns it as the element math names it.
 ReduceOp reduction(const char* op, const c10d::ReduceOp& r, const std::string& name, const at::Tensor& t);
 
+// The front's check of a reducing call: reduction() on CPU tensors. What the
+// CUDA kernels lack (a dtype such as bool, PREMUL_SUM, the bitwise ops) the
+// CUDA engine's route hands to NCCL, as NCCL users expect, or refuses by name
+// where ranks share a GPU and NCCL cannot run (route.h); the CPU has no other
+// engine to hand it to.
+void reducible(const char* op, const c10d::ReduceOp& r, const std::string& name, const at::Tensor& t);
+
 // Coalesced forms: `outputs` and `inputs` pair up, entry by entry.
 void pairs(const char* op, size_t outputs, size_t inputs);
 

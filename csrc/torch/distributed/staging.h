@@ -38,13 +38,15 @@ class Staging {
       if (needs(t)) t = stage(t, written);
     return copy;
   }
-  // A list of lists where only the first list holds tensors (all_gather's
-  // outputs, reduce_scatter's inputs).
+  // A list of lists (all_gather's outputs, gather's on the root, ...).
   std::vector<std::vector<at::Tensor>>& lists(std::vector<std::vector<at::Tensor>>& ls, bool written) {
-    if (ls.empty()) return ls;
-    std::vector<at::Tensor>& first = list(ls[0], written);
-    if (&first == &ls[0]) return ls;
-    return nested_.emplace_back(std::vector<std::vector<at::Tensor>>{first});
+    bool any = false;
+    for (const auto& l : ls)
+      for (const at::Tensor& t : l) any = any || needs(t);
+    if (!any) return ls;
+    std::vector<std::vector<at::Tensor>>& copy = nested_.emplace_back();
+    for (auto& l : ls) copy.push_back(list(l, written));
+    return copy;
   }
 
   // The call's Work, after the written copies are back in the caller's tensors.

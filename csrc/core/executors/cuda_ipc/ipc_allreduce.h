@@ -82,13 +82,14 @@ inline void raise_abort_word(uint64_t* word, uint64_t code) {
 
 // The largest message the "auto" schedule runs one-shot among `ranks` ranks.
 // One-shot's latency is one phase, two-shot's two; one-shot reads the n-1
-// peers' data, two-shot 2(n-1)/n of it. With 2 ranks that is the same bytes,
-// so one-shot at every size that fits a slot; with more, latency decides up
-// to a few hundred KiB. vLLM's custom allreduce draws its lines at the same
-// places (one stage for 2 GPUs at every size, up to 512 KiB for 4, 256 KiB
-// for 8).
+// peers' data, two-shot 2(n-1)/n of it: with 2 ranks the same bytes, with
+// more, latency decides up to a few hundred KiB (vLLM's custom allreduce:
+// 512 KiB for up to 4 GPUs, 256 KiB for 8). Yet the one-kernel one-shot has
+// at most kFusedMaxBlocks blocks, so from a few MiB its bandwidth falls
+// behind: 2 ranks sharing an H100 took 22 us one-shot against two-shot's
+// 41 us at 1 MiB, but 75 against 41 us at 8 MiB (docs/measurements.md).
 inline int64_t default_one_shot_max_bytes(int ranks) {
-  return ranks <= 2 ? INT64_MAX : ranks <= 4 ? 512 * 1024 : 256 * 1024;
+  return ranks <= 2 ? 2 * 1024 * 1024 : ranks <= 4 ? 512 * 1024 : 256 * 1024;
 }
 
 // The "auto" schedule: one-shot for messages that fit one slot, up to
