@@ -11,8 +11,10 @@ from client_launch import run_client
     "dtensor_client.py",     # tensor + sequence parallel, redistribute, full_tensor
     "lightning_client.py",   # Trainer.fit, DDP, float and integer metrics with sync_dist=True
     "accelerate_client.py",  # Accelerator on a process group created as fastpar first
+    "ddp_tools_client.py",   # channels_last DDP, ZeroRedundancyOptimizer, PowerSGD, Join, object collectives
 ])
 def test_client_on_fastpar_equals_gloo(client, tmp_path):
     outs = run_client(client, tmp_path)
     for rank, out in enumerate(outs):
         assert f"rank {rank}: " in out and "equals gloo" in out, out
+        assert "Traceback" not in out, out
