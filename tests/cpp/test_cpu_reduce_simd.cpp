@@ -184,6 +184,17 @@ int main() {
     bf16* d[] = {o.data()};
     cpu_reduce_range_isa<bf16, ReduceOp::SUM>(CpuIsa(isa), s, 2, d, 1, 0, 32, 2);
     CHECK(o[0].bits == 0x3f80 && o[31].bits == 0x3f80);
+    // bf16: a subnormal result (2^-130 + 2^-130 = 2^-129 = bf16 0x0010) among
+    // normal ones is kept, not flushed (AVX512-BF16's VCVTNE2PS2BF16 would
+    // flush it: that vector takes the integer rounding), in an even lane of
+    // one 32-element block and an odd lane of the next.
+    std::vector<bf16> p(64, to_bf16(3.f)), q(64, to_bf16(0.5f)), r(64);
+    p[6] = q[6] = p[32 + 9] = q[32 + 9] = bf16{0x0008};  // 2^-130
+    const bf16* ps[] = {p.data(), q.data()};
+    bf16* pd[] = {r.data()};
+    cpu_reduce_range_isa<bf16, ReduceOp::SUM>(CpuIsa(isa), ps, 2, pd, 1, 0, 64, 2);
+    CHECK(r[6].bits == 0x0010 && r[32 + 9].bits == 0x0010 && r[0].bits == to_bf16(3.5f).bits &&
+          r[63].bits == to_bf16(3.5f).bits);
     // fp16: 2048 + 1 + 1 accumulates in fp32 (2050), not 2048 + 1 -> 2048 twice.
     std::vector<f16> x(32, to_f16(2048.f)), y(32, to_f16(1.f)), z(32);
     const f16* hs[] = {x.data(), y.data(), y.data()};

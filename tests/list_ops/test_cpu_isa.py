@@ -1,5 +1,5 @@
 """The CPU reduce loops give the same bits on every instruction set fastpar can
-pick (FASTPAR_CPU_ISA=scalar|avx2|avx512, each in its own process since the
+pick (FASTPAR_CPU_ISA=scalar|avx2|avx512|avx512_bf16, each in its own process since the
 choice is made once per process), and the same bits as torch's fp32
 reference for float16/bfloat16: widen, sum in rank order, round once."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 import fastpar
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-ISAS = ["scalar", "avx2", "avx512"]
+ISAS = ["scalar", "avx2", "avx512", "avx512_bf16"]  # each has every instruction of the ones before
 
 # Run in a child: every op and dtype on tensors with odd lengths and an
 # unaligned view, a digest of every result's bytes, and whether each matched
@@ -88,8 +88,8 @@ def test_bad_isa_names_the_variable():
     assert "FASTPAR_CPU_ISA is 'sse9'" in p.stderr, p.stderr[-2000:]
 
 
-@pytest.mark.skipif(fastpar._C.cpu_isa_supported() == "avx512", reason="this CPU has every ISA")
+@pytest.mark.skipif(fastpar._C.cpu_isa_supported() == ISAS[-1], reason="this CPU has every ISA")
 def test_isa_beyond_the_cpu_is_an_error():
-    p = run_child("avx512", "import torch, fastpar; fastpar.allreduce([torch.ones(8), torch.ones(8)])")
+    p = run_child(ISAS[-1], "import torch, fastpar; fastpar.allreduce([torch.ones(8), torch.ones(8)])")
     assert p.returncode != 0
     assert "supports at most" in p.stderr, p.stderr[-2000:]

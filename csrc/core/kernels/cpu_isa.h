@@ -4,7 +4,7 @@
 //
 // Every choice gives the same bits (see cpu_reduce_simd.h), so ranks on
 // different machines may pick differently. The torch layer may force a
-// choice (FASTPAR_CPU_ISA=scalar|avx2|avx512, read in
+// choice (FASTPAR_CPU_ISA=scalar|avx2|avx512|avx512_bf16, read in
 // torch/distributed/knobs.cpp: benchmarks, tests, bisecting); asking for more
 // than the CPU has is an error, not a silent fallback.
 #pragma once
@@ -15,12 +15,14 @@
 
 namespace fastpar {
 
-enum class CpuIsa : int { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+// Each level has every instruction of the ones below it.
+enum class CpuIsa : int { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Bf16 = 3 };
 
 inline const char* cpu_isa_name(CpuIsa isa) {
   switch (isa) {
     case CpuIsa::kAvx2: return "avx2";
     case CpuIsa::kAvx512: return "avx512";
+    case CpuIsa::kAvx512Bf16: return "avx512_bf16";
     default: return "scalar";
   }
 }
@@ -33,13 +35,15 @@ inline const char* cpu_isa_name(CpuIsa isa) {
 
 // The best the CPU (and OS: __builtin_cpu_supports checks XCR0 state) offers.
 // AVX2 needs F16C for the fp16 conversions; AVX-512 needs BW/VL for 16-bit
-// lanes. AVX512-BF16 is not used: its VCVTNEPS2BF16 flushes subnormal results
-// to zero, so it would not round as the scalar path (and torch) do.
+// lanes; AVX512-BF16 (the fp32 -> bf16 conversion in one instruction) needs DQ
+// for VFPCLASSPS, which finds the subnormals that instruction would flush.
 inline CpuIsa cpu_isa_supported() {
 #if FASTPAR_X86_SIMD
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"))
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl")) {
+    if (__builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bf16")) return CpuIsa::kAvx512Bf16;
     return CpuIsa::kAvx512;
+  }
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) return CpuIsa::kAvx2;
 #endif
   return CpuIsa::kScalar;
@@ -58,17 +62,18 @@ inline CpuIsa cpu_isa() {
   return forced < 0 ? best : CpuIsa(forced);
 }
 
-// "auto" (the best supported), "scalar", "avx2" or "avx512"; `what` names the
-// setting in the errors.
+// "auto" (the best supported), "scalar", "avx2", "avx512" or "avx512_bf16";
+// `what` names the setting in the errors.
 inline void use_cpu_isa(const std::string& name, const std::string& what) {
   const CpuIsa best = cpu_isa_supported();
   CpuIsa want = best;
   if (name == "scalar") want = CpuIsa::kScalar;
   else if (name == "avx2") want = CpuIsa::kAvx2;
   else if (name == "avx512") want = CpuIsa::kAvx512;
+  else if (name == "avx512_bf16") want = CpuIsa::kAvx512Bf16;
   else if (name != "auto" && !name.empty())
     throw std::invalid_argument("fastpar: " + what + " is '" + name +
-                                "' but must be 'auto', 'scalar', 'avx2' or 'avx512'");
+                                "' but must be 'auto', 'scalar', 'avx2', 'avx512' or 'avx512_bf16'");
   if (int(want) > int(best))
     throw std::invalid_argument("fastpar: " + what + " is '" + name + "' but this CPU supports at most '" +
                                 cpu_isa_name(best) + "'");

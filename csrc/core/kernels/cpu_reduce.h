@@ -75,7 +75,11 @@ inline void reduce_block_isa(CpuIsa isa, const T* const* s, int nsrc, int64_t b,
                              int contributions) {
 #if FASTPAR_X86_SIMD
   if constexpr (has_simd_reduce<T>()) {
-    if (isa == CpuIsa::kAvx512) return simd_avx512::reduce_block<T, OP, K>(s, nsrc, b, out, len, contributions);
+    // AVX512-BF16 changes bfloat16's stores only: other dtypes take AVX-512.
+    if constexpr (std::is_same_v<T, bf16>)
+      if (isa == CpuIsa::kAvx512Bf16)
+        return simd_avx512bf16::reduce_block<T, OP, K>(s, nsrc, b, out, len, contributions);
+    if (isa >= CpuIsa::kAvx512) return simd_avx512::reduce_block<T, OP, K>(s, nsrc, b, out, len, contributions);
     if (isa == CpuIsa::kAvx2) return simd_avx2::reduce_block<T, OP, K>(s, nsrc, b, out, len, contributions);
   }
 #endif
@@ -171,7 +175,7 @@ void cpu_accumulate_range_isa(CpuIsa isa, const acc_t<T>* prev_acc, const T* pre
                               acc_t<T>* out_acc, int64_t begin, int64_t end) {
 #if FASTPAR_X86_SIMD
   if constexpr (has_simd_reduce<T>()) {
-    if (isa == CpuIsa::kAvx512)
+    if (isa >= CpuIsa::kAvx512)  // (it stores fp32 accumulators only: no bf16 stores)
       return simd_avx512::fold_range<T, OP, false>(prev_acc, prev_data, mine, out_acc, nullptr, begin, end, 1);
     if (isa == CpuIsa::kAvx2)
       return simd_avx2::fold_range<T, OP, false>(prev_acc, prev_data, mine, out_acc, nullptr, begin, end, 1);
@@ -190,7 +194,11 @@ void cpu_finish_range_isa(CpuIsa isa, const acc_t<T>* prev_acc, const T* prev_da
                           int64_t begin, int64_t end, int contributions) {
 #if FASTPAR_X86_SIMD
   if constexpr (has_simd_reduce<T>()) {
-    if (isa == CpuIsa::kAvx512)
+    if constexpr (std::is_same_v<T, bf16>)
+      if (isa == CpuIsa::kAvx512Bf16)
+        return simd_avx512bf16::fold_range<T, OP, true>(prev_acc, prev_data, mine, nullptr, out, begin, end,
+                                                        contributions);
+    if (isa >= CpuIsa::kAvx512)
       return simd_avx512::fold_range<T, OP, true>(prev_acc, prev_data, mine, nullptr, out, begin, end, contributions);
     if (isa == CpuIsa::kAvx2)
       return simd_avx2::fold_range<T, OP, true>(prev_acc, prev_data, mine, nullptr, out, begin, end, contributions);
