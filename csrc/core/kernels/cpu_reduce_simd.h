@@ -196,15 +196,15 @@ inline vf vmax(vf a, vf b) {
 FASTPAR_TARGET_POP
 
 // ------------------------------------------------ AVX-512 with AVX512-BF16
-// The AVX-512 loops with bfloat16 stores by VCVTNE2PS2BF16: 1.4-1.7x the
-// AVX-512 rate of a two-source bf16 sum in cache on our EPYC (one conversion
-// and one permute per 32 elements instead of two integer roundings).
+// The AVX-512 loops with bfloat16 stores by VCVTNE2PS2BF16: one conversion
+// and one permute per 32 elements instead of two integer roundings. On a
+// 2-vCPU EPYC, fastpar.allreduce of two bf16 tensors ran 1.11-1.24x the
+// AVX-512 rate from 64 KiB to 4 MiB (benchmarks/bench_cpu_isa.py).
 FASTPAR_TARGET_PUSH_AVX512BF16
 namespace fastpar {
 namespace simd_avx512bf16 {
 
 using simd_avx512::add;
-using simd_avx512::bf16_high_bits;
 using simd_avx512::div;
 using simd_avx512::kLanes;
 using simd_avx512::load;

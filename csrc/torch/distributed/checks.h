@@ -1,7 +1,9 @@
 // Every argument check of the torch.distributed backend, once, for every
 // device: the front (backend.h) runs them before it picks an engine, so a
 // bad call gets the same words on CPU and CUDA tensors and no engine checks
-// again. Each message names the op (as torch.distributed spells it), the
+// again. What one engine cannot serve but another can is not a bad call:
+// CUDA tensors' layouts, dtypes and reduce ops the IPC kernels lack go to the
+// CUDA engine's route (reducible(), route.h). Each message names the op (as torch.distributed spells it), the
 // argument, the index and both values, e.g.
 //   "fastpar.all_gather: output_tensors[0][1] has 4 elements but 3 were expected (...)"
 // tests/common/scenarios_collectives.py (sc_bad_input), tests/c10d/
