@@ -324,6 +324,7 @@ def sc_strided():
     check(t, sum(xs).reshape(-1, 4), "fastpar.distributed.all_reduce, transposed")
     finish()
 
+
 def sc_bad_input():
     """Mistakes are caught before any work, with argument, index and values;
     the communicator stays usable afterwards."""
