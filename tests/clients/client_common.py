@@ -16,10 +16,17 @@ TMP = os.environ["CLIENT_TMP"]
 BACKENDS = ("gloo", "fastpar")  # gloo first: the reference exists even when fastpar fails
 
 
+_GROUPS = [0]  # groups this process has made: each rendezvous gets a file of its own
+
+
 def init(backend: str) -> None:
-    """The default group on `backend`, rendezvous through a file of its own."""
-    dist.init_process_group(backend, init_method=f"file://{TMP}/{backend}.store", rank=RANK, world_size=WORLD,
-                            timeout=datetime.timedelta(seconds=60))
+    """The default group on `backend`, rendezvous through a file of its own:
+    a FileStore file outlives its group until every rank has closed it, so a
+    name used again could hand a rank the keys of the group before (a gloo
+    address no longer listening)."""
+    _GROUPS[0] += 1
+    dist.init_process_group(backend, init_method=f"file://{TMP}/{backend}-{_GROUPS[0]}.store", rank=RANK,
+                            world_size=WORLD, timeout=datetime.timedelta(seconds=60))
     assert dist.get_backend() == backend, dist.get_backend()
 
 
