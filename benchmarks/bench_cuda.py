@@ -43,8 +43,6 @@ import gpu_summary as gs  # noqa: E402
 from launch import run_ranks  # noqa: E402
 
 KiB, MiB = gs.KiB, gs.MiB
-# The sizes 2 ranks run one-shot (cuda_ipc::default_one_shot_max_bytes) and ran two-shot before.
-ONE_SHOT_2_RANKS = (256 * KiB, 2 * MiB)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PARTS = ("lists", "host", "ipc")
 
@@ -337,7 +335,7 @@ def ipc_worker(args) -> None:
 
     def two_shot_above_256k(size):
         """The schedule 2 ranks ran from 256 KiB before one-shot took the
-        sizes up to 2 MiB: the baseline of that choice, in the same run."""
+        sizes up to its limit: the baseline of that choice, in the same run."""
         engine = fd.get_fastpar_backend().cuda_engine
         engine._set_one_shot_max_bytes(256 * KiB)
         try:
@@ -349,8 +347,10 @@ def ipc_worker(args) -> None:
         series(name, args.ipc_sizes, lambda size: plain(group, size))
     if n == 2:  # 3 and 4 ranks are measured against 2 on the plain all_reduce only (the time it takes)
         series("fastpar direct", [s for s in args.ipc_sizes if s <= 256 * KiB], direct)
-        lo, hi = ONE_SHOT_2_RANKS
-        series("fastpar two-shot above 256 KiB", [s for s in args.ipc_sizes if lo < s <= hi], two_shot_above_256k)
+        # the sizes 2 ranks now run one-shot and ran two-shot before
+        hi = fd.get_fastpar_backend().cuda_engine.one_shot_max_bytes
+        series("fastpar two-shot above 256 KiB", [s for s in args.ipc_sizes if 256 * KiB < s <= hi],
+               two_shot_above_256k)
         # The same all_reduce on registered tensors (registered_empty: no
         # copy-in); the registered two-shot runs above the one-shot sizes.
         series("fastpar registered", [s for s in args.ipc_sizes if s > 256 * KiB], registered)

@@ -68,6 +68,8 @@ Backend::Backend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int siz
   if (world) cpu_hier_ = c10::make_intrusive<HierarchicalEngine>(rank, size, std::move(hosts), shm_, leaders, world);
 }
 
+Backend::~Backend() { drop_without_gil(cuda_, cpu_hier_, shm_); }
+
 c10::intrusive_ptr<c10d::Backend::Options> Backend::getBackendOptions() {
   return c10::make_intrusive<Options>("fastpar", timeout_);
 }

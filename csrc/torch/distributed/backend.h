@@ -49,6 +49,8 @@ class Backend : public c10d::Backend {
   Backend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::chrono::milliseconds timeout,
           std::vector<int> local_ranks, std::vector<int> global_ranks, c10::intrusive_ptr<c10d::Backend> leaders,
           c10::intrusive_ptr<c10d::Backend> world, std::vector<int> hosts, c10::intrusive_ptr<Engine> cuda);
+  // Drops the engines without the GIL (engine.h: drop_without_gil).
+  ~Backend() override;
 
   const std::string getBackendName() const override { return "fastpar"; }
   c10::intrusive_ptr<Options> getBackendOptions() override;

@@ -57,7 +57,10 @@ CudaEngine::CudaEngine(c10::intrusive_ptr<c10d::Store> store, int rank, int size
   TORCH_CHECK_VALUE(fallback_, "fastpar.CudaEngine: fallback is None but a backend for CUDA tensors is required");
 }
 
-CudaEngine::~CudaEngine() { release_ipc(/*farewell=*/false); }
+CudaEngine::~CudaEngine() {
+  release_ipc(/*farewell=*/false);
+  drop_without_gil(fallback_);  // NCCL's destructor joins its watchdog thread
+}
 
 c10::intrusive_ptr<c10d::Backend::Options> CudaEngine::getBackendOptions() {
   return c10::make_intrusive<Options>("fastpar", timeout_);
@@ -395,6 +398,7 @@ fastpar._C.Backend, which hands it the checked calls on CUDA tensors.)")
       .def_property_readonly("fallback_calls", &CudaEngine::fallback_calls)
       .def_property_readonly("max_ipc_bytes", &CudaEngine::max_ipc_bytes)
       .def("_set_one_shot_max_bytes", &CudaEngine::set_one_shot_max_bytes, py::arg("bytes"))
+      .def_property_readonly("one_shot_max_bytes", &CudaEngine::one_shot_max_bytes)
       .def_property_readonly("blocking_wait", &CudaEngine::blocking_wait)
       .def_property_readonly("fallback", &CudaEngine::fallback);
 }

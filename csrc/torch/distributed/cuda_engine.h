@@ -146,6 +146,11 @@ class CudaEngine : public Engine {
   // many bytes (-1: cuda_ipc::default_one_shot_max_bytes). Every rank must
   // set the same (a mix fails with a descriptor mismatch).
   void set_one_shot_max_bytes(int64_t bytes);
+  // The limit in force for this group.
+  int64_t one_shot_max_bytes() const {
+    const int64_t set = one_shot_max_bytes_;
+    return set >= 0 ? set : cuda_ipc::default_one_shot_max_bytes(getSize());
+  }
   bool blocking_wait() const { return blocking_wait_; }
   c10::intrusive_ptr<c10d::Backend> fallback() const { return fallback_; }
 

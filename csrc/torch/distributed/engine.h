@@ -11,10 +11,12 @@
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/utils/pybind.h>
 #include <torch/extension.h>
 
 #include "c10d_compat.h"
 
+#include <optional>
 #include <vector>
 
 namespace fastpar {
@@ -56,6 +58,21 @@ class Engine : public c10d::Backend {
                                                     const c10d::GatherOptions& opts) override;
 #endif
 };
+
+// Resets `owned` (the gloo / NCCL groups and engines an object holds), without
+// the GIL when this thread holds it. gloo's and NCCL's destructors wait for
+// their worker threads, and a worker may at that moment be freeing a finished
+// Work whose tensors have Python objects, which takes the GIL; Python frees
+// fastpar's backend objects while holding it (pybind), so dropping their
+// groups with it can deadlock: a 2-host group's destroy_process_group did,
+// about once in ten (tests/faults: test_fake_hosts_exit). torch's own
+// ProcessGroup holder releases the GIL for the same reason.
+template <class... Owned>
+void drop_without_gil(Owned&... owned) {
+  std::optional<pybind11::gil_scoped_release> no_gil;
+  if (Py_IsInitialized() && PyGILState_Check()) no_gil.emplace();
+  (owned.reset(), ...);
+}
 
 // A Work for a call whose steps are all enqueued: its Future holds `outputs`
 // and is complete on the current stream of their device (at once on the CPU).

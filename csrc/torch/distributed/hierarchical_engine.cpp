@@ -4,7 +4,6 @@
 #include "hierarchical_engine.h"
 
 #include <ATen/core/ivalue.h>
-#include <torch/csrc/utils/pybind.h>
 
 #include <algorithm>
 #include <numeric>
@@ -118,20 +117,7 @@ void HierarchicalEngine::setTimeout(std::chrono::milliseconds timeout) {
   world_->setTimeout(timeout);
 }
 
-// gloo's (and NCCL's) destructor waits for the group's worker threads, and a
-// worker may at that moment be freeing a finished Work whose tensors have
-// Python objects, which takes the GIL. Python frees this engine (pybind holds
-// the GIL then), so the groups are dropped without it, as torch's own
-// ProcessGroup holder does; with it, a 2-host group's destroy_process_group
-// deadlocked about once in ten (tests/faults: test_fake_hosts_exit).
-HierarchicalEngine::~HierarchicalEngine() {
-  if (Py_IsInitialized() && PyGILState_Check()) {
-    pybind11::gil_scoped_release no_gil;
-    leaders_.reset();
-    world_.reset();
-    local_.reset();
-  }
-}
+HierarchicalEngine::~HierarchicalEngine() { drop_without_gil(leaders_, world_, local_); }
 
 void HierarchicalEngine::shutdown() {
   local_->shutdown();

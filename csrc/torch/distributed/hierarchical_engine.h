@@ -44,7 +44,7 @@ class HierarchicalEngine : public Engine {
   // host_of[r]: rank r's host, hosts numbered in order of their lowest rank.
   HierarchicalEngine(int rank, int size, std::vector<int> host_of, c10::intrusive_ptr<c10d::Backend> local,
                       c10::intrusive_ptr<c10d::Backend> leaders, c10::intrusive_ptr<c10d::Backend> world);
-  // Drops the groups without the GIL (hierarchical_engine.cpp says why).
+  // Drops the groups without the GIL (engine.h: drop_without_gil).
   ~HierarchicalEngine() override;
 
   void setTimeout(std::chrono::milliseconds timeout) override;
