@@ -35,7 +35,8 @@ def test_every_method_of_the_installed_torch_is_in_the_table():
 def test_the_methods_marked_fastpar_are_the_ones_the_backend_overrides():
     with open(os.path.join(ROOT, "csrc", "torch", "distributed", "backend.h")) as f:
         code = "".join(line for line in f if not line.lstrip().startswith(("#", "//")))
-    overridden = set(re.findall(r"\b(\w+)\([^;{]*\)\s*(?:const\s*)?override", code))
+    # every overriding method but the destructor (~Backend), which is no c10d call
+    overridden = set(re.findall(r"(?<!~)\b(\w+)\([^;{]*\)\s*(?:const\s*)?override", code))
     marked = {name for name, status in table().items() if status == "fastpar"}
     assert marked == overridden, f"marked but not overridden: {sorted(marked - overridden)}; " \
                                  f"overridden but not marked: {sorted(overridden - marked)}"
