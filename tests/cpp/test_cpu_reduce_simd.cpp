@@ -86,9 +86,12 @@ int count_mismatches(const std::vector<T>& a, const std::vector<T>& b, int64_t f
 }
 
 // Sources are slices of one buffer each at `offset` elements (unaligned for
-// offset > 0); the scalar and the vector run get identical copies.
+// offset > 0); the scalar and the vector run get identical copies. Out of
+// place: `outputs` destinations (1 or 2: the loops write them directly unless
+// streaming; more are staged).
 template <typename T, ReduceOp OP>
-void check_reduce(CpuIsa isa, int nsrc, int64_t len, int64_t offset, bool in_place, bool streaming) {
+void check_reduce(CpuIsa isa, int nsrc, int64_t len, int64_t offset, bool in_place, bool streaming,
+                  int outputs = 2) {
   const size_t cap = size_t(len + offset + 1);
   std::vector<std::vector<T>> in(static_cast<size_t>(nsrc), std::vector<T>(cap, T{}));
   for (auto& v : in)
@@ -100,12 +103,12 @@ void check_reduce(CpuIsa isa, int nsrc, int64_t len, int64_t offset, bool in_pla
     if (in_place) {
       for (auto& v : bufs) d.push_back(v.data() + offset);
     } else {
-      for (auto& v : outs) d.push_back(v.data() + offset);
+      for (int o = 0; o < outputs; ++o) d.push_back(outs[size_t(o)].data() + offset);
     }
     cpu_reduce_range_isa<T, OP>(which, s.data(), nsrc, d.data(), int(d.size()), 0, len, nsrc, streaming);
   };
   auto a = in, b = in;
-  std::vector<std::vector<T>> oa(2, std::vector<T>(cap, T{})), ob(2, std::vector<T>(cap, T{}));
+  std::vector<std::vector<T>> oa(size_t(outputs), std::vector<T>(cap, T{})), ob(oa);
   run(CpuIsa::kScalar, a, oa);
   run(isa, b, ob);
   auto& ra = in_place ? a : oa;
@@ -153,6 +156,8 @@ void check_all(CpuIsa isa) {
       for (int64_t offset : {0, 1, 3}) {
         check_reduce<T, OP>(isa, nsrc, len, offset, /*in_place=*/true, /*streaming=*/false);
         check_reduce<T, OP>(isa, nsrc, len, offset, /*in_place=*/false, /*streaming=*/offset == 0);
+        check_reduce<T, OP>(isa, nsrc, len, offset, /*in_place=*/false, /*streaming=*/false, /*outputs=*/1);
+        check_reduce<T, OP>(isa, nsrc, len, offset, /*in_place=*/false, /*streaming=*/false, /*outputs=*/3);
       }
     }
   }

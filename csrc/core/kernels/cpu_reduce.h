@@ -1,11 +1,14 @@
 // The CPU reduce loop: read n sources, reduce in a fixed order (0, 1, ..., n-1),
 // write the one result to m destinations.
 //
-// Why blocks: a block of kCpuBlock results is computed into a small buffer in
-// L1, then copied to each destination; memory traffic stays at the minimum
-// (every source read once, every destination written once), and destinations
-// may alias sources element for element (in-place allreduce), since a block is
-// fully read before any of it is written.
+// Why blocks: one or two destinations take the results directly, as each
+// vector is formed; more, or outputs larger than the caches, have a block of
+// kCpuBlock results computed into a small buffer in L1 and then copied to each
+// destination (with non-temporal stores when streaming). Either way memory
+// traffic stays at the minimum (every source read once, every destination
+// written once), and destinations may alias sources element for element
+// (in-place allreduce): each vector reads its elements of every source before
+// it writes them, and a staged block is fully read before any of it is written.
 //
 // float32, float16 and bfloat16 blocks are computed by the vector loops of
 // cpu_reduce_simd.h when the CPU has AVX2 or AVX-512 (cpu_isa()), with the
@@ -62,6 +65,12 @@ inline void write_block(T* const* dsts, int ndst, int64_t b, const T* out, int64
   }
 }
 
+// Whether the loops write the destinations directly (above). Measured on our
+// 2-core EPYC, 2 sources, 256 KiB and 1 MiB: 1.2-1.4x faster than staging and
+// copying for one destination, float32 and bfloat16 alike, and 1.3-1.5x for
+// bfloat16 with two (the list op's in-place pair).
+inline bool direct(int ndst, bool streaming) { return ndst <= 2 && !streaming; }
+
 // K sources known at compile time (the common 2..8): one element-wise pass with
 // the sources unrolled, the value kept in a register, the block staged in `out`
 // (L1) and then copied to each destination. Measured on our 2-core EPYC,
@@ -71,16 +80,16 @@ inline void write_block(T* const* dsts, int ndst, int64_t b, const T* out, int64
 // One block, out[i] = finalize(s[0][b+i] (+) ... (+) s[n-1][b+i]), on `isa`
 // (K sources at compile time, or K == 0 and nsrc).
 template <typename T, ReduceOp OP, int K>
-inline void reduce_block_isa(CpuIsa isa, const T* const* s, int nsrc, int64_t b, T* out, int64_t len,
+inline void reduce_block_isa(CpuIsa isa, const T* const* s, int nsrc, int64_t b, T* out, T* also, int64_t len,
                              int contributions) {
 #if FASTPAR_X86_SIMD
   if constexpr (has_simd_reduce<T>()) {
     // AVX512-BF16 changes bfloat16's stores only: other dtypes take AVX-512.
     if constexpr (std::is_same_v<T, bf16>)
       if (isa == CpuIsa::kAvx512Bf16)
-        return simd_avx512bf16::reduce_block<T, OP, K>(s, nsrc, b, out, len, contributions);
-    if (isa >= CpuIsa::kAvx512) return simd_avx512::reduce_block<T, OP, K>(s, nsrc, b, out, len, contributions);
-    if (isa == CpuIsa::kAvx2) return simd_avx2::reduce_block<T, OP, K>(s, nsrc, b, out, len, contributions);
+        return simd_avx512bf16::reduce_block<T, OP, K>(s, nsrc, b, out, also, len, contributions);
+    if (isa >= CpuIsa::kAvx512) return simd_avx512::reduce_block<T, OP, K>(s, nsrc, b, out, also, len, contributions);
+    if (isa == CpuIsa::kAvx2) return simd_avx2::reduce_block<T, OP, K>(s, nsrc, b, out, also, len, contributions);
   }
 #endif
   (void)isa;
@@ -90,6 +99,7 @@ inline void reduce_block_isa(CpuIsa isa, const T* const* s, int nsrc, int64_t b,
 #pragma GCC unroll 8
     for (int k = 1; k < n; ++k) v = combine<OP>(v, load_acc(s[k][b + i]));
     out[i] = store_acc<T>(finalize<OP>(v, contributions));
+    if (also) also[i] = out[i];
   }
 }
 
@@ -105,9 +115,14 @@ void cpu_reduce_range_k(CpuIsa isa, const T* const* srcs, T* const* dsts, int nd
   alignas(64) T out[kCpuBlock];
   const T* s[K];
   for (int k = 0; k < K; ++k) s[k] = srcs[k];
+  if (direct(ndst, streaming)) {
+    reduce_block_isa<T, OP, K>(isa, s, K, begin, dsts[0] + begin, ndst == 2 ? dsts[1] + begin : nullptr,
+                               end - begin, contributions);
+    return;
+  }
   for (int64_t b = begin; b < end; b += kCpuBlock) {
     const int64_t len = std::min<int64_t>(kCpuBlock, end - b);
-    reduce_block_isa<T, OP, K>(isa, s, K, b, out, len, contributions);
+    reduce_block_isa<T, OP, K>(isa, s, K, b, out, nullptr, len, contributions);
     write_block(dsts, ndst, b, out, len, streaming);
   }
   if (streaming) stream_store_fence();
@@ -133,9 +148,14 @@ void cpu_reduce_range_isa(CpuIsa isa, const T* const* srcs, int nsrc, T* const* 
   if (has_simd_reduce<T>() && isa != CpuIsa::kScalar) {
     // The vector loop keeps each vector of partial results in a register
     // across all sources, like the unrolled case.
+    if (direct(ndst, streaming)) {
+      reduce_block_isa<T, OP, 0>(isa, srcs, nsrc, begin, dsts[0] + begin, ndst == 2 ? dsts[1] + begin : nullptr,
+                                 end - begin, contributions);
+      return;
+    }
     for (int64_t b = begin; b < end; b += kCpuBlock) {
       const int64_t len = std::min<int64_t>(kCpuBlock, end - b);
-      reduce_block_isa<T, OP, 0>(isa, srcs, nsrc, b, out, len, contributions);
+      reduce_block_isa<T, OP, 0>(isa, srcs, nsrc, b, out, nullptr, len, contributions);
       write_block(dsts, ndst, b, out, len, streaming);
     }
     if (streaming) stream_store_fence();
