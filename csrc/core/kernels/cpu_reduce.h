@@ -1,14 +1,16 @@
 // The CPU reduce loop: read n sources, reduce in a fixed order (0, 1, ..., n-1),
 // write the one result to m destinations.
 //
-// Why blocks: one or two destinations take the results directly, as each
-// vector is formed; more, or outputs larger than the caches, have a block of
-// kCpuBlock results computed into a small buffer in L1 and then copied to each
-// destination (with non-temporal stores when streaming). Either way memory
-// traffic stays at the minimum (every source read once, every destination
-// written once), and destinations may alias sources element for element
-// (in-place allreduce): each vector reads its elements of every source before
-// it writes them, and a staged block is fully read before any of it is written.
+// Why blocks: on the vector paths, one or two destinations take the results
+// directly, as each vector is formed; with more, in the scalar loop, or for
+// outputs larger than the caches, a block of kCpuBlock results is computed
+// into a small buffer in L1 and then copied to each destination (with
+// non-temporal stores when streaming, see stream_store_block). Either way
+// memory traffic stays at the minimum (every source read once, every
+// destination written once), and destinations may alias sources element for
+// element (in-place allreduce): each vector reads its elements of every source
+// before it writes them, and a staged block is fully read before any of it is
+// written.
 //
 // float32, float16 and bfloat16 blocks are computed by the vector loops of
 // cpu_reduce_simd.h when the CPU has AVX2 or AVX-512 (cpu_isa()), with the
@@ -65,20 +67,21 @@ inline void write_block(T* const* dsts, int ndst, int64_t b, const T* out, int64
   }
 }
 
-// Whether the loops write the destinations directly (above). Measured on our
-// 2-core EPYC, 2 sources, 256 KiB and 1 MiB: 1.2-1.4x faster than staging and
-// copying for one destination, float32 and bfloat16 alike, and 1.3-1.5x for
-// bfloat16 with two (the list op's in-place pair).
-inline bool direct(int ndst, bool streaming) { return ndst <= 2 && !streaming; }
+// Whether the loops write the destinations directly (above): the vector
+// paths, into one or two. Measured on our 2-core EPYC, one thread, 2 sources
+// of 1 MiB: with one destination 1.3x (float32) and 1.6x (bfloat16) the speed
+// of staging and copying, with two (the in-place pair of the list op) 1.65x
+// and 1.8x. The scalar loop (other dtypes) stays staged: the compiler
+// vectorizes it into the staging block, which cannot alias the sources, but
+// not always into a destination that may (float64 MAX ran 1.2-1.8x slower).
+template <typename T>
+inline bool direct(CpuIsa isa, int ndst, bool streaming) {
+  return !streaming && (ndst == 1 || ndst == 2) && has_simd_reduce<T>() && isa != CpuIsa::kScalar;
+}
 
-// K sources known at compile time (the common 2..8): one element-wise pass with
-// the sources unrolled, the value kept in a register, the block staged in `out`
-// (L1) and then copied to each destination. Measured on our 2-core EPYC,
-// float32 SUM in place, 2 threads: 1.3-2x the generic loop below (k=8, 64 MiB:
-// 34 vs 17 GB/s), because the generic loop re-reads and re-writes its
-// accumulator block once per source.
 // One block, out[i] = finalize(s[0][b+i] (+) ... (+) s[n-1][b+i]), on `isa`
-// (K sources at compile time, or K == 0 and nsrc).
+// (K sources at compile time, or K == 0 and nsrc); the vector paths also write
+// also[i] the same unless `also` is null.
 template <typename T, ReduceOp OP, int K>
 inline void reduce_block_isa(CpuIsa isa, const T* const* s, int nsrc, int64_t b, T* out, T* also, int64_t len,
                              int contributions) {
@@ -92,30 +95,29 @@ inline void reduce_block_isa(CpuIsa isa, const T* const* s, int nsrc, int64_t b,
     if (isa == CpuIsa::kAvx2) return simd_avx2::reduce_block<T, OP, K>(s, nsrc, b, out, also, len, contributions);
   }
 #endif
-  (void)isa;
+  (void)isa, (void)also;  // direct() gives the scalar loop one destination, a staging block
   const int n = K > 0 ? K : nsrc;
   for (int64_t i = 0; i < len; ++i) {
     acc_t<T> v = load_acc(s[0][b + i]);
 #pragma GCC unroll 8
     for (int k = 1; k < n; ++k) v = combine<OP>(v, load_acc(s[k][b + i]));
     out[i] = store_acc<T>(finalize<OP>(v, contributions));
-    if (also) also[i] = out[i];
   }
 }
 
 // K sources known at compile time (the common 2..8): one element-wise pass with
-// the sources unrolled, the value kept in a register, the block staged in `out`
-// (L1) and then copied to each destination. Measured on our 2-core EPYC,
-// float32 SUM in place, 2 threads: 1.3-2x the generic loop below (k=8, 64 MiB:
-// 34 vs 17 GB/s), because the generic loop re-reads and re-writes its
-// accumulator block once per source.
+// the sources unrolled, the value kept in a register and written to the
+// destinations (directly, or by way of a staged block: see direct()). Measured
+// on our 2-core EPYC, float32 SUM in place, 2 threads: 1.3-2x the generic loop
+// below (k=8, 64 MiB: 34 vs 17 GB/s), because the generic loop re-reads and
+// re-writes its accumulator block once per source.
 template <typename T, ReduceOp OP, int K>
 void cpu_reduce_range_k(CpuIsa isa, const T* const* srcs, T* const* dsts, int ndst, int64_t begin, int64_t end,
                         int contributions, bool streaming) {
   alignas(64) T out[kCpuBlock];
   const T* s[K];
   for (int k = 0; k < K; ++k) s[k] = srcs[k];
-  if (direct(ndst, streaming)) {
+  if (direct<T>(isa, ndst, streaming)) {
     reduce_block_isa<T, OP, K>(isa, s, K, begin, dsts[0] + begin, ndst == 2 ? dsts[1] + begin : nullptr,
                                end - begin, contributions);
     return;
@@ -148,7 +150,7 @@ void cpu_reduce_range_isa(CpuIsa isa, const T* const* srcs, int nsrc, T* const* 
   if (has_simd_reduce<T>() && isa != CpuIsa::kScalar) {
     // The vector loop keeps each vector of partial results in a register
     // across all sources, like the unrolled case.
-    if (direct(ndst, streaming)) {
+    if (direct<T>(isa, ndst, streaming)) {
       reduce_block_isa<T, OP, 0>(isa, srcs, nsrc, begin, dsts[0] + begin, ndst == 2 ? dsts[1] + begin : nullptr,
                                  end - begin, contributions);
       return;
