@@ -95,7 +95,7 @@ inline void reduce_block_isa(CpuIsa isa, const T* const* s, int nsrc, int64_t b,
     if (isa == CpuIsa::kAvx2) return simd_avx2::reduce_block<T, OP, K>(s, nsrc, b, out, also, len, contributions);
   }
 #endif
-  (void)isa, (void)also;  // direct() gives the scalar loop one destination, a staging block
+  (void)isa, (void)also;  // never two destinations here: direct() stages the scalar loop's
   const int n = K > 0 ? K : nsrc;
   for (int64_t i = 0; i < len; ++i) {
     acc_t<T> v = load_acc(s[0][b + i]);
