@@ -105,6 +105,24 @@ inline void reduce_block_isa(CpuIsa isa, const T* const* s, int nsrc, int64_t b,
   }
 }
 
+// One pass over [begin, end) on `isa`: straight into the destinations where
+// direct() says so, else block by block through a staging buffer (K sources
+// at compile time, or K == 0 and nsrc).
+template <typename T, ReduceOp OP, int K>
+void reduce_range_blocks(CpuIsa isa, const T* const* s, int nsrc, T* const* dsts, int ndst, int64_t begin,
+                         int64_t end, int contributions, bool streaming) {
+  if (direct<T>(isa, ndst, streaming))
+    return reduce_block_isa<T, OP, K>(isa, s, nsrc, begin, dsts[0] + begin, ndst == 2 ? dsts[1] + begin : nullptr,
+                                      end - begin, contributions);
+  alignas(64) T out[kCpuBlock];
+  for (int64_t b = begin; b < end; b += kCpuBlock) {
+    const int64_t len = std::min<int64_t>(kCpuBlock, end - b);
+    reduce_block_isa<T, OP, K>(isa, s, nsrc, b, out, nullptr, len, contributions);
+    write_block(dsts, ndst, b, out, len, streaming);
+  }
+  if (streaming) stream_store_fence();
+}
+
 // K sources known at compile time (the common 2..8): one element-wise pass with
 // the sources unrolled, the value kept in a register and written to the
 // destinations (directly, or by way of a staged block: see direct()). Measured
@@ -114,20 +132,9 @@ inline void reduce_block_isa(CpuIsa isa, const T* const* s, int nsrc, int64_t b,
 template <typename T, ReduceOp OP, int K>
 void cpu_reduce_range_k(CpuIsa isa, const T* const* srcs, T* const* dsts, int ndst, int64_t begin, int64_t end,
                         int contributions, bool streaming) {
-  alignas(64) T out[kCpuBlock];
   const T* s[K];
   for (int k = 0; k < K; ++k) s[k] = srcs[k];
-  if (direct<T>(isa, ndst, streaming)) {
-    reduce_block_isa<T, OP, K>(isa, s, K, begin, dsts[0] + begin, ndst == 2 ? dsts[1] + begin : nullptr,
-                               end - begin, contributions);
-    return;
-  }
-  for (int64_t b = begin; b < end; b += kCpuBlock) {
-    const int64_t len = std::min<int64_t>(kCpuBlock, end - b);
-    reduce_block_isa<T, OP, K>(isa, s, K, b, out, nullptr, len, contributions);
-    write_block(dsts, ndst, b, out, len, streaming);
-  }
-  if (streaming) stream_store_fence();
+  reduce_range_blocks<T, OP, K>(isa, s, K, dsts, ndst, begin, end, contributions, streaming);
 }
 
 // `streaming`: the caller's outputs do not fit in cache (see stream_store_block).
@@ -146,25 +153,14 @@ void cpu_reduce_range_isa(CpuIsa isa, const T* const* srcs, int nsrc, T* const* 
     case 8: return cpu_reduce_range_k<T, OP, 8>(isa, srcs, dsts, ndst, begin, end, contributions, streaming);
     default: break;
   }
-  alignas(64) T out[kCpuBlock];
   if (has_simd_reduce<T>() && isa != CpuIsa::kScalar) {
     // The vector loop keeps each vector of partial results in a register
     // across all sources, like the unrolled case.
-    if (direct<T>(isa, ndst, streaming)) {
-      reduce_block_isa<T, OP, 0>(isa, srcs, nsrc, begin, dsts[0] + begin, ndst == 2 ? dsts[1] + begin : nullptr,
-                                 end - begin, contributions);
-      return;
-    }
-    for (int64_t b = begin; b < end; b += kCpuBlock) {
-      const int64_t len = std::min<int64_t>(kCpuBlock, end - b);
-      reduce_block_isa<T, OP, 0>(isa, srcs, nsrc, b, out, nullptr, len, contributions);
-      write_block(dsts, ndst, b, out, len, streaming);
-    }
-    if (streaming) stream_store_fence();
-    return;
+    return reduce_range_blocks<T, OP, 0>(isa, srcs, nsrc, dsts, ndst, begin, end, contributions, streaming);
   }
   // Any other count: a block of accumulators swept once per source, each sweep
   // a plain streaming loop the compiler turns into SIMD.
+  alignas(64) T out[kCpuBlock];
   using A = acc_t<T>;
   A acc[kCpuBlock];
   for (int64_t b = begin; b < end; b += kCpuBlock) {
