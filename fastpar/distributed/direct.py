@@ -27,7 +27,8 @@ from torch.distributed import ReduceOp
 
 from .backend import get_fastpar_backend
 
-_OPS = {ReduceOp.SUM: 0, ReduceOp.AVG: 1, ReduceOp.PRODUCT: 2, ReduceOp.MIN: 3, ReduceOp.MAX: 4}
+_OPS = {ReduceOp.SUM: 0, ReduceOp.AVG: 1, ReduceOp.PRODUCT: 2, ReduceOp.MIN: 3, ReduceOp.MAX: 4,
+        ReduceOp.BAND: 5, ReduceOp.BOR: 6, ReduceOp.BXOR: 7}
 _SUM = ReduceOp.SUM
 _NON_MEMBER = dist.GroupMember.NON_GROUP_MEMBER
 _world = dist.distributed_c10d._world
@@ -71,7 +72,7 @@ def _op_value(op) -> int:
         return _OPS[op]
     except (KeyError, TypeError):
         raise ValueError(f"fastpar.all_reduce: op {op!r} is not supported "
-                         "(supported: SUM, AVG, PRODUCT, MIN, MAX)") from None
+                         "(supported: SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR)") from None
 
 
 def all_reduce(tensor: torch.Tensor, op=ReduceOp.SUM, group=None) -> None:

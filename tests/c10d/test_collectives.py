@@ -47,6 +47,12 @@ def test_avg_of_integers_as_nccl_computes_it(request, device, layout, world):
 
 
 @pytest.mark.parametrize("device,layout,world", shapes(cpu_worlds=[2, 3], cuda_layouts=[]))
+@batched("bitwise_bool_complex")
+def test_bitwise_ops_bool_and_complex_tensors_as_gloo_reduces_them(request, device, layout, world):
+    assert_ok(scenario_result(request, device, layout, world, "bitwise_bool_complex"))
+
+
+@pytest.mark.parametrize("device,layout,world", shapes(cpu_worlds=[2, 3], cuda_layouts=[]))
 @batched("strided")
 def test_cpu_tensors_with_any_strides_as_gloo_takes_them(request, device, layout, world):
     assert_ok(scenario_result(request, device, layout, world, "strided"))

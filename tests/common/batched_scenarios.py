@@ -121,6 +121,7 @@ SCENARIOS = {
         "collectives": ("collectives", [], {}),
         "registered": ("registered", [], {}),
         "avg_integers": ("avg_integers", [], {}),
+        "bitwise_bool_complex": ("bitwise_bool_complex", [], {}),
         "strided": ("strided", [], {}),
     },
     "cuda": {

@@ -267,3 +267,80 @@ def sc_avg_integers():
             assert torch.equal(t, want), f"registered all_reduce AVG {tag}"
             del t
     finish()
+
+
+def _logical_or_bitwise(op, dtype):
+    """The pure-torch fold of `op` over ranks, as gloo computes it: on bool
+    SUM and MAX are an or, PRODUCT and MIN an and."""
+    if dtype == torch.bool:
+        op = {dist.ReduceOp.SUM: dist.ReduceOp.BOR, dist.ReduceOp.MAX: dist.ReduceOp.BOR,
+              dist.ReduceOp.PRODUCT: dist.ReduceOp.BAND, dist.ReduceOp.MIN: dist.ReduceOp.BAND}.get(op, op)
+    return {dist.ReduceOp.BAND: torch.bitwise_and, dist.ReduceOp.BOR: torch.bitwise_or,
+            dist.ReduceOp.BXOR: torch.bitwise_xor}[op]
+
+
+def sc_bitwise_bool_complex():
+    """What gloo reduces beyond the element math's dtypes and ops: BAND, BOR
+    and BXOR on every integer dtype; every op but AVG on bool tensors (SUM an
+    or, PRODUCT an and); SUM and AVG on complex tensors (their real and
+    imaginary parts). At sizes that take both schedules: all_reduce, reduce,
+    reduce_scatter_tensor and the direct call, against a fold of the ranks'
+    data; and the calls still refused."""
+    init()
+    bitwise = [dist.ReduceOp.BAND, dist.ReduceOp.BOR, dist.ReduceOp.BXOR]
+    arithmetic = [dist.ReduceOp.SUM, dist.ReduceOp.PRODUCT, dist.ReduceOp.MIN, dist.ReduceOp.MAX]
+    cases = [(dt, bitwise) for dt in (torch.int8, torch.uint8, torch.int32, torch.int64)]
+    cases += [(torch.bool, bitwise + arithmetic)]
+    cases += [(dt, [dist.ReduceOp.SUM, dist.ReduceOp.AVG]) for dt in (torch.complex64, torch.complex128)]
+    for dtype, ops in cases:
+        for n in (0, 1, 1000, 300_001):  # 300_001 elements: two-shot for every dtype
+            g = torch.Generator().manual_seed(n)
+            xs = [torch.randint(0, 256, (WORLD * n, 2), generator=g) for _ in range(WORLD)]
+            if dtype == torch.bool:
+                xs = [x[:, 0] > 127 for x in xs]
+            elif dtype.is_complex:  # small integers: every order sums them to the same bits
+                xs = [torch.view_as_complex((x - 128).to(dtype.to_real())) for x in xs]
+            else:
+                xs = [x[:, 0].to(dtype) * (-3 if dtype.is_signed else 1) for x in xs]
+            for op in ops:
+                if dtype.is_complex:
+                    want = torch.stack([torch.view_as_real(x) for x in xs]).sum(0)
+                    want = torch.view_as_complex(want / WORLD if op == dist.ReduceOp.AVG else want)
+                else:
+                    fold = _logical_or_bitwise(op, dtype)
+                    want = xs[0]
+                    for x in xs[1:]:
+                        want = fold(want, x)
+                tag = f"{op} {dtype} n={n}"
+                t = xs[RANK][:n].clone()
+                dist.all_reduce(t, op=op)
+                check(t, want[:n], f"all_reduce {tag}")
+                t = xs[RANK][:n].clone()
+                fd.all_reduce(t, op=op)
+                check(t, want[:n], f"direct all_reduce {tag}")
+                t = xs[RANK][:n].clone()
+                dist.reduce(t, dst=WORLD - 1, op=op)
+                check(t, want[:n] if RANK == WORLD - 1 else xs[RANK][:n], f"reduce {tag}")
+                o = torch.empty(n, dtype=dtype)
+                dist.reduce_scatter_tensor(o, xs[RANK], op=op)
+                check(o, want[RANK * n:(RANK + 1) * n], f"reduce_scatter_tensor {tag}")
+    refused = [  # (call, error type, words); dist.reduce: torch's all_reduce checks complex ops itself
+        (lambda: dist.all_reduce(torch.ones(3, dtype=torch.bool), op=dist.ReduceOp.AVG), ValueError,
+         "torch.bool, which has no mean"),
+        (lambda: dist.all_reduce(torch.ones(3), op=dist.ReduceOp.BAND), TypeError,
+         "op is ReduceOp.BAND, which reduces integer and bool tensors, but tensors[0] has dtype torch.float32"),
+        (lambda: dist.all_reduce(torch.ones(3, dtype=torch.int16)), TypeError,
+         "torch.int16, which fastpar does not reduce"),
+        (lambda: dist.reduce(torch.ones(3, dtype=torch.complex64), dst=0, op=dist.ReduceOp.MAX), ValueError,
+         "op is ReduceOp.MAX but tensors[0] has dtype torch.complex64, which reduces with SUM and AVG only"),
+        (lambda: dist.all_reduce(torch.ones(3), op=dist._make_nccl_premul_sum(2.0)), ValueError,
+         "op is ReduceOp.PREMUL_SUM, which fastpar does not support"),
+    ]
+    for call, kind, words in refused:
+        try:
+            call()
+        except kind as e:
+            assert words in str(e), f"expected {words!r} in: {e}"
+        else:
+            raise AssertionError(f"not refused: {words}")
+    finish()

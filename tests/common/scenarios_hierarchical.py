@@ -137,6 +137,18 @@ def hier_collectives(g, host: str, be=None):
     for q in range(n_ranks):
         check(outs[q], exact_data(q * n_ranks + me, 5, torch.float32), f"all_to_all from {q} {host}")
     assert be.hierarchical_calls == before, "gather/scatter/all_to_all are expected on world gloo"
+    # bool, complex and bitwise reductions: shared memory inside each host (bool
+    # as uint8, complex as its parts), gloo between hosts, or world gloo (BXOR)
+    t = torch.tensor([me == 0, False, True])
+    dist.all_reduce(t, group=g)
+    check(t, torch.tensor([True, False, True]), f"all_reduce bool SUM {host}")
+    c = torch.complex(torch.arange(4.0) + me, -torch.arange(4.0))
+    dist.reduce(c, dst=glob(0), op=AVG, group=g)
+    if me == 0:
+        check(c, torch.complex(torch.arange(4.0) + (n_ranks - 1) / 2, -torch.arange(4.0)), f"reduce complex AVG {host}")
+    x = torch.full((3,), 1 << me, dtype=torch.int32)
+    dist.all_reduce(x, op=dist.ReduceOp.BXOR, group=g)
+    check(x, torch.full((3,), (1 << n_ranks) - 1, dtype=torch.int32), f"all_reduce BXOR {host}")
     print(f"hierarchical collectives ok: {host} rank {me} of {n_ranks}, {be.hierarchical_calls} hierarchical calls",
           flush=True)
 

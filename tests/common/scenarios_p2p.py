@@ -211,9 +211,12 @@ def sc_direct():
     # the same words as dist.all_reduce's
     expect(lambda: fd.all_reduce(torch.ones(3, 4, dtype=torch.float32, device="meta")), ValueError,
            "fastpar.all_reduce: tensors[0] is on device 'meta'")
-    expect(lambda: fd.all_reduce(torch.ones(3, dtype=torch.bool)), TypeError, "torch.bool",
-           "which fastpar does not support")
-    expect(lambda: fd.all_reduce(torch.ones(3), op=dist.ReduceOp.BAND), ValueError, "op", "is not supported")
+    expect(lambda: fd.all_reduce(torch.ones(3, dtype=torch.int16)), TypeError, "torch.int16",
+           "which fastpar does not reduce")
+    expect(lambda: fd.all_reduce(torch.ones(3), op=dist.ReduceOp.BAND), TypeError, "op is ReduceOp.BAND",
+           "integer and bool")
+    expect(lambda: fd.all_reduce(torch.ones(3), op=dist._make_nccl_premul_sum(2.0)), ValueError, "op",
+           "is not supported")
     expect(lambda: fd.broadcast(torch.ones(3), src=WORLD + 5), (ValueError, RuntimeError), str(WORLD + 5))
     expect(lambda: fd.all_gather_into_tensor(torch.empty(3), torch.ones(3)), ValueError,
            "fastpar.all_gather_into_tensor: output_tensor")

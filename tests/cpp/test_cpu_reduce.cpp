@@ -105,5 +105,28 @@ int main() {
     cpu_reduce_range<int32_t, ReduceOp::PRODUCT>(srcs, 2, dsts, 1, 1, 2, 2);
     CHECK(out[1] == 0);
   }
+  // The bitwise ops (integers only), in place over 3 sources, across a block
+  // boundary: int8 -1 is all ones, so BAND keeps the others' bits.
+  {
+    const int64_t n = kCpuBlock + 3;
+    std::vector<int8_t> a(n, int8_t(-1)), b(n, int8_t(0x5A)), c(n, int8_t(0x0F));
+    const int8_t* srcs[] = {a.data(), b.data(), c.data()};
+    std::vector<int8_t> out(n);
+    int8_t* dsts[] = {out.data()};
+    cpu_reduce_range<int8_t, ReduceOp::BAND>(srcs, 3, dsts, 1, 0, n, 3);
+    CHECK(out[0] == 0x0A && out[n - 1] == 0x0A);
+    cpu_reduce_range<int8_t, ReduceOp::BOR>(srcs, 3, dsts, 1, 0, n, 3);
+    CHECK(out[0] == -1 && out[n - 1] == -1);
+    cpu_reduce_range<int8_t, ReduceOp::BXOR>(srcs, 3, dsts, 1, 0, n, 3);
+    CHECK(out[0] == int8_t(~0x5A ^ 0x0F) && out[n - 1] == int8_t(~0x5A ^ 0x0F));
+    int64_t x[] = {int64_t(1) << 62, 6}, y[] = {(int64_t(1) << 62) | 1, 3}, o64[2];
+    const int64_t* s64[] = {x, y};
+    int64_t* d64[] = {x};  // in place: the destination is the first source
+    cpu_reduce_range<int64_t, ReduceOp::BXOR>(s64, 2, d64, 1, 0, 2, 2);
+    CHECK(x[0] == 1 && x[1] == 5);
+    int64_t* d64b[] = {o64};
+    cpu_reduce_range<int64_t, ReduceOp::BOR>(s64, 2, d64b, 1, 0, 2, 2);
+    CHECK(o64[0] == ((int64_t(1) << 62) | 1) && o64[1] == 7);
+  }
   return TEST_MAIN_RESULT();
 }

@@ -59,8 +59,9 @@ cudaError_t launch_reduce(DType dt, ReduceOp op, const ReduceLaunch& a, cudaStre
   for (int s = 0; s < a.nsrc; ++s) vec = vec && aligned16(a.srcs[s]);
   for (int d = 0; d < a.ndst; ++d) vec = vec && aligned16(a.dsts[d]);
   // The dispatch lambdas return void (the macros' switch has no final return)
-  // and hand their result out through `result`.
-  cudaError_t result = cudaSuccess;
+  // and hand their result out through `result`, which stays an error for an
+  // op without a kernel (the bitwise ones: the route never sends them here).
+  cudaError_t result = cudaErrorInvalidValue;
   FASTPAR_DISPATCH_DTYPE(dt, [&] {
     FASTPAR_DISPATCH_OP(op, [&] {
       const ReducePtrs<scalar_t> p = reduce_ptrs<scalar_t>(a);
@@ -96,7 +97,7 @@ cudaError_t launch_ring(DType dt, ReduceOp op, const void* prev_acc, const void*
                         cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
   const bool vec = aligned16(prev_acc ? prev_acc : prev_data) && aligned16(mine) && aligned16(out);
-  cudaError_t result = cudaSuccess;
+  cudaError_t result = cudaErrorInvalidValue;  // as in launch_reduce
   FASTPAR_DISPATCH_DTYPE(dt, [&] {
     FASTPAR_DISPATCH_OP(op, [&] {
       using A = acc_t<scalar_t>;

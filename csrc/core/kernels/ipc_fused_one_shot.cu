@@ -62,7 +62,7 @@ __global__ void __launch_bounds__(kFusedThreads, kFusedMinBlocksPerSm) fused_gra
 template <template <typename, ReduceOp> class Launch, class Args>
 cudaError_t dispatch_fused(DType dt, ReduceOp op, const Args& a, int nblocks, int size, cudaStream_t stream) {
   if (nblocks < 1 || nblocks > kFusedMaxBlocks || size > kMaxIpcRanks) return cudaErrorInvalidValue;
-  cudaError_t result = cudaSuccess;
+  cudaError_t result = cudaErrorInvalidValue;  // stays so for an op without a kernel (cuda_reduce.cu)
   FASTPAR_DISPATCH_DTYPE(dt, [&] {
     FASTPAR_DISPATCH_OP(op, [&] {
       Launch<scalar_t, kOp>::run(a, nblocks, stream);

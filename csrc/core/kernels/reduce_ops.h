@@ -18,8 +18,12 @@
 namespace fastpar {
 
 // Values match torch.distributed.ReduceOp's RedOpType so Python can pass
-// ReduceOp.SUM etc. straight through.
-enum class ReduceOp : int { SUM = 0, AVG = 1, PRODUCT = 2, MIN = 3, MAX = 4 };
+// ReduceOp.SUM etc. straight through. The bitwise ops reduce integer tensors
+// on the CPU only (FASTPAR_DISPATCH_CPU_OP); the CUDA kernels have the
+// arithmetic ones, and the CUDA engine hands the others to NCCL.
+enum class ReduceOp : int { SUM = 0, AVG = 1, PRODUCT = 2, MIN = 3, MAX = 4, BAND = 5, BOR = 6, BXOR = 7 };
+
+constexpr bool is_bitwise(ReduceOp op) { return op == ReduceOp::BAND || op == ReduceOp::BOR || op == ReduceOp::BXOR; }
 
 enum class DType : int { F32 = 0, F64, F16, BF16, I8, U8, I32, I64 };
 
@@ -56,8 +60,11 @@ template <ReduceOp OP, typename A> FASTPAR_HD A combine(A a, A b) {
     }
   } else if constexpr (OP == ReduceOp::MIN) {
     return (a != a) ? a : ((b < a || b != b) ? b : a);
-  } else {
+  } else if constexpr (OP == ReduceOp::MAX) {
     return (a != a) ? a : ((b > a || b != b) ? b : a);
+  } else {
+    static_assert(is_bitwise(OP) && std::is_integral_v<A>, "bitwise ops reduce integers only");
+    return A(OP == ReduceOp::BAND ? (a & b) : OP == ReduceOp::BOR ? (a | b) : (a ^ b));
   }
 }
 
@@ -93,6 +100,9 @@ inline const char* op_name(ReduceOp op) {
     case ReduceOp::PRODUCT: return "PRODUCT";
     case ReduceOp::MIN: return "MIN";
     case ReduceOp::MAX: return "MAX";
+    case ReduceOp::BAND: return "BAND";
+    case ReduceOp::BOR: return "BOR";
+    case ReduceOp::BXOR: return "BXOR";
   }
   return "UNKNOWN";
 }
@@ -128,7 +138,8 @@ inline const char* dtype_name(DType dt) {
     }                                                                         \
   }()
 
-// Expands BODY with `kOp` bound to a compile-time ReduceOp.
+// Expands BODY with `kOp` bound to a compile-time arithmetic ReduceOp (the
+// ops the CUDA kernels have; an op outside them expands nothing).
 #define FASTPAR_DISPATCH_OP(OP, ...)                                                          \
   [&] {                                                                                       \
     switch (OP) {                                                                             \
@@ -137,7 +148,24 @@ inline const char* dtype_name(DType dt) {
       case ::fastpar::ReduceOp::PRODUCT: { constexpr auto kOp = ::fastpar::ReduceOp::PRODUCT; return __VA_ARGS__(); } \
       case ::fastpar::ReduceOp::MIN: { constexpr auto kOp = ::fastpar::ReduceOp::MIN; return __VA_ARGS__(); }         \
       case ::fastpar::ReduceOp::MAX: { constexpr auto kOp = ::fastpar::ReduceOp::MAX; return __VA_ARGS__(); }         \
+      default: break;                                                                         \
     }                                                                                         \
+  }()
+
+// FASTPAR_DISPATCH_OP plus the bitwise ops where `scalar_t` (bound by an
+// enclosing FASTPAR_DISPATCH_DTYPE) is an integer: the CPU loops' dispatch.
+// BODY returns void.
+#define FASTPAR_DISPATCH_CPU_OP(OP, ...)                                                                  \
+  [&] {                                                                                                   \
+    if constexpr (std::is_integral_v<scalar_t>) {                                                        \
+      switch (OP) {                                                                                       \
+        case ::fastpar::ReduceOp::BAND: { constexpr auto kOp = ::fastpar::ReduceOp::BAND; return __VA_ARGS__(); } \
+        case ::fastpar::ReduceOp::BOR: { constexpr auto kOp = ::fastpar::ReduceOp::BOR; return __VA_ARGS__(); }   \
+        case ::fastpar::ReduceOp::BXOR: { constexpr auto kOp = ::fastpar::ReduceOp::BXOR; return __VA_ARGS__(); } \
+        default: break;                                                                                   \
+      }                                                                                                   \
+    }                                                                                                     \
+    FASTPAR_DISPATCH_OP(OP, __VA_ARGS__);                                                                \
   }()
 
 namespace fastpar {

@@ -454,8 +454,8 @@ Work Backend::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
 // ---------------------------------------------------------------- fastpar's own calls
 
 void Backend::direct_all_reduce(const at::Tensor& t, int64_t op) {
-  TORCH_CHECK_VALUE(op >= 0 && op <= 4, "fastpar.all_reduce: op ReduceOp value ", op,
-                    " is not supported (supported: SUM, AVG, PRODUCT, MIN, MAX)");
+  TORCH_CHECK_VALUE(op >= 0 && op <= int64_t(ReduceOp::BXOR), "fastpar.all_reduce: op has value ", op,
+                    ", which is not one of SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR (0..7)");
   c10d::AllreduceOptions opts;
   opts.reduceOp = c10d::ReduceOp(static_cast<c10d::ReduceOp::RedOpType>(op));
   if (!t.is_cpu() || cpu_hier_ || !t.is_contiguous()) {  // CUDA: wait() orders the current stream after it

@@ -73,12 +73,35 @@ void root_lists(const char* op, const char* arg, const std::vector<std::vector<a
   }
 }
 
+// c10d's RedOpType by name, for messages: PREMUL_SUM (8) and beyond by value.
+static std::string op_str(int v) {
+  if (v >= 0 && v <= int(ReduceOp::BXOR)) return std::string("ReduceOp.") + op_name(ReduceOp(v));
+  if (v == int(c10d::ReduceOp::PREMUL_SUM)) return "ReduceOp.PREMUL_SUM";
+  return "ReduceOp value " + std::to_string(v);
+}
+
 ReduceOp reduction(const char* op, const c10d::ReduceOp& r, const std::string& name, const at::Tensor& t) {
   const int v = int(r.op_);
-  TORCH_CHECK_VALUE(v >= 0 && v <= 4, "fastpar.", op, ": op ReduceOp value ", v,
-                    " is not supported (supported: SUM, AVG, PRODUCT, MIN, MAX)");
+  TORCH_CHECK_VALUE(v >= 0 && v <= int(ReduceOp::BXOR), "fastpar.", op, ": op is ", op_str(v),
+                    ", which fastpar does not support (supported: SUM, AVG, PRODUCT, MIN, MAX; BAND, BOR, BXOR "
+                    "on integer and bool tensors)");
   const ReduceOp rop = ReduceOp(v);
-  ops::to_dtype(op, name, t.scalar_type());  // every op reduces every dtype it has
+  const at::ScalarType dtype = t.scalar_type();
+  if (dtype == at::kBool) {
+    TORCH_CHECK_VALUE(rop != ReduceOp::AVG, "fastpar.", op, ": op is ReduceOp.AVG but ", name,
+                      " has dtype torch.bool, which has no mean (use SUM for a logical or, PRODUCT for an and)");
+    return rop;
+  }
+  if (at::isComplexType(dtype)) {
+    TORCH_CHECK_VALUE(rop == ReduceOp::SUM || rop == ReduceOp::AVG, "fastpar.", op, ": op is ", op_str(v), " but ",
+                      name, " has dtype ", ops::dtype_str(dtype), ", which reduces with SUM and AVG only");
+    return rop;
+  }
+  TORCH_CHECK_TYPE(ops::maybe_dtype(dtype).has_value(), "fastpar.", op, ": ", name, " has dtype ",
+                   ops::dtype_str(dtype), ", which fastpar does not reduce (supported: float32, float64, float16, "
+                   "bfloat16, int8, uint8, int32, int64, bool; complex64 and complex128 with SUM and AVG)");
+  TORCH_CHECK_TYPE(!is_bitwise(rop) || !at::isFloatingType(dtype), "fastpar.", op, ": op is ", op_str(v),
+                   ", which reduces integer and bool tensors, but ", name, " has dtype ", ops::dtype_str(dtype));
   return rop;
 }
 

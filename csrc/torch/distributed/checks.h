@@ -50,7 +50,9 @@ void root(const char* op, int64_t root, int ranks);
 void peer(const char* op, const char* arg, int64_t peer, int rank, int ranks);
 
 // The reduction of `t` (named `name`): a ReduceOp fastpar computes, on a dtype
-// it reduces. Returns it as the element math names it.
+// it reduces: the arithmetic ops on every dtype the element math has and on
+// bool (not AVG), the bitwise ops on integers and bool, SUM and AVG on complex
+// dtypes, as gloo. Returns it as the element math names it.
 ReduceOp reduction(const char* op, const c10d::ReduceOp& r, const std::string& name, const at::Tensor& t);
 
 // The front's check of a reducing call: reduction() on CPU tensors. What the

@@ -25,10 +25,11 @@ bool is_avg(const ReduceOp& op) { return op.op_ == ReduceOp::AVG; }
 ReduceOp step_op(const ReduceOp& op) { return is_avg(op) ? ReduceOp(ReduceOp::SUM) : op; }
 
 // That division: on integers the wrapped sum truncated toward zero, as the
-// kernels (reduce_ops.h finalize) and NCCL do.
+// kernels (reduce_ops.h finalize) and NCCL do; floating and complex sums as
+// they are.
 void divide_sum(at::Tensor t, int n) {
-  if (at::isFloatingType(t.scalar_type())) t.div_(n);
-  else t.div_(n, "trunc");
+  if (at::isIntegralType(t.scalar_type(), /*includeBool=*/false)) t.div_(n, "trunc");
+  else t.div_(n);
 }
 
 // Whether the hierarchical schedules serve this reduction of these tensors:

@@ -60,8 +60,31 @@ Elems elems(const at::Tensor& t) {
   return {int64_t(t.nbytes()), DType::U8};
 }
 
-DType reducible(const at::Tensor& t) { return *ops::maybe_dtype(t.scalar_type()); }  // checked by the front
-ReduceOp reduction(const c10d::ReduceOp& op) { return ReduceOp(int(op.op_)); }
+// How the element math reduces `t` by `op` (both checked by the front): its
+// dtype, op and element count. A bool tensor reduces as its bytes, 0 or 1, in
+// uint8: SUM, MAX and BOR are a logical or (the MAX of 0 and 1), PRODUCT, MIN
+// and BAND a logical and (the MIN), BXOR stays; gloo's results. A complex
+// tensor (SUM or AVG) reduces as its real and imaginary parts, as
+// torch.view_as_real lays them out.
+struct Reduction {
+  DType dtype;
+  ReduceOp op;
+  int64_t count;
+};
+Reduction reduction(const at::Tensor& t, ReduceOp op) {
+  switch (t.scalar_type()) {
+    case at::kComplexFloat: return {DType::F32, op, 2 * t.numel()};
+    case at::kComplexDouble: return {DType::F64, op, 2 * t.numel()};
+    case at::kBool: break;
+    default: return {*ops::maybe_dtype(t.scalar_type()), op, t.numel()};
+  }
+  switch (op) {
+    case ReduceOp::SUM: case ReduceOp::MAX: case ReduceOp::BOR: return {DType::U8, ReduceOp::MAX, t.numel()};
+    case ReduceOp::PRODUCT: case ReduceOp::MIN: case ReduceOp::BAND: return {DType::U8, ReduceOp::MIN, t.numel()};
+    default: return {DType::U8, op, t.numel()};
+  }
+}
+Reduction reduction(const at::Tensor& t, const c10d::ReduceOp& op) { return reduction(t, ReduceOp(int(op.op_))); }
 char* ptr(const at::Tensor& t) { return static_cast<char*>(t.data_ptr()); }
 
 }  // namespace
@@ -97,12 +120,13 @@ std::unique_lock<std::mutex> ShmEngine::start(std::chrono::milliseconds t) {
 
 void ShmEngine::allreduce_now(const at::Tensor& t, ReduceOp op, std::chrono::milliseconds timeout) {
   auto g = start(timeout);
-  FASTPAR_RUN(cpu_shm::allreduce(*comm_, tuning_, t.data_ptr(), t.data_ptr(), t.numel(), reducible(t), op));
+  const Reduction r = reduction(t, op);
+  FASTPAR_RUN(cpu_shm::allreduce(*comm_, tuning_, t.data_ptr(), t.data_ptr(), r.count, r.dtype, r.op));
 }
 
 c10::intrusive_ptr<c10d::Work> ShmEngine::allreduce(std::vector<at::Tensor>& tensors,
                                                     const c10d::AllreduceOptions& opts) {
-  allreduce_now(tensors[0], reduction(opts.reduceOp), opts.timeout);
+  allreduce_now(tensors[0], ReduceOp(int(opts.reduceOp.op_)), opts.timeout);
   return done(c10d::OpType::ALLREDUCE, tensors);
 }
 
@@ -119,8 +143,8 @@ c10::intrusive_ptr<c10d::Work> ShmEngine::reduce(std::vector<at::Tensor>& tensor
   const at::Tensor& t = tensors[0];
   auto g = start(opts.timeout);
   // Non-roots pass their input as `out`: cpu_shm::reduce writes only the root's.
-  FASTPAR_RUN(cpu_shm::reduce(*comm_, t.data_ptr(), t.data_ptr(), t.numel(), reducible(t),
-                              reduction(opts.reduceOp), int(opts.rootRank)));
+  const Reduction r = reduction(t, opts.reduceOp);
+  FASTPAR_RUN(cpu_shm::reduce(*comm_, t.data_ptr(), t.data_ptr(), r.count, r.dtype, r.op, int(opts.rootRank)));
   return done(c10d::OpType::REDUCE, tensors);
 }
 
@@ -173,9 +197,9 @@ c10::intrusive_ptr<c10d::Work> ShmEngine::scatter(std::vector<at::Tensor>& outpu
 
 c10::intrusive_ptr<c10d::Work> ShmEngine::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                const c10d::ReduceScatterOptions& opts) {
+  const Reduction r = reduction(output, opts.reduceOp);
   auto g = start(opts.timeout);
-  FASTPAR_RUN(cpu_shm::reduce_scatter(*comm_, input.data_ptr(), output.data_ptr(), output.numel(), reducible(output),
-                                      reduction(opts.reduceOp)));
+  FASTPAR_RUN(cpu_shm::reduce_scatter(*comm_, input.data_ptr(), output.data_ptr(), r.count, r.dtype, r.op));
   return done(c10d::OpType::_REDUCE_SCATTER_BASE, {output});
 }
 

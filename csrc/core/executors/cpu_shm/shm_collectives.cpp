@@ -28,14 +28,19 @@ struct CpuReducer {
   }
 };
 
-// Runs `f(CpuReducer<T, OP>{}, sizeof(T))` for runtime dt / op.
+// Runs `f(CpuReducer<T, OP>{}, sizeof(T))` for runtime dt / op. A bitwise op
+// on floats has no reducer: the front refuses it before any call starts.
 template <class F>
 void with_reducer(DType dt, ReduceOp op, F&& f) {
+  bool ran = false;
   FASTPAR_DISPATCH_DTYPE(dt, [&] {
-    FASTPAR_DISPATCH_OP(op, [&] {
+    FASTPAR_DISPATCH_CPU_OP(op, [&] {
       f(CpuReducer<scalar_t, kOp>{}, int64_t(sizeof(scalar_t)));
+      ran = true;
     });
   });
+  if (!ran)
+    throw std::invalid_argument(std::string("fastpar: no CPU reduction ") + op_name(op) + " for " + dtype_name(dt));
 }
 
 // One-shot up to this many bytes, two-shot above (-1 in ShmTuning: this
