@@ -45,7 +45,9 @@ def same(got, want, what: str, exact: bool = True, rtol: float = 0.0, atol: floa
         assert got.dtype == want.dtype and got.shape == want.shape, \
             f"{what}: {got.dtype}{tuple(got.shape)} != {want.dtype}{tuple(want.shape)}"
         if exact:
-            assert torch.equal(got, want), f"{what}: not bitwise equal; max |diff| {(got - want).abs().max()}"
+            if not torch.equal(got, want):
+                i = tuple((got != want).nonzero()[0].tolist()) if got.dim() else ()
+                raise AssertionError(f"{what}: not bitwise equal; at {list(i)}: {got[i].item()} != {want[i].item()}")
         else:
             torch.testing.assert_close(got, want, rtol=rtol, atol=atol, msg=lambda m: f"{what}: {m}")
     else:

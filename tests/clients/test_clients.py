@@ -12,6 +12,7 @@ from client_launch import run_client
     "lightning_client.py",   # Trainer.fit, DDP, float and integer metrics with sync_dist=True
     "accelerate_client.py",  # Accelerator on a process group created as fastpar first
     "ddp_tools_client.py",   # channels_last DDP, ZeroRedundancyOptimizer, PowerSGD, Join, object collectives
+    "c10d_extras_client.py",  # functional and autograd collectives, compiled DDP, subgroups, p2p, every reduction
 ])
 def test_client_on_fastpar_equals_gloo(client, tmp_path):
     outs = run_client(client, tmp_path)
