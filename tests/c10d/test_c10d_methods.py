@@ -36,7 +36,11 @@ def override_macros():
     """c10d_overrides.h: FASTPAR_C10D_<NAME> -> the method it declares."""
     with open(os.path.join(ROOT, "csrc", "torch", "distributed", "c10d_overrides.h")) as f:
         text = f.read().replace("\\\n", " ")
-    return dict(re.findall(r"#define (FASTPAR_C10D_\w+)\s+FASTPAR_C10D_WORK (\w+)\(", text))
+    shapes = r"FASTPAR_C10D_(?:ON|FLAT|LISTS)\((\w+),"  # the shape macros take the name first
+    spelled = r"c10::intrusive_ptr<c10d::Work>\s+(\w+)\("
+    return {macro: (re.match(shapes, body) or re.match(spelled, body)).group(1)
+            for macro, body in re.findall(r"#define (FASTPAR_C10D_[A-Z_]+)\s+(FASTPAR_C10D_(?:ON|FLAT|LISTS)\(.*|"
+                                          r"c10::intrusive_ptr.*)", text)}
 
 
 def test_the_methods_marked_fastpar_are_the_ones_the_backend_overrides():
