@@ -105,8 +105,9 @@ int main() {
     cpu_reduce_range<int32_t, ReduceOp::PRODUCT>(srcs, 2, dsts, 1, 1, 2, 2);
     CHECK(out[1] == 0);
   }
-  // The bitwise ops (integers only), in place over 3 sources, across a block
-  // boundary: int8 -1 is all ones, so BAND keeps the others' bits.
+  // The bitwise ops (integers only): out of place over 3 sources across a
+  // block boundary (int8 -1 is all ones, so BAND keeps the others' bits), and
+  // in place.
   {
     const int64_t n = kCpuBlock + 3;
     std::vector<int8_t> a(n, int8_t(-1)), b(n, int8_t(0x5A)), c(n, int8_t(0x0F));
