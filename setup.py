@@ -78,15 +78,10 @@ def _debug_info():
 
 
 def _sources(cuda):
-    """Every .cpp under csrc/ is torch glue or CPU code; files whose path says
-    "cuda" (csrc/torch/ops/cuda_*.cpp, csrc/torch/distributed/cuda_*.cpp, csrc/core/*/cuda_*/)
-    and every .cu join them in a CUDA build. Globbing keeps new transports from touching this file."""
-    cpp = sorted(glob.glob("csrc/**/*.cpp", recursive=True))
-    srcs = [s for s in cpp if "cuda" not in s]
-    if cuda:
-        srcs += [s for s in cpp if "cuda" in s]
-        srcs += sorted(glob.glob("csrc/**/*.cu", recursive=True))
-    return srcs
+    """Every source under csrc/, CUDA ones (cuda_toolkit.is_cuda_source) only in a CUDA build.
+    Globbing keeps new transports from touching this file."""
+    srcs = sorted(glob.glob("csrc/**/*.cpp", recursive=True)) + sorted(glob.glob("csrc/**/*.cu", recursive=True))
+    return [s for s in srcs if cuda or not cuda_toolkit.is_cuda_source(s)]
 
 
 def _extension():

@@ -32,3 +32,12 @@ def nvidia_wheel_includes():
         out += glob.glob(os.path.join(p, "nvidia", "cu*", "include"))
         out += glob.glob(os.path.join(p, "nvidia", "*", "include"))
     return sorted(set(d for d in out if os.path.isdir(d)))
+
+
+def is_cuda_source(path):
+    """The one rule for what joins only a CUDA build: every .cu, and every .cpp
+    in a folder named cuda_* (csrc/core/transport/cuda_ipc/) or named cuda_*.cpp
+    itself (csrc/torch/distributed/cuda_engine.cpp). tests/tooling/test_layers.py
+    holds every source that includes a CUDA header to it."""
+    parts = path.replace(os.sep, "/").split("/")
+    return path.endswith(".cu") or any(p.startswith("cuda_") for p in parts)

@@ -1,4 +1,4 @@
-// Unit test of core/algorithms/flag_protocol.h over the host memory policy, with
+// Unit test of core/transport/flag_protocol.h over the host memory policy, with
 // threads as ranks (the protocol cannot tell threads from processes: both see
 // coherent memory). Built and run by ctest (CMakeLists.txt).
 //
@@ -18,7 +18,7 @@
 #include <thread>
 #include <vector>
 
-#include "../../csrc/core/algorithms/flag_protocol.h"
+#include "../../csrc/core/transport/flag_protocol.h"
 #include "../../csrc/core/transport/cpu_shm/host_memory.h"
 
 using fastpar::cpu_shm::HostMemory;

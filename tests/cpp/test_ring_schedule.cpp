@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "check.h"
-#include "core/transport/cpu_local/cpu_local.h"
+#include "core/executors/cpu_local/cpu_local.h"
 
 using namespace fastpar;
 

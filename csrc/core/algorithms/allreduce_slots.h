@@ -11,7 +11,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "collective_call.h"
+#include "../transport/collective_call.h"
 #include "reduce_slots.h"
 #include "ring_schedule.h"  // split_range
 #include "slot_transport.h"

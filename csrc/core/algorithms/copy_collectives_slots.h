@@ -11,7 +11,7 @@
 #include <cstring>
 #include <string>
 
-#include "collective_call.h"
+#include "../transport/collective_call.h"
 #include "slot_transport.h"
 
 namespace fastpar {

@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "collective_call.h"
+#include "../transport/collective_call.h"
 #include "slot_transport.h"
 
 namespace fastpar {

@@ -45,6 +45,7 @@
 #include <vector>
 #include <string>
 
+#include "../../core/executors/cuda_ipc/ipc_allreduce.h"  // default_one_shot_max_bytes
 #include "../../core/transport/cuda_ipc/ipc_endpoint.h"
 #include "../../core/transport/cuda_ipc/ipc_failure.h"
 #include "route.h"

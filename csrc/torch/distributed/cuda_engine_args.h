@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "../../core/algorithms/collective_call.h"  // kForeignDType
+#include "../../core/transport/collective_call.h"  // kForeignDType
 #include "../../core/kernels/reduce_ops.h"
 #include "../ops/checks.h"  // maybe_dtype
 

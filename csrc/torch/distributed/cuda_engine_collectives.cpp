@@ -86,7 +86,7 @@ Work CudaEngine::allreduce(std::vector<at::Tensor>& tensors, const c10d::Allredu
       [&](IpcComm& c, const Stream& stream, const RouteQuery& q) {
         const DType dt = *ops::maybe_dtype(t.scalar_type());
         if (capturing(stream)) {
-          // The kernel a replay can repeat (core/kernels/ipc_fused_one_shot.h,
+          // The kernel a replay can repeat (core/executors/cuda_ipc/ipc_fused_one_shot.h,
           // "the all_reduce a CUDA graph can capture"): its own flags and
           // slot, no host counter.
           TORCH_CHECK_VALUE(q.nbytes <= slot_bytes_, "fastpar.all_reduce: a CUDA graph can capture an all_reduce "

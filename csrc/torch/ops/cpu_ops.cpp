@@ -4,8 +4,8 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
-#include "../../core/transport/cpu_local/cpu_local.h"
-#include "../../core/transport/cpu_local/parallel_copy.h"
+#include "../../core/executors/cpu_local/cpu_local.h"
+#include "../../core/executors/cpu_local/parallel_copy.h"
 #include "checks.h"
 #include "tuning.h"
 

@@ -32,7 +32,7 @@
 #include "../../core/kernels/cuda_reduce_launch.h"
 #include "../../core/transport/cuda_p2p/peer_access.h"
 #include "../../core/transport/cuda_p2p/peer_copy.h"
-#include "../../core/transport/cuda_p2p/ring_allreduce.h"
+#include "../../core/executors/cuda_p2p/ring_allreduce.h"
 #include "checks.h"
 #include "cuda_side_streams.h"
 #include "tuning.h"

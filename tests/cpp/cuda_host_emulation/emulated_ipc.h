@@ -16,7 +16,7 @@
 
 #include "emulated_launchers.h"
 #include "csrc/core/executors/cuda_ipc/ipc_allreduce.h"
-#include "csrc/core/kernels/ipc_fused_one_shot.h"
+#include "csrc/core/executors/cuda_ipc/ipc_fused_one_shot.h"
 #include "csrc/core/executors/cuda_ipc/phase_launch.h"
 #include "csrc/core/executors/cuda_ipc/phase_step.h"
 

@@ -1,7 +1,7 @@
 // The CUDA IPC allreduce schedules (core/executors/cuda_ipc/ipc_allreduce.cpp) run
 // on the host: one thread per rank stands for one process, the arenas are
 // plain host memory every thread can read (as IPC mappings are), the phase
-// step is the same flag protocol (core/algorithms/flag_protocol.h) over host
+// step is the same flag protocol (core/transport/flag_protocol.h) over host
 // atomics, and the reduce kernel is emulated (emulated_launchers.h). Checked:
 //   * every rank's output equals the in-order reduction bit for bit, for
 //     one-shot and two-shot, in and out of place, single- and multi-chunk

@@ -25,12 +25,12 @@
 #include <type_traits>
 #include <vector>
 
-#include "csrc/core/transport/cpu_local/cpu_local.h"
+#include "csrc/core/executors/cpu_local/cpu_local.h"
 #include "emulated_launchers.h"
 
 // The executor under test, compiled here against the fake runtime.
 #include "csrc/core/transport/cuda_p2p/handle_cache.cpp"
-#include "csrc/core/transport/cuda_p2p/ring_allreduce.cpp"
+#include "csrc/core/executors/cuda_p2p/ring_allreduce.cpp"
 
 using namespace fastpar;
 

@@ -8,7 +8,7 @@
 #include <algorithm>
 
 #include "../../algorithms/allreduce_slots.h"
-#include "../../kernels/ipc_fused_one_shot.h"
+#include "ipc_fused_one_shot.h"
 #include "ipc_steps.h"
 
 namespace fastpar {

@@ -2,7 +2,7 @@
 // IPC-mapped arenas (ipc_arena.h). The one-shot and two-shot schedules are the
 // CPU shared-memory transport's own (core/algorithms/allreduce_slots.h, run over
 // IpcSteps: ipc_steps.h), the flag protocol is the same header
-// (core/algorithms/flag_protocol.h) over DeviceMemory, and the descriptors are the
+// (core/transport/flag_protocol.h) over DeviceMemory, and the descriptors are the
 // same CollCall: every step is enqueued on one CUDA stream.
 //
 // Nothing here blocks the host. A failed wait (timeout, peer abort, a peer in
@@ -16,69 +16,10 @@
 #include <cstdint>
 
 #include "../../kernels/reduce_ops.h"
-#include "../../transport/cuda_ipc/ipc_arena.h"
-#include "phase_launch.h"  // MismatchRecord
+#include "../../transport/cuda_ipc/ipc_comm.h"
 
 namespace fastpar {
 namespace cuda_ipc {
-
-// One rank's view of the communicator. Built by the caller after exchanging
-// handles: bases[rank] is this rank's own arena, bases[q] peer q's as mapped here.
-struct IpcComm {
-  int rank = 0;
-  int size = 0;
-  int device = 0;  // this rank's GPU (the arena's and the stream's)
-  // Ranks of this communicator on this rank's GPU, this one included (the
-  // front end knows it from the setup's exchange of PCI bus ids; equal on the
-  // ranks of one GPU). The data kernels' grids are divided among them
-  // (core/kernels/launch_shape.h). 1: this rank has its GPU to itself.
-  int gpu_sharers = 1;
-  void* bases[kMaxIpcRanks] = {};
-  size_t slot_bytes = 0;
-  size_t registered_bytes = 0;  // the registered buffers' region (ipc_arena.h), equal on every rank
-  uint64_t timeout_ns = 120ull * 1000 * 1000 * 1000;  // a wait this long means a peer is gone
-  // Optional device pointer to a host-mapped (pinned) mirror of the status
-  // word: a failed phase writes it too, so the host can see the failure
-  // without synchronizing any stream (null: no mirror).
-  uint32_t* host_status = nullptr;
-  // Optional device pointer to the host abort word (pinned, host-mapped): the
-  // host writes a flags::WaitStatus there (a peer died, abort()) and waiting
-  // phase kernels give up with it (phase_step.h). Null: none.
-  const uint64_t* host_abort = nullptr;
-  // Optional device pointer to the host-mapped mismatch record
-  // (phase_launch.h): both calls, for the host's error message. Null: none.
-  MismatchRecord* host_mismatch = nullptr;
-  // Host address of the host abort word (host_abort is its device view), for
-  // the host itself to raise when a call cannot be enqueued (ipc_steps.h,
-  // fail_enqueue). Null: none.
-  uint64_t* host_abort_host = nullptr;
-  // The first step this rank could not enqueue (a launch or copy error), or
-  // cudaSuccess. Once set, this rank is out of step with its peers and every
-  // later call returns it without enqueueing anything (ipc_steps.h).
-  cudaError_t enqueue_error = cudaSuccess;
-  uint64_t seq = 0;     // last phase posted (the protocol's phase number)
-  uint64_t rounds = 0;  // slot rounds started; slot = rounds % flags::kSlots
-  // One-shot calls that fit one slot run as one fused kernel
-  // (fused_one_shot.h). Must be equal on every rank (a mix fails with a
-  // descriptor mismatch); the unfused path stays for comparison and tests.
-  bool fused_one_shot = true;
-  // Bytes per block of the fused kernel (fused_one_shot.h; equal on every
-  // rank; the host emulation lowers it so that small calls get many blocks).
-  int64_t fused_bytes_per_block = 16 * 1024;
-  // Point-to-point chunk numbers (p2p_ring.h), counted at enqueue time:
-  // chunks enqueued to rank d / from rank s so far.
-  uint64_t p2p_sent[kMaxIpcRanks] = {};
-  uint64_t p2p_received[kMaxIpcRanks] = {};
-};
-
-// Raises a host abort word (host address) to `code`, unless a code is there
-// already: the first cause stands. Release, pairing with the kernels'
-// ld.acquire.sys of the word. For IpcEndpoint::raise_host_abort (a dead peer,
-// abort()) and ipc_steps::fail_enqueue (a step that could not be enqueued).
-inline void raise_abort_word(uint64_t* word, uint64_t code) {
-  uint64_t expected = 0;
-  __atomic_compare_exchange_n(word, &expected, code, false, __ATOMIC_RELEASE, __ATOMIC_RELAXED);
-}
 
 // The largest message the "auto" schedule runs one-shot among `ranks` ranks.
 // One-shot's latency is one phase, two-shot's two; one-shot reads the n-1

@@ -17,7 +17,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "../../algorithms/collective_call.h"
+#include "../../transport/collective_call.h"
 #include "../../kernels/cuda_reduce_launch.h"
 #include "../../transport/cuda_p2p/cuda_try.h"
 #include "ipc_allreduce.h"

@@ -46,7 +46,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "../../algorithms/flag_protocol.h"
+#include "../../transport/flag_protocol.h"
 #include "../../transport/cuda_ipc/ipc_arena.h"
 
 namespace fastpar {

@@ -7,22 +7,11 @@
 
 #include <cstdint>
 
-#include "../../algorithms/flag_protocol.h"
-#include "../../transport/cuda_ipc/ipc_arena.h"
+#include "../../transport/flag_protocol.h"
+#include "../../transport/cuda_ipc/ipc_comm.h"  // MismatchRecord
 
 namespace fastpar {
 namespace cuda_ipc {
-
-// What a rank that finds a peer in a different call leaves for its host's
-// error message, in host-mapped pinned memory (the host reads it without
-// synchronizing a stream, as it reads the status mirror): both descriptors
-// and the peer, as the CPU path's message names them. The first mismatch
-// wins; peer_plus_one is release-stored after the descriptors.
-struct MismatchRecord {
-  flags::OpDesc mine;
-  flags::OpDesc theirs;
-  uint64_t peer_plus_one;  // 0: nothing recorded
-};
 
 struct PhaseArgs {
   flags::ControlBlock* self;

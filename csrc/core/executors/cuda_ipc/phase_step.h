@@ -9,7 +9,7 @@
 
 #include <cstdint>
 
-#include "../../algorithms/flag_protocol.h"
+#include "../../transport/flag_protocol.h"
 #include "phase_launch.h"
 
 namespace fastpar {

@@ -10,7 +10,7 @@
 #include <cuda_runtime_api.h>
 
 #include "../../kernels/cuda_reduce_launch.h"
-#include "../../kernels/ipc_fused_one_shot.h"
+#include "ipc_fused_one_shot.h"
 #include "p2p_ring.h"
 #include "phase_launch.h"
 

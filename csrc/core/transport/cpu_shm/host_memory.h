@@ -1,5 +1,5 @@
 // The host memory-ordering policy for flags::*: what the CPU shared-memory
-// transport plugs into core/algorithms/flag_protocol.h (the CUDA IPC transport
+// transport plugs into core/transport/flag_protocol.h (the CUDA IPC transport
 // supplies ld.acquire.sys / st.release.sys instead).
 //
 // x86-64 is TSO, so acquire/release compile to plain loads and stores plus a

@@ -29,8 +29,8 @@
 #include <string>
 #include <vector>
 
-#include "../../algorithms/collective_call.h"
-#include "../../algorithms/flag_protocol.h"
+#include "../collective_call.h"
+#include "../flag_protocol.h"
 #include "../registered_arena.h"
 #include "shm_segment.h"
 

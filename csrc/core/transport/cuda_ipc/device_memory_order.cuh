@@ -1,4 +1,4 @@
-// The memory-ordering policy of core/algorithms/flag_protocol.h for GPU code: the
+// The memory-ordering policy of core/transport/flag_protocol.h for GPU code: the
 // device side of the one protocol the CPU shared-memory transport also runs.
 //
 // Scope .sys: the flag and the data it publishes are read by kernels on other

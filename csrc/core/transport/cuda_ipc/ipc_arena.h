@@ -33,7 +33,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "../../algorithms/flag_protocol.h"
+#include "../flag_protocol.h"
 
 namespace fastpar {
 namespace cuda_ipc {

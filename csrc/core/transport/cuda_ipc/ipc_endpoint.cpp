@@ -2,7 +2,7 @@
 
 #include <cstring>
 
-#include "../../algorithms/flag_protocol.h"
+#include "../flag_protocol.h"
 #include "../cuda_p2p/cuda_try.h"
 #include "ipc_handles.h"
 

@@ -22,7 +22,7 @@
 #include <cstdint>
 #include <string>
 
-#include "../../executors/cuda_ipc/ipc_allreduce.h"
+#include "ipc_comm.h"
 #include "ipc_failure.h"  // wait_status_text
 
 namespace fastpar {

@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <string>
 
-#include "../../algorithms/collective_call.h"  // describe
-#include "../../algorithms/flag_protocol.h"
+#include "../collective_call.h"  // describe
+#include "../flag_protocol.h"
 
 namespace fastpar {
 namespace cuda_ipc {

@@ -4,9 +4,9 @@
 
 #include "../../algorithms/ring_schedule.h"
 #include "../../kernels/cuda_reduce_launch.h"
-#include "cuda_try.h"
-#include "handle_cache.h"
-#include "peer_copy.h"
+#include "../../transport/cuda_p2p/cuda_try.h"
+#include "../../transport/cuda_p2p/handle_cache.h"
+#include "../../transport/cuda_p2p/peer_copy.h"
 
 namespace fastpar {
 namespace cuda_p2p {

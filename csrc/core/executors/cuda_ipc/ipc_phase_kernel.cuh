@@ -6,8 +6,8 @@
 // launch per phase.
 #pragma once
 
-#include "../transport/cuda_ipc/device_memory_order.cuh"
-#include "../executors/cuda_ipc/phase_step.h"
+#include "../../transport/cuda_ipc/device_memory_order.cuh"
+#include "phase_step.h"
 
 namespace fastpar {
 namespace cuda_ipc {

@@ -1,8 +1,8 @@
 // The p2p ring's steps (p2p_ring.h) as one-thread kernels: each step is a
 // counter wait or a counter store, and a single thread keeps the peer link
 // free for the copies.
-#include "../transport/cuda_ipc/device_memory_order.cuh"
-#include "../executors/cuda_ipc/p2p_ring.h"
+#include "../../transport/cuda_ipc/device_memory_order.cuh"
+#include "p2p_ring.h"
 
 namespace fastpar {
 namespace cuda_ipc {

@@ -1,8 +1,8 @@
 // The fused one-shot allreduce kernels (fused_one_shot.h): copy-in, per-block
 // barrier and reduction in one launch; the eager one and the one CUDA graphs
 // can capture.
-#include "reduce_ops.h"
-#include "../transport/cuda_ipc/device_memory_order.cuh"
+#include "../../kernels/reduce_ops.h"
+#include "../../transport/cuda_ipc/device_memory_order.cuh"
 #include "ipc_fused_one_shot.h"
 
 namespace fastpar {

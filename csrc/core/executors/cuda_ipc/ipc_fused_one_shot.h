@@ -46,10 +46,10 @@
 
 #include <cstdint>
 
-#include "../algorithms/flag_protocol.h"
-#include "reduce_ops.h"
-#include "../transport/cuda_ipc/ipc_arena.h"
-#include "../executors/cuda_ipc/phase_step.h"
+#include "../../transport/flag_protocol.h"
+#include "../../kernels/reduce_ops.h"
+#include "../../transport/cuda_ipc/ipc_arena.h"
+#include "phase_step.h"
 
 namespace fastpar {
 namespace cuda_ipc {
