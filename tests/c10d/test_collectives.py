@@ -9,10 +9,13 @@ Batched: one launch per shape (batched_scenarios.py). What only the CUDA
 path has (small IPC slots, graphs, streams, the IPC state): test_cuda_ipc.py."""
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 import torch.distributed as dist
 
+import fastpar
 import fastpar.distributed as fd
 from batched_scenarios import REGISTERED, InBatch, assert_scenario_ok, batched, scenario_result, shapes
 from dist_harness import assert_ok, scenario
@@ -347,9 +350,22 @@ def sc_registered():
     (_registered_cuda if DEV.type == "cuda" else _registered_cpu)()
 
 
+def _all_reduce_counting_zero_copy(t: torch.Tensor, op=dist.ReduceOp.SUM) -> int:
+    """dist.all_reduce(t, op); how many calls took the zero-copy schedule of
+    registered buffers (0 or 1): its results equal the copying schedules', so
+    only the backend's count tells them apart."""
+    before = fastpar._C._shm_registered_allreduce_calls()
+    dist.all_reduce(t, op=op)
+    return fastpar._C._shm_registered_allreduce_calls() - before
+
+
 def _registered_cpu():
-    """registered_empty + all_reduce (no copy-in), against the reference."""
+    """registered_empty + all_reduce without the copy-in, against the
+    reference. The launch (batched_scenarios.SMALL_SLOT) sends registered
+    buffers of every size to the zero-copy schedule where the copying one
+    would run two-shot: every buffer larger than a slot."""
     init()
+    slot = int(os.environ["FASTPAR_SHM_SLOT_BYTES"])
     for dtype in DTYPES:
         for op in ops_for(dtype):
             for n in (0, 1, 7, 3000, 70001):
@@ -357,19 +373,24 @@ def _registered_cpu():
                 assert fd.get_fastpar_backend().is_registered(t) or n == 0
                 xs = [exact_data(q, n, dtype) for q in range(WORLD)]
                 t.copy_(xs[RANK])
-                dist.all_reduce(t, op=op)
-                check(t, reference(xs, op), f"registered all_reduce {dtype} {op} n={n}",
-                      exact=op != dist.ReduceOp.AVG)
+                zero_copy = _all_reduce_counting_zero_copy(t, op)
+                what = f"registered all_reduce {dtype} {op} n={n}"
+                check(t, reference(xs, op), what, exact=op != dist.ReduceOp.AVG)
+                if n * t.element_size() > slot:
+                    assert zero_copy == 1, f"{what}: {t.nbytes} bytes did not take the zero-copy schedule"
                 del t
-    # 2-D, reused after free, and mixed with plain tensors
+    # 2-D, reused after free, and mixed with plain tensors (which never take it)
     keep = [fd.registered_empty((64, 33), torch.float32) for _ in range(3)]
     for i, k in enumerate(keep):
         k.fill_(RANK + i)
-        dist.all_reduce(k)
+        assert _all_reduce_counting_zero_copy(k) == 1, f"registered 64x33 buffer {i}: not the zero-copy schedule"
         assert torch.all(k == sum(q + i for q in range(WORLD))), k
     plain = torch.ones(5)
-    dist.all_reduce(plain)
+    assert _all_reduce_counting_zero_copy(plain) == 0, "a plain tensor took the zero-copy schedule"
     assert torch.all(plain == WORLD)
+    big_plain = torch.ones(70001)
+    assert _all_reduce_counting_zero_copy(big_plain) == 0, "a plain tensor took the zero-copy schedule"
+    assert torch.all(big_plain == WORLD)
     # No room on any rank: every rank raises ValueError (the ranks agreed on
     # that), and the group stays usable.
     try:
