@@ -3,6 +3,7 @@
 // backend (distributed/), and exposes build facts and knobs.
 #include <torch/extension.h>
 
+#include "../core/executors/cpu_shm/shm_collectives.h"
 #include "../core/kernels/cpu_isa.h"
 #include "distributed/backend.h"
 #include "distributed/knobs.h"
@@ -37,6 +38,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   fastpar::distributed::apply_cpu_isa_knob();
   m.def("cpu_isa", [] { return std::string(fastpar::cpu_isa_name(fastpar::cpu_isa())); });
   m.def("cpu_isa_supported", [] { return std::string(fastpar::cpu_isa_name(fastpar::cpu_isa_supported())); });
+  // Calls that took the zero-copy schedule of registered CPU buffers, in this
+  // process (the tests check it ran: its results equal the copying schedules').
+  m.def("_shm_registered_allreduce_calls", [] { return fastpar::cpu_shm::registered_allreduce_calls(); });
   fastpar::distributed::register_distributed(m);
 #ifdef FASTPAR_WITH_CUDA
   fastpar::distributed::register_cuda_engine(m);

@@ -4,13 +4,20 @@ schedule against a reference; fastpar._C.HierarchicalEngine (the composition
 CUDA tensors get on several hosts) run on CPU stand-ins, and its refusal of a
 composition that does not match its host layout, naming the argument and
 both values, before any call."""
+from __future__ import annotations
+
 import datetime
+import os
 
 import pytest
+import torch
 import torch.distributed as dist
 
 import fastpar
-from dist_harness import assert_ok, run
+import fastpar.distributed as fd
+from dist_harness import assert_ok, run, scenario
+from reference import exact_data, reference
+from worker_context import ARGS, RANK, WORLD, check, finish, init, ops_for
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo")
 
@@ -58,6 +65,145 @@ def test_a_valid_composition_of_one_host_reports_its_parts():
     assert hb.local is not None and hb.leaders is not None and hb.world is not None
 
 
+@scenario
+def sc_hierarchical():
+    """FASTPAR_HOST_ID fakes hosts: shm inside, gloo between leaders."""
+    init()
+    backend = fd.get_fastpar_backend()
+    assert backend.hierarchical, "expected the hierarchical path with several FASTPAR_HOST_IDs"
+    for dtype in (torch.float32, torch.float64, torch.int32, torch.int64, torch.bfloat16):
+        for op in ops_for(dtype):
+            for n in (0, 1, 7, 5003):
+                xs = [exact_data(q, n, dtype) for q in range(WORLD)]
+                t = xs[RANK].clone()
+                dist.all_reduce(t, op=op)
+                check(t, reference(xs, op), f"hierarchical all_reduce {dtype} {op} n={n}",
+                      exact=op != dist.ReduceOp.AVG)
+    xs = [exact_data(q, 33, torch.float32) for q in range(WORLD)]
+    t = xs[RANK].clone()
+    dist.broadcast(t, src=WORLD - 1)
+    check(t, xs[WORLD - 1], "hierarchical broadcast")
+    out = [torch.empty(33) for _ in range(WORLD)]
+    dist.all_gather(out, xs[RANK])
+    for q in range(WORLD):
+        check(out[q], xs[q], f"hierarchical all_gather [{q}]")
+    dist.barrier()
+    if ARGS:  # every other collective, on this layout and the layouts named in ARGS
+        hier_collectives(dist.group.WORLD, os.environ["FASTPAR_HOST_ID"])
+        for spec in ARGS:  # "ranks:hosts", e.g. "0,1,2:AAB"
+            ranks, layout = spec.split(":")
+            hier_collectives_in_new_group([int(r) for r in ranks.split(",")], layout)
+    dist.destroy_process_group()
+
+
+def hier_collectives_in_new_group(ranks: list[int], layout: str):
+    """A fastpar group over `ranks` whose rank i lives on host layout[i]
+    (FASTPAR_HOST_ID is read when the group is created)."""
+    saved = os.environ["FASTPAR_HOST_ID"]
+    if RANK in ranks:
+        os.environ["FASTPAR_HOST_ID"] = "host" + layout[ranks.index(RANK)]
+    g = dist.new_group(ranks, backend="fastpar")
+    if RANK in ranks:
+        fd.get_fastpar_backend(g)  # created now, with this rank's host id
+        hier_collectives(g, os.environ["FASTPAR_HOST_ID"])
+    os.environ["FASTPAR_HOST_ID"] = saved
+    dist.barrier()
+
+
+def hier_collectives(g, host: str, be=None):
+    """broadcast, reduce, all_gather(_into_tensor), reduce_scatter(_tensor) on
+    a multi-host group against a reference built from every rank's input, each
+    call checked to have run a hierarchical schedule (the counter of `be`, by
+    default the group's fastpar backend), and gather / scatter / all_to_all
+    (world gloo) for correctness."""
+    be = be if be is not None else fd.get_fastpar_backend(g)
+    n_ranks, me = dist.get_world_size(g), dist.get_rank(g)
+    glob = lambda r: dist.get_global_rank(g, r)  # noqa: E731  (src/dst take global ranks)
+    assert getattr(be, "hierarchical", True), f"{host}: expected several hosts"
+    calls = [be.hierarchical_calls]
+
+    def hier(what):
+        calls.append(be.hierarchical_calls)
+        assert calls[-1] == calls[-2] + 1, f"{what}: ran {calls[-1] - calls[-2]} hierarchical schedules, expected 1"
+
+    SUM, AVG, MAX = dist.ReduceOp.SUM, dist.ReduceOp.AVG, dist.ReduceOp.MAX
+    for dtype in (torch.float32, torch.float16, torch.int32):
+        ops = [SUM, MAX, AVG]
+        for n in (0, 1, 7, 5003):
+            tag = f"[{host} rank {me}/{n_ranks}] {dtype} n={n}"
+            xs = [exact_data(q, n, dtype) for q in range(n_ranks)]
+            for root in range(n_ranks):
+                t = xs[me].clone()
+                dist.broadcast(t, src=glob(root), group=g)
+                hier(f"broadcast {tag}")
+                check(t, xs[root], f"broadcast root={root} {tag}")
+            for op in ops:
+                exact = op != AVG
+                for root in sorted({0, 1, n_ranks - 1}):
+                    t = xs[me].clone()
+                    dist.reduce(t, dst=glob(root), op=op, group=g)
+                    hier(f"reduce {tag}")
+                    if me == root:
+                        check(t, reference(xs, op), f"reduce root={root} {op} {tag}", exact)
+                    else:
+                        check(t, xs[me], f"reduce leaves non-root input alone root={root} {op} {tag}")
+                full = [exact_data(q, n_ranks * n, dtype, seed=5) for q in range(n_ranks)]
+                ref = reference(full, op)[me * n:(me + 1) * n]
+                o = torch.full((n,), 9, dtype=dtype)
+                dist.reduce_scatter_tensor(o, full[me], op=op, group=g)
+                hier(f"reduce_scatter_tensor {tag}")
+                check(o, ref, f"reduce_scatter_tensor {op} {tag}", exact)
+                o = torch.full((n,), 9, dtype=dtype)
+                dist.reduce_scatter(o, list(full[me].chunk(n_ranks)) if n else [torch.empty(0, dtype=dtype)] * n_ranks,
+                                    op=op, group=g)
+                hier(f"reduce_scatter {tag}")
+                check(o, ref, f"reduce_scatter {op} {tag}", exact)
+            out = [torch.full((n,), 9, dtype=dtype) for _ in range(n_ranks)]
+            dist.all_gather(out, xs[me], group=g)
+            hier(f"all_gather {tag}")
+            for q in range(n_ranks):
+                check(out[q], xs[q], f"all_gather [{q}] {tag}")
+            flat = torch.full((n_ranks * n,), 9, dtype=dtype)
+            dist.all_gather_into_tensor(flat, xs[me], group=g)
+            hier(f"all_gather_into_tensor {tag}")
+            check(flat, torch.cat(xs), f"all_gather_into_tensor {tag}")
+    # 2-D tensors, bfloat16, and the collectives that stay on world gloo
+    x = torch.arange(6, dtype=torch.bfloat16).reshape(2, 3) + me
+    out = torch.empty(2 * n_ranks, 3, dtype=torch.bfloat16)
+    dist.all_gather_into_tensor(out, x, group=g)
+    hier("all_gather_into_tensor 2-D")
+    check(out, torch.cat([torch.arange(6, dtype=torch.bfloat16).reshape(2, 3) + q for q in range(n_ranks)]), "2-D")
+    before = be.hierarchical_calls
+    xs = [exact_data(q, 33, torch.float32) for q in range(n_ranks)]
+    gl = [torch.empty(33) for _ in range(n_ranks)] if me == n_ranks - 1 else None
+    dist.gather(xs[me], gl, dst=glob(n_ranks - 1), group=g)
+    if gl is not None:
+        for q in range(n_ranks):
+            check(gl[q], xs[q], f"gather [{q}] {host}")
+    o = torch.empty(33)
+    dist.scatter(o, xs if me == 1 else None, src=glob(1), group=g)
+    check(o, xs[me], f"scatter {host}")
+    outs = [torch.empty(5) for _ in range(n_ranks)]
+    dist.all_to_all(outs, [exact_data(me * n_ranks + q, 5, torch.float32) for q in range(n_ranks)], group=g)
+    for q in range(n_ranks):
+        check(outs[q], exact_data(q * n_ranks + me, 5, torch.float32), f"all_to_all from {q} {host}")
+    assert be.hierarchical_calls == before, "gather/scatter/all_to_all are expected on world gloo"
+    # bool, complex and bitwise reductions: shared memory inside each host (bool
+    # as uint8, complex as its parts), gloo between hosts, or world gloo (BXOR)
+    t = torch.tensor([me == 0, False, True])
+    dist.all_reduce(t, group=g)
+    check(t, torch.tensor([True, False, True]), f"all_reduce bool SUM {host}")
+    c = torch.complex(torch.arange(4.0) + me, -torch.arange(4.0))
+    dist.reduce(c, dst=glob(0), op=AVG, group=g)
+    if me == 0:
+        check(c, torch.complex(torch.arange(4.0) + (n_ranks - 1) / 2, -torch.arange(4.0)), f"reduce complex AVG {host}")
+    x = torch.full((3,), 1 << me, dtype=torch.int32)
+    dist.all_reduce(x, op=dist.ReduceOp.BXOR, group=g)
+    check(x, torch.full((3,), (1 << n_ranks) - 1, dtype=torch.int32), f"all_reduce BXOR {host}")
+    print(f"hierarchical collectives ok: {host} rank {me} of {n_ranks}, {be.hierarchical_calls} hierarchical calls",
+          flush=True)
+
+
 @pytest.mark.usefixtures("no_leftover_segments")
 def test_hierarchical_two_hosts_of_two():
     """2 fake hosts x 2 ranks (world group), then, in new groups of the same 4
@@ -67,13 +213,63 @@ def test_hierarchical_two_hosts_of_two():
     larger sizes cross many chunks; one launch keeps start-up cost down."""
     host = lambda r: {"FASTPAR_HOST_ID": "nodeA" if r < 2 else "nodeB"}  # noqa: E731
     layouts = ["0,1,2,3:ABAB", "0,1,2:AAB", "1,2,3:ABA", "0,1,2,3:AAAB"]
-    results = run("hierarchical", 4, per_rank_env=host, env={"FASTPAR_SHM_SLOT_BYTES": "4096"}, args=layouts,
+    results = run(sc_hierarchical, 4, per_rank_env=host, env={"FASTPAR_SHM_SLOT_BYTES": "4096"}, args=layouts,
                   timeout=240)
     assert_ok(results)
     out = "".join(r.out for r in results)
     for layout in ["nodeA", "nodeB", "hostA", "hostB"]:
         assert f"hierarchical collectives ok: {layout}" in out, out
     assert out.count("hierarchical collectives ok") == 4 + 4 + 3 + 3 + 4, out
+
+
+@scenario
+def sc_composed_hierarchical():
+    """fastpar._C.HierarchicalEngine (the CUDA path's composition on several
+    hosts) over CPU stand-ins: a fastpar group per fake host as `local`, gloo
+    among the leaders and over the world; one group per layout in ARGS
+    ("AABB": ranks 0,1 on host A, 2,3 on B), through torch.distributed."""
+    init()
+    for layout in ARGS:
+        hosts = list(dict.fromkeys(layout))
+        host_of = [hosts.index(c) for c in layout]
+        local = None
+        for h in range(len(hosts)):  # new_group is collective: every rank creates every host's group
+            g = dist.new_group([r for r in range(WORLD) if host_of[r] == h], backend="fastpar")
+            if host_of[RANK] == h:
+                local = fd.get_fastpar_backend(g)
+        leaders = [host_of.index(h) for h in range(len(hosts))]
+        lg = dist.new_group(leaders, backend="gloo")
+        leaders_be = lg._get_backend(torch.device("cpu")) if RANK in leaders else None
+        world_be = dist.new_group(list(range(WORLD)), backend="gloo")._get_backend(torch.device("cpu"))
+        hb = fastpar._C.HierarchicalEngine(RANK, WORLD, host_of, local, leaders_be, world_be)
+        name = f"fastpar_composed_{layout.lower()}"
+        dist.Backend.register_backend(name, lambda *_: hb, devices=["cpu"])
+        g = dist.new_group(list(range(WORLD)), backend=name)
+        x = exact_data(RANK, 1000, torch.float32)
+        dist.all_reduce(x, op=dist.ReduceOp.AVG, group=g)
+        check(x, reference([exact_data(q, 1000, torch.float32) for q in range(WORLD)], dist.ReduceOp.AVG),
+              f"composed all_reduce AVG {layout}", exact=False)
+        hier_collectives(g, f"{layout} host {layout[RANK]}", be=hb)
+        # async_op: the Work's Future holds the tensors (what DDP comm hooks read)
+        x = torch.full((5,), float(RANK))
+        work = dist.all_reduce(x, async_op=True, group=g)
+        work.wait()
+        value = work.get_future().wait()
+        assert isinstance(value, list) and torch.equal(value[0], x), value
+        check(x, torch.full((5,), float(sum(range(WORLD)))), f"composed async all_reduce {layout}")
+        before = hb.hierarchical_calls
+        x = torch.full((3,), 1 + RANK, dtype=torch.int32)
+        dist.all_reduce(x, op=dist.ReduceOp.BOR, group=g)  # no hierarchical schedule: the world backend's
+        check(x, torch.full((3,), reference_bor(WORLD), dtype=torch.int32), f"composed all_reduce BOR {layout}")
+        assert hb.hierarchical_calls == before, "BOR is expected on the world backend"
+    finish()
+
+
+def reference_bor(world: int) -> int:
+    v = 0
+    for q in range(world):
+        v |= 1 + q
+    return v
 
 
 @pytest.mark.usefixtures("no_leftover_segments")
@@ -84,7 +280,7 @@ def test_composed_hierarchical_backend():
     Hosts contiguous (AABB), interleaved (ABAB) and uneven (AAAB): every
     collective with a hierarchical schedule against a reference, and the
     forwarded ones."""
-    results = run("composed_hierarchical", 4, env={"FASTPAR_SHM_SLOT_BYTES": "4096"}, args=["AABB", "ABAB", "AAAB"],
+    results = run(sc_composed_hierarchical, 4, env={"FASTPAR_SHM_SLOT_BYTES": "4096"}, args=["AABB", "ABAB", "AAAB"],
                   timeout=240)
     assert_ok(results)
     out = "".join(r.out for r in results)

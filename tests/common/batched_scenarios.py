@@ -1,10 +1,12 @@
-"""The pytest side of dist_worker.py's scenarios on each device: the shapes
+"""The pytest side of the multi-process scenarios on each device: the shapes
 (device, GPU layout, world size) a test is parametrized by, with the CUDA
 ones skipped exactly where the machine cannot run them, and the batching:
 one launch of WORLD processes per shape runs every selected scenario of that
 shape in turn (dist_worker.py "batch"), each in its own process group, and
 each test checks its own scenario's report, so a failure is still reported
-by the test's name.
+by the test's name. A test names its scenario with @batched(sc_NAME) (the
+@scenario function, in the same test module); the batch of a shape gathers
+the scenarios of every selected test of the session, whatever its module.
 
 A launch costs seconds (processes, CUDA contexts, MPS clients): 46 CUDA
 launches did not fit the GPU check's time, 14 do on one GPU; on the CPU,
@@ -28,12 +30,14 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
 
 import pytest
 import torch
 
 import fastpar
-from dist_harness import run, shm_entries
+from dist_harness import run, scenario_ref, shm_entries
 from scenario_batch import section
 
 NGPU = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -109,74 +113,60 @@ def run_cuda(scenario, world, layout, env=None, args=(), timeout=150):  # a hang
 SLOT_4K = {"FASTPAR_CUDA_IPC_SLOT_BYTES": "4096"}
 REGISTERED = {"FASTPAR_CUDA_IPC_REGISTERED_BYTES": str(8 << 20), "FASTPAR_CUDA_IPC_SLOT_BYTES": "65536",
               "FASTPAR_TEST_TIMEOUT_S": "30"}
-# scenario id -> (worker scenario, args, env), per device, in the order a
-# batch runs them. On CUDA "state" runs first: the one-time MPS warning it
-# looks for is once per process.
-SCENARIOS = {
-    "cpu": {
-        "bad_input": ("bad_input", [], {}),
-        "allreduce": ("allreduce", [], {}),
-        "allreduce-one_shot": ("allreduce_forced", ["one_shot"], {}),
-        "allreduce-two_shot": ("allreduce_forced", ["two_shot"], {}),
-        "collectives": ("collectives", [], {}),
-        "registered": ("registered", [], {}),
-        "avg_integers": ("avg_integers", [], {}),
-        "bitwise_bool_complex": ("bitwise_bool_complex", [], {}),
-        "strided": ("strided", [], {}),
-    },
-    "cuda": {
-        "state": ("state", [], {}),
-        "allreduce": ("allreduce", [], {}),
-        "allreduce-slot4096": ("allreduce", [], SLOT_4K),
-        "collectives": ("collectives", [], {}),
-        "collectives-slot4096": ("collectives", [], SLOT_4K),
-        "root_and_alltoall": ("root_and_alltoall", [], {}),
-        "p2p": ("p2p", [], {}),
-        "p2p_first": ("p2p_first", [], {}),
-        "graph": ("graph", [], {"FASTPAR_CUDA_IPC_SLOT_BYTES": "65536"}),
-        "registered": ("registered", [], REGISTERED),
-        "registered_alone": ("registered_alone", [], REGISTERED),
-        "async": ("async", [], {}),
-        "ddp-plain": ("ddp", [], {}),
-        "ddp-registered": ("ddp", [], {"FASTPAR_CUDA_IPC_REGISTERED_BYTES": str(16 << 20)}),
-        "desync-numel": ("desync", ["numel"], {}),
-        "desync-root": ("desync", ["root"], {}),
-        "desync-op": ("desync", ["op"], {}),
-    },
-}
 PER_SCENARIO_S = 90  # the longest scenario (collectives on 4 ranks) takes well under this
 _batches: dict = {}
 
 
-def _scenario_of(item):
-    """(device, layout, world, scenario id) a collected test checks, or None
-    (a test, or a shape of it, with a launch of its own)."""
-    sid = getattr(getattr(item, "function", None), "scenario", None)
-    if sid is None:
-        return None
-    params = item.callspec.params if hasattr(item, "callspec") else {}
-    sid = sid(params) if callable(sid) else sid
-    if sid is None:
-        return None
-    device = params.get("device", "cuda")
-    layout = params.get("layout", TWO_RANK_LAYOUT if device == "cuda" else None)
-    return device, layout, params.get("world", 2), sid
+@dataclass
+class InBatch:
+    """A scenario as one of a batch: the @scenario function, its ARGS and env,
+    its id in the batch's reports (default: the function's name without sc_,
+    then the args), and its place: order -1 runs before the others (on CUDA
+    "state": the one-time MPS warning it looks for is once per process), 1
+    after them (scenarios that fail their groups on purpose), 0 in the order
+    the tests were collected."""
+    body: Callable[[], None]
+    args: Sequence = ()
+    env: dict = field(default_factory=dict)
+    id: str = ""
+    order: int = 0
+
+    def __post_init__(self):
+        self.args = [str(a) for a in self.args]
+        self.id = self.id or "-".join([self.body.__name__.removeprefix("sc_"), *self.args])
 
 
-def batched(sid):
-    """Marks a test as checking scenario `sid` (or sid(params); None: this
-    shape is not batched) of the batch of its (device, layout, world); a test
-    without a device parameter is a CUDA one."""
+def batched(spec):
+    """Marks a test as checking a scenario run in the batch of its (device,
+    layout, world): `spec` is a @scenario function, an InBatch, or a function
+    of the test's parameters that gives either (None: this shape is not
+    batched). A test without a device parameter is a CUDA one."""
     def mark(fn):
-        fn.scenario = sid
+        fn.in_batch = spec
         return fn
     return mark
 
 
-def _run_batch(device, layout, world, sids):
-    registry = SCENARIOS[device]
-    ordered = sorted(set(sids), key=list(registry).index)
-    specs = [{"id": s, "name": registry[s][0], "args": registry[s][1], "env": registry[s][2]} for s in ordered]
+def _in_batch_of(item):
+    """(device, layout, world) and the InBatch a collected test checks, or None
+    (a test, or a shape of it, with a launch of its own)."""
+    spec = getattr(getattr(item, "function", None), "in_batch", None)
+    params = item.callspec.params if hasattr(item, "callspec") else {}
+    if spec is not None and not isinstance(spec, InBatch) and not hasattr(spec, "scenario_ref"):
+        spec = spec(params)
+    if spec is None:
+        return None
+    device = params.get("device", "cuda")
+    layout = params.get("layout", TWO_RANK_LAYOUT if device == "cuda" else None)
+    return (device, layout, params.get("world", 2)), spec if isinstance(spec, InBatch) else InBatch(spec)
+
+
+def _run_batch(device, layout, world, specs):
+    by_id = {}
+    for s in specs:
+        assert by_id.setdefault(s.id, s) == s, f"two scenarios of one batch have the id {s.id}"
+    ordered = sorted(by_id.values(), key=lambda s: s.order)  # stable: collection order within an order
+    specs = [{"id": s.id, "ref": scenario_ref(s.body), "args": s.args, "env": s.env} for s in ordered]
     timeout = 30 + PER_SCENARIO_S * len(specs)
     if device == "cuda":
         return run_cuda("batch", world, layout, args=[json.dumps(specs)], timeout=timeout)
@@ -194,11 +184,12 @@ def assert_scenario_ok(results, device, name):
         assert all(f"{name} rank {r.rank} ok" in r.out for r in results), [r.out for r in results]
 
 
-def scenario_result(request, device, layout, world, sid):
-    """Runs (once per session) the batch of every selected test of this
-    (device, layout, world), then returns each rank's report of scenario `sid`."""
-    key = (device, layout, world)
+def scenario_result(request):
+    """Runs (once per session) the batch of every selected test of this test's
+    (device, layout, world), then returns each rank's report of this test's
+    scenario."""
+    key, spec = _in_batch_of(request.node)
     if key not in _batches:
-        sids = [s for s in map(_scenario_of, request.session.items) if s and s[:3] == key]
-        _batches[key] = _run_batch(device, layout, world, [s[3] for s in sids] or [sid])
-    return [section(r, sid) for r in _batches[key]]
+        specs = [s for k, s in filter(None, map(_in_batch_of, request.session.items)) if k == key]
+        _batches[key] = _run_batch(*key, specs or [spec])
+    return [section(r, spec.id) for r in _batches[key]]

@@ -9,7 +9,7 @@ list of scenarios in turn, each between report lines on stdout
 and the test side cuts each rank's output into the scenarios' reports, so
 every test still fails by its scenario's name (dist_worker.py "batch",
 batched_scenarios.py; tooling/test_scenario_batch.py checks both sides with
-the gloo probes of scenarios_batching.py)."""
+gloo probes of its own)."""
 from __future__ import annotations
 
 import datetime
@@ -25,7 +25,7 @@ from dist_harness import RankResult
 
 def run_batch(specs_json: str, rank: int, world: int, store, run_one: Callable[[dict, str], None],
               on_failure: Callable[[], None] = lambda: None) -> None:
-    """Worker side. specs_json: a list of {"id", "name", "args", "env"};
+    """Worker side. specs_json: a list of {"id", "ref", "args", "env"};
     run_one(spec, prefix) runs one scenario, its process group on the keys
     under `prefix` of `store`. Each scenario's env is set around it; every
     rank waits for every other at each scenario's start (also after one that

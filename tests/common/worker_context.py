@@ -1,6 +1,8 @@
-"""What every scenario of dist_worker.py shares: this rank's coordinates (from
-the command line), its device (from the environment), joining a process
-group, and the checks. The scenario modules import their names from here.
+"""What every scenario shares: this rank's coordinates (from dist_worker.py's
+command line), its device (from the environment), joining a process group,
+and the checks. The test modules that hold scenarios import their names from
+here; in the pytest process, which imports those modules but runs no
+scenario, the coordinates are None.
 
 FASTPAR_TEST_DEVICE picks the tensors' device: "cpu" (the default) or "cuda".
 On cuda, FASTPAR_TEST_GPU_LAYOUT picks the GPUs: "distinct" (the default:
@@ -12,6 +14,7 @@ from __future__ import annotations
 import datetime
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -20,10 +23,14 @@ import fastpar  # registers the "fastpar" backend
 import fastpar.distributed as fd
 from reference import OPS
 
-SCENARIO, RANK, WORLD, PORT = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+IN_WORKER = os.path.basename(sys.argv[0]) == "dist_worker.py"
+if IN_WORKER:
+    SCENARIO, RANK, WORLD, PORT = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+else:
+    SCENARIO = RANK = WORLD = PORT = None
 # A list changed in place (a batch sets each scenario's), so that names
 # imported from here stay current.
-ARGS: list[str] = sys.argv[5:]
+ARGS: list[str] = sys.argv[5:] if IN_WORKER else []
 STORE_PREFIX = ""  # a batch gives each scenario its own keys of the launch's TCPStore
 _BASE_STORE = None
 # The CPU scenarios' group timeout (read once); CUDA ones read theirs at each init.
@@ -35,7 +42,7 @@ CUDA = DEVICE_TYPE == "cuda"
 LAYOUT = os.environ.get("FASTPAR_TEST_GPU_LAYOUT", "distinct")
 assert LAYOUT in ("distinct", "shared"), LAYOUT
 SHARED = LAYOUT == "shared"
-DEV = torch.device("cuda", 0 if SHARED else RANK) if CUDA else torch.device("cpu")
+DEV = torch.device("cuda", 0 if SHARED else RANK) if CUDA and IN_WORKER else torch.device("cpu")
 MAX_IPC = int(os.environ.get("FASTPAR_CUDA_IPC_MAX_BYTES", 8 << 20))
 
 
@@ -77,6 +84,13 @@ def init(timeout_s: float | None = None, backend: str | None = None, device_id=N
 
 def finish():
     dist.destroy_process_group()
+
+
+def error_exit(t0: float, e: Exception):
+    """Exits 3 with the error and how long after t0 it came on stderr (the
+    fault tests check both)."""
+    print(f"ERROR after {time.monotonic() - t0:.1f}s: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+    sys.exit(3)
 
 
 def cuda_backend(group=None):

@@ -2,13 +2,23 @@
 that disagree, two jobs side by side, and /dev/shm hygiene in every case.
 Errors must come within the timeout, never a hang (the harness kills any
 process that overruns, which fails the test)."""
+from __future__ import annotations
+
+import ctypes
+import datetime
 import os
 import re
+import signal
+import sys
+import time
 
 import pytest
+import torch
+import torch.distributed as dist
 
-from dist_harness import assert_ok, collect, free_port, launch, run
-
+import fastpar.distributed as fd
+from dist_harness import assert_ok, collect, free_port, launch, run, scenario
+from worker_context import ARGS, PORT, RANK, TIMEOUT_S, WORLD, error_exit, init
 
 pytestmark = pytest.mark.usefixtures("no_leftover_segments")
 
@@ -19,25 +29,74 @@ def _elapsed(err: str) -> float:
     return float(m.group(1))
 
 
+@scenario
+def sc_missing_peer():
+    """Rank WORLD-1 never starts; the others must fail within the timeout."""
+    t0 = time.monotonic()
+    try:
+        init(timeout_s=float(ARGS[0]))
+    except Exception as e:  # noqa: BLE001  any type, printed: the test requires DistBackendError
+        print(f"ERROR after {time.monotonic() - t0:.1f}s: {type(e).__name__}: {e}", file=sys.stderr)
+        sys.exit(3)
+    sys.exit(0)
+
+
 def test_peer_never_arrives():
-    # rank 1 of 2 is never started: rank 0 fails in init, naming rank and timeout
-    (r0,) = run("missing_peer", 2, ranks=[0], args=[2])
+    # rank 1 of 2 is never started: rank 0 fails in init, naming rank and
+    # timeout, with the error torch's backends raise for a peer that failed
+    (r0,) = run(sc_missing_peer, 2, ranks=[0], args=[2])
     assert r0.rc == 3, r0.err
-    assert "init on rank 0 timed out after 2000 ms waiting for rank 1" in r0.err
+    assert "DistBackendError: fastpar: init on rank 0 timed out after 2000 ms waiting for rank 1" in r0.err, r0.err
+
+
+@scenario
+def sc_absent_in_collective():
+    """Everyone joins; the last rank then never calls all_reduce."""
+    init(timeout_s=float(ARGS[0]))
+    dist.barrier()
+    if RANK == WORLD - 1:
+        time.sleep(float(ARGS[0]) * 3)
+        sys.exit(0)
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(10))
+    except dist.DistBackendError as e:
+        print(f"ERROR after {time.monotonic() - t0:.1f}s: {e}", file=sys.stderr)
+        sys.exit(3)
+    sys.exit(0)
 
 
 def test_peer_never_calls_the_collective():
-    results = run("absent_in_collective", 2, args=[2])
+    results = run(sc_absent_in_collective, 2, args=[2])
     r0 = results[0]
     assert r0.rc == 3, r0.err
     assert "fastpar: allreduce on rank 0 timed out after 2000 ms waiting for rank 1" in r0.err
     assert results[1].rc == 0
 
 
+@scenario
+def sc_sigkill():
+    """Rank ARGS[1] SIGKILLs itself in the middle of a stream of all_reduces; the
+    others must fail fast (liveness), well within the long timeout."""
+    init(timeout_s=float(ARGS[0]))
+    victim = int(ARGS[1])
+    t = torch.ones(100000)
+    for i in range(20):
+        if RANK == victim and i == 10:
+            os.kill(os.getpid(), signal.SIGKILL)
+        t0 = time.monotonic()
+        try:
+            dist.all_reduce(t)
+        except dist.DistBackendError as e:
+            print(f"ERROR after {time.monotonic() - t0:.1f}s: {e}", file=sys.stderr)
+            sys.exit(3)
+    sys.exit(0)
+
+
 @pytest.mark.parametrize("victim", [0, 1])
 def test_sigkill_mid_collective(victim):
     # a 60 s timeout: the survivors must notice the death itself, not the timeout
-    results = run("sigkill", 3, args=[60, victim], timeout=50)
+    results = run(sc_sigkill, 3, args=[60, victim], timeout=50)
     for r in results:
         if r.rank == victim:
             assert r.rc == -9, (r.rc, r.err)
@@ -59,8 +118,46 @@ MISMATCHES = {
 }
 
 
+@scenario
+def sc_mismatch():
+    """Ranks that call different collectives, sizes, dtypes or splits get an
+    error that says so. Each case runs in a fresh fastpar group (a failed
+    communicator stays failed), and the world group must survive them all."""
+    init()
+    for kind in ARGS:
+        g = dist.new_group(backend="fastpar")
+        try:
+            if kind == "op":
+                if RANK == 0:
+                    dist.all_reduce(torch.ones(10), group=g)
+                else:
+                    dist.broadcast(torch.ones(10), src=0, group=g)
+            elif kind == "size":
+                dist.all_reduce(torch.ones(10 + RANK), group=g)
+            elif kind == "dtype":
+                dist.all_reduce(torch.ones(10, dtype=torch.float32 if RANK == 0 else torch.float64), group=g)
+            elif kind == "split":
+                # Each rank's splits are consistent with themselves (its block to
+                # itself agrees), but ranks >= 1 send rank 0 one row where it expects two.
+                splits = [2] * WORLD if RANK == 0 else [1] + [2] * (WORLD - 2) + [3]
+                dist.all_to_all_single(torch.empty(2 * WORLD), torch.ones(2 * WORLD), splits, splits, group=g)
+        except dist.DistBackendError as e:
+            print(f"{kind}: ERROR: {e}", flush=True)
+            try:
+                dist.all_reduce(torch.ones(1), group=g)
+                raise AssertionError("a failed communicator accepted another collective")
+            except dist.DistBackendError as again:
+                assert "unusable after an earlier error" in str(again), again
+            continue
+        raise AssertionError(f"{kind}: no error")
+    t = torch.ones(3)
+    dist.all_reduce(t)
+    assert torch.all(t == WORLD)
+    dist.destroy_process_group()
+
+
 def test_mismatched_calls():
-    results = run("mismatch", 2, args=list(MISMATCHES))
+    results = run(sc_mismatch, 2, args=list(MISMATCHES))
     assert_ok(results)
     for kind, fragment in MISMATCHES.items():
         lines = [line for r in results for line in r.out.splitlines() if line.startswith(f"{kind}: ERROR")]
@@ -70,19 +167,95 @@ def test_mismatched_calls():
             assert all("collective mismatch" in line for line in lines), lines
 
 
+@scenario
+def sc_exception_exit():
+    """A rank raises (uncaught) after a few collectives: segments must be gone anyway."""
+    init()
+    t = torch.ones(10)
+    dist.all_reduce(t)
+    if RANK == 0:
+        raise RuntimeError("user code failed on purpose")
+    sys.exit(0)
+
+
 def test_exception_exit_leaves_nothing():
-    results = run("exception_exit", 2)
+    results = run(sc_exception_exit, 2)
     assert results[0].rc != 0 and "user code failed on purpose" in results[0].err
     assert results[1].rc == 0
 
 
+@scenario
+def sc_job_value():
+    """One of two simultaneous jobs: allreduce a job-specific value many times."""
+    init()
+    base = float(ARGS[0])
+    for i in range(200):
+        t = torch.full((1000,), base + RANK)
+        dist.all_reduce(t)
+        want = sum(base + q for q in range(WORLD))
+        assert torch.all(t == want), f"job {base} iteration {i}: got {t[0].item()} want {want}"
+    dist.destroy_process_group()
+
+
 def test_two_jobs_never_share_segments():
-    a = launch("job_value", 2, args=[100], port=free_port())
-    b = launch("job_value", 2, args=[1000], port=free_port())
+    a = launch(sc_job_value, 2, args=[100], port=free_port())
+    b = launch(sc_job_value, 2, args=[1000], port=free_port())
     assert_ok(collect(a) + collect(b))
 
 
 # -- group life cycles, receives from any source, hostile peers ------------------------------
+
+_STORE = []
+
+
+def tcp_init(timeout_s: float = TIMEOUT_S, same_store: bool = False):
+    """init_process_group as users write it: init_method tcp://, or one store
+    object passed to every round (same_store)."""
+    if same_store:
+        if not _STORE:
+            _STORE.append(dist.TCPStore("127.0.0.1", PORT, WORLD, RANK == 0, timeout=datetime.timedelta(seconds=30)))
+        dist.init_process_group("fastpar", store=_STORE[0], rank=RANK, world_size=WORLD,
+                                timeout=datetime.timedelta(seconds=timeout_s))
+        return
+    dist.init_process_group("fastpar", init_method=f"tcp://127.0.0.1:{PORT}", rank=RANK, world_size=WORLD,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+
+
+@scenario
+def sc_recreate():
+    """ARGS[0] rounds of init_process_group(init_method=tcp://..., or the same
+    store object when ARGS[2] is 'same_store') / one call of ARGS[1]
+    ('direct': dist.all_reduce then fastpar.distributed.all_reduce; 'p2p':
+    isend / recv of 2 MiB) / destroy_process_group."""
+    rounds, kind = int(ARGS[0]), ARGS[1]
+    same_store = ARGS[2:] == ["same_store"]
+    for i in range(rounds):
+        tcp_init(same_store=same_store)
+        t = torch.full((1000,), float(RANK + i))
+        dist.all_reduce(t)
+        want = sum(q + i for q in range(WORLD))
+        assert torch.all(t == want), f"round {i}: dist.all_reduce gave {t[0].item()}, want {want}"
+        if kind == "direct":
+            fd.all_reduce(t)
+            assert torch.all(t == want * WORLD), f"round {i}: direct all_reduce gave {t[0].item()}"
+        elif kind == "p2p":
+            n = (2 << 20) // 4
+            if RANK == 0:
+                dist.isend(torch.full((n,), float(i)), 1).wait()
+            elif RANK == 1:
+                got = torch.empty(n)
+                dist.recv(got, 0)
+                assert torch.all(got == float(i)), f"round {i}: received {got[0].item()}"
+        else:
+            raise ValueError(kind)
+        dist.destroy_process_group()
+        if not same_store and RANK != 0:
+            # torch's own race, not fastpar's (gloo fails the same loop): a rank
+            # that re-inits through tcp:// before rank 0 has torn its TCPStore
+            # server down connects to the old server and loses it mid-rendezvous.
+            time.sleep(1.0)
+        print(f"round {i} ok", flush=True)
+
 
 @pytest.mark.parametrize("kind,store", [("direct", "tcp"), ("direct", "same_store"), ("p2p", "same_store")])
 def test_default_group_recreated(kind, store):
@@ -91,10 +264,47 @@ def test_default_group_recreated(kind, store):
     # init_method="tcp://..." or one TCPStore object passed to every round (its
     # keys outlive the groups): every round must come up on fresh keys and
     # segments, and the direct call must not keep the last group alive.
-    results = run("recreate", 2, args=[3, kind, store], timeout=90)
+    results = run(sc_recreate, 2, args=[3, kind, store], timeout=90)
     assert_ok(results)
     for r in results:
         assert "round 2 ok" in r.out, r.out
+
+
+@scenario
+def sc_any_source_sender_dies():
+    """3 ranks. Rank 1 streams 1 MiB messages to rank 0 and SIGKILLs itself
+    after a few; rank 2 sends its part and stays in the group (ARGS[1] 'stay')
+    or leaves it and exits (ARGS[1] 'leave'). Rank 0 receives from any source:
+    it must fail at once naming rank 1, not wait for the timeout (ARGS[0])."""
+    timeout_s, rank2 = float(ARGS[0]), ARGS[1]
+    init(timeout_s=timeout_s)
+    dist.barrier()
+    n = (1 << 20) // 4
+    if RANK == 1:
+        for i in range(1000):
+            if i == 5:
+                os.kill(os.getpid(), signal.SIGKILL)
+            dist.send(torch.full((n,), 1.0), 0)
+    if RANK == 2:
+        for _ in range(2):
+            dist.send(torch.full((n,), 2.0), 0)
+        if rank2 == "leave":
+            dist.destroy_process_group()
+            sys.exit(0)
+        time.sleep(8)  # in the group, alive, while rank 0 must notice rank 1
+        sys.exit(0)
+    got = torch.empty(n)
+    counts = {1: 0, 2: 0}
+    t0 = time.monotonic()
+    try:
+        for _ in range(1000):
+            t0 = time.monotonic()
+            src = dist.recv(got)
+            counts[src] += 1
+    except dist.DistBackendError as e:
+        print(f"received {counts}", flush=True)
+        error_exit(t0, e)
+    sys.exit(0)
 
 
 @pytest.mark.parametrize("rank2", ["stay", "leave"])
@@ -103,7 +313,7 @@ def test_any_source_receive_fails_when_a_sender_dies(rank2):
     # recv() from any source; rank 2 either stays in the group (alive, sending
     # nothing more) or leaves it. Rank 0 raises at once naming rank 1, not
     # after the 60 s timeout.
-    results = run("any_source_sender_dies", 3, args=[60, rank2], timeout=50)
+    results = run(sc_any_source_sender_dies, 3, args=[60, rank2], timeout=50)
     assert results[1].rc == -9, results[1].err
     r0 = results[0]
     assert r0.rc == 3, (r0.rc, r0.err)
@@ -114,10 +324,37 @@ def test_any_source_receive_fails_when_a_sender_dies(rank2):
     assert results[2].rc == 0, results[2].err
 
 
+@scenario
+def sc_any_source_sender_leaves():
+    """3 ranks: rank 2 sends one message, leaves the group and exits; rank 1
+    sends its messages only after that. Rank 0 receives all of them from any
+    source: a peer that left cleanly is not a failure."""
+    init()
+    n = 1000
+    if RANK == 2:
+        dist.send(torch.full((n,), 2.0), 0)
+        dist.destroy_process_group()
+        sys.exit(0)
+    if RANK == 1:
+        time.sleep(1.5)  # rank 2 has left and exited by now
+        for _ in range(3):
+            dist.send(torch.full((n,), 1.0), 0)
+        dist.destroy_process_group()
+        sys.exit(0)
+    got = torch.empty(n)
+    srcs = []
+    for _ in range(4):
+        srcs.append(dist.recv(got))
+        assert torch.all(got == float(srcs[-1])), (srcs, got[0].item())
+    assert sorted(srcs) == [1, 1, 1, 2], srcs
+    print("any source ok", flush=True)
+    dist.destroy_process_group()
+
+
 def test_any_source_receive_outlives_a_sender_that_left():
     # Rank 2 sends, leaves the group (destroy_process_group) and exits before
     # rank 1 sends: rank 0's receives from any source still get every message.
-    results = run("any_source_sender_leaves", 3, timeout=60)
+    results = run(sc_any_source_sender_leaves, 3, timeout=60)
     assert_ok(results)
     assert "any source ok" in results[0].out
 
@@ -126,11 +363,51 @@ BAD_HEADERS = ["huge_bytes", "bytes_past_chunk", "negative_total", "offset_past_
                "first_chunk_offset"]
 
 
+def _p2p_block_bytes(chunk: int) -> int:
+    head = 128 + 4 * 64  # counters, 4 chunk headers (shm_p2p.cpp)
+    return (head + 4 * chunk + 4095) // 4096 * 4096
+
+
+@scenario
+def sc_bad_chunk_header():
+    """Rank 0 writes a malformed chunk header into its own channel to rank 1
+    and posts it (as a corrupted or hostile process could); rank 1's receive
+    must fail naming rank 0. One subgroup per kind of damage (ARGS)."""
+    init()
+    chunk = int(os.environ["FASTPAR_SHM_P2P_CHUNK_BYTES"])
+    arena_bytes = int(os.environ["FASTPAR_SHM_REGISTERED_BYTES"])
+    for kind in ARGS:
+        g = dist.new_group([0, 1])
+        # The group's first registered tensor starts the arena (collective);
+        # the channel blocks follow the arena.
+        arena = fd.registered_empty((1,), torch.uint8, group=g)
+        if RANK == 0:
+            block = arena.data_ptr() + arena_bytes + 1 * _p2p_block_bytes(chunk)
+            hdr = (ctypes.c_int64 * 4).from_address(block + 128)  # tag, total, offset, bytes
+            fields = {"huge_bytes": (0, 4000, 0, 1 << 40), "bytes_past_chunk": (0, 4000, 0, chunk + 64),
+                      "negative_total": (0, -5, 0, 16), "offset_past_total": (0, 4000, 1 << 40, 16),
+                      "past_message": (0, 100, 0, 200), "first_chunk_offset": (0, 4000, 64, 16)}[kind]
+            for i, v in enumerate(fields):
+                hdr[i] = v
+            ctypes.memset(block + 128 + 32, 0x41, 32)  # an unterminated description
+            ctypes.c_uint64.from_address(block).value = 1  # posted: one chunk
+        else:
+            t0 = time.monotonic()
+            try:
+                dist.recv(torch.empty(1000), 0, group=g)
+                raise AssertionError(f"{kind}: the malformed chunk was accepted")
+            except dist.DistBackendError as e:
+                print(f"{kind}: ERROR after {time.monotonic() - t0:.1f}s: {e}", flush=True)
+        dist.barrier()  # the default group still works: only g's channel was damaged
+    print("bad headers ok", flush=True)
+    dist.destroy_process_group()
+
+
 def test_malformed_chunk_header_names_the_peer():
     # A peer that writes nonsense into its channel (corrupted or hostile): the
     # receiver raises naming it instead of crashing, for each kind of damage.
     env = {"FASTPAR_SHM_P2P_CHUNK_BYTES": "1024", "FASTPAR_SHM_REGISTERED_BYTES": str(1 << 20)}
-    results = run("bad_chunk_header", 2, env=env, args=BAD_HEADERS, timeout=90)
+    results = run(sc_bad_chunk_header, 2, env=env, args=BAD_HEADERS, timeout=90)
     assert_ok(results)
     lines = [line for line in results[1].out.splitlines() if ": ERROR" in line]
     assert [line.split(":")[0] for line in lines] == BAD_HEADERS, results[1].out
@@ -196,12 +473,35 @@ def test_job_id_from_the_store_is_checked():
         _backend_with_store(store, 1)
 
 
+@scenario
+def sc_hier_exit():
+    """Ranks on 2 fake hosts (FASTPAR_HOST_ID): a few collectives and point to
+    point, then exit with the group destroyed (ARGS[0] 'destroy') or not
+    ('keep'): every rank must exit, none may hang."""
+    init()
+    assert fd.get_fastpar_backend().hierarchical
+    for i in range(3):
+        t = torch.full((1000,), float(RANK + i))
+        dist.all_reduce(t)
+        assert torch.all(t == sum(q + i for q in range(WORLD))), t[0].item()
+    if RANK == 0:
+        dist.send(torch.ones(10), WORLD - 1)
+    elif RANK == WORLD - 1:
+        got = torch.empty(10)
+        dist.recv(got, 0)
+        assert torch.all(got == 1)
+    dist.barrier()
+    if ARGS[0] == "destroy":
+        dist.destroy_process_group()
+    print("hier exit ok", flush=True)
+
+
 @pytest.mark.parametrize("end", ["destroy", "keep"])
 def test_fake_hosts_exit(end):
     # 2 fake hosts (FASTPAR_HOST_ID), collectives and point to point, then exit
     # with the group destroyed or not: every rank exits (the harness kills and
     # fails a rank that hangs).
-    results = run("hier_exit", 4, per_rank_env=lambda r: {"FASTPAR_HOST_ID": f"host{r // 2}"},
+    results = run(sc_hier_exit, 4, per_rank_env=lambda r: {"FASTPAR_HOST_ID": f"host{r // 2}"},
                   args=[end], timeout=60)
     assert_ok(results)
     assert all("hier exit ok" in r.out for r in results)

@@ -72,6 +72,19 @@ class Branchy(nn.Module):
         return self.rank0_only(h) if use_branch else h
 
 
+def grads_in_buckets(model) -> dict:
+    """For each parameter, whether its .grad lies inside its bucket's flat
+    tensor (a view of the bucket, not a copy)."""
+    inside = {}
+    for b in model.buckets:
+        lo = b.flat.data_ptr()
+        hi = lo + b.flat.numel() * b.flat.element_size()
+        for name, p in zip(b.names, b.params):
+            g = p.grad
+            inside[name] = g is not None and lo <= g.data_ptr() and g.data_ptr() + g.numel() * g.element_size() <= hi
+    return inside
+
+
 def worker(rank, world, backend, store_path, out_dir):
     torch.set_num_threads(1)
     dist.init_process_group(backend, store=dist.FileStore(store_path, world), rank=rank, world_size=world)
@@ -89,6 +102,7 @@ def worker(rank, world, backend, store_path, out_dir):
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
         train(model, opt, data, rank, world)
         results[name] = snapshot(net)
+        results[name + "_grads_in_buckets"] = grads_in_buckets(model)
         results["launched_from_hooks"] = model.launched_from_hooks
 
     net = make_model()
@@ -167,6 +181,12 @@ def test_matches_single_process_on_the_global_batch(session, scenario):
         for i, (p, q) in enumerate(zip(res[scenario], ref)):
             torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6,
                                        msg=lambda m: f"rank {rank} parameter {i}: {m}")
+        if scenario.startswith("fastpar"):
+            # gradient_as_bucket_view: every .grad is a view into its bucket;
+            # without it, every .grad is a tensor of its own
+            bucket_view = scenario == "fastpar_bucket_view"
+            inside = res[scenario + "_grads_in_buckets"]
+            assert inside and all(v == bucket_view for v in inside.values()), (rank, inside)
 
 
 @pytest.mark.parametrize("scenario", ["fastpar", "fastpar_bucket_view", "no_sync", "comm_hook"])

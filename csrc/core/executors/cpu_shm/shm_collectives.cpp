@@ -1,5 +1,6 @@
 #include "shm_collectives.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
@@ -73,6 +74,12 @@ constexpr int64_t kRegisteredMinBytes = int64_t(16) << 20;
 
 ShmTuning default_shm_tuning() { return ShmTuning{-1, AllreduceAlgo::kAuto, kRegisteredMinBytes}; }
 
+namespace {
+std::atomic<int64_t> registered_calls{0};
+}  // namespace
+
+int64_t registered_allreduce_calls() { return registered_calls.load(std::memory_order_relaxed); }
+
 void allreduce(ShmComm& c, const ShmTuning& t, const void* in, void* out, int64_t count, DType dt, ReduceOp op) {
   const int64_t bytes = count * dtype_size(dt);
   const int64_t reg = (in == out && bytes >= t.registered_min_bytes) ? c.arena_offset(in, bytes) : -1;
@@ -92,6 +99,7 @@ void allreduce(ShmComm& c, const ShmTuning& t, const void* in, void* out, int64_
     if (one_shot) {
       allreduce_one_shot(c, call, i, o, count, es, reduce);
     } else if (reg >= 0) {
+      registered_calls.fetch_add(1, std::memory_order_relaxed);
       allreduce_registered(c, call, reg, count, es, c.slot_bytes() / es, reduce);
     } else {
       allreduce_two_shot(c, call, i, o, count, es, reduce);

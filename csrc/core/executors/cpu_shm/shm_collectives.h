@@ -33,6 +33,10 @@ ShmTuning default_shm_tuning();
 // In place is allowed (in == out). If `in` lies in this rank's registered arena
 // the registered schedule runs (no copy-in) when the size calls for two-shot.
 void allreduce(ShmComm& c, const ShmTuning& t, const void* in, void* out, int64_t count, DType dt, ReduceOp op);
+// How many allreduce calls of this process took the registered schedule: the
+// tests' proof that a registered buffer skipped the copy-in (the result alone
+// is the same either way).
+int64_t registered_allreduce_calls();
 void reduce(ShmComm& c, const void* in, void* out, int64_t count, DType dt, ReduceOp op, int root);
 void reduce_scatter(ShmComm& c, const void* in, void* out, int64_t count, DType dt, ReduceOp op);
 void broadcast(ShmComm& c, void* data, int64_t count, DType dt, int root);
