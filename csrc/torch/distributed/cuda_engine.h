@@ -52,7 +52,6 @@
 #include "../../core/transport/registered_arena.h"
 #include "cuda_event_pool.h"
 #include "cuda_ipc_work.h"
-#include "c10d_overrides.h"
 #include "engine.h"
 #include "knobs.h"
 
@@ -74,25 +73,46 @@ class CudaEngine : public Engine {
 
   // Over IPC where the route says so, else the fallback; in the order of
   // cuda_engine_collectives.cpp, then cuda_engine_p2p.cpp.
-  FASTPAR_C10D_ALLREDUCE;
-  FASTPAR_C10D_ALLREDUCE_COALESCED;
-  FASTPAR_C10D_BROADCAST;
-  FASTPAR_C10D_REDUCE;
-  FASTPAR_C10D_ALLGATHER;
-  FASTPAR_C10D_ALLGATHER_BASE;
-  FASTPAR_C10D_ALLGATHER_INTO_TENSOR_COALESCED;
-  FASTPAR_C10D_ALLGATHER_COALESCED;
-  FASTPAR_C10D_REDUCE_SCATTER;
-  FASTPAR_C10D_REDUCE_SCATTER_BASE;
-  FASTPAR_C10D_REDUCE_SCATTER_TENSOR_COALESCED;
-  FASTPAR_C10D_GATHER;
-  FASTPAR_C10D_SCATTER;
-  FASTPAR_C10D_BARRIER;
-  FASTPAR_C10D_ALLTOALL_BASE;
-  FASTPAR_C10D_ALLTOALL;
-  FASTPAR_C10D_SEND;
-  FASTPAR_C10D_RECV;
-  FASTPAR_C10D_RECV_ANYSOURCE;
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                     const c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                     std::vector<at::Tensor>& inputs,
+                                                     const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                      const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& output_split_sizes,
+                                               std::vector<int64_t>& input_split_sizes,
+                                               const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
 
   // Sets IPC up now on `device`, if not yet: a collective call, like the
   // lazy setup at the first collective. fastpar.distributed calls it when

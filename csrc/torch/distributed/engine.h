@@ -15,7 +15,6 @@
 #include <torch/extension.h>
 
 #include "c10d_compat.h"
-#include "c10d_overrides.h"
 
 #include <optional>
 #include <vector>
@@ -29,14 +28,24 @@ class Engine : public c10d::Backend {
   const std::string getBackendName() const override { return "fastpar"; }
 
   // Each entry in turn.
-  FASTPAR_C10D_ALLREDUCE_COALESCED;
-  FASTPAR_C10D_ALLGATHER_COALESCED;
-  FASTPAR_C10D_ALLGATHER_INTO_TENSOR_COALESCED;
-  FASTPAR_C10D_REDUCE_SCATTER_TENSOR_COALESCED;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                     const c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                     std::vector<at::Tensor>& inputs,
+                                                     const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::ReduceScatterOptions& opts) override;
   // The list forms over the flat ones: inputs packed with cat, outputs
   // copied out of a packed result.
-  FASTPAR_C10D_REDUCE_SCATTER;
-  FASTPAR_C10D_ALLTOALL;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts) override;
   // A tensor in memory every peer maps (fastpar.distributed.registered_empty;
   // collective), on cuda:`device` for CUDA engines; engines without such
   // memory refuse.
@@ -45,7 +54,8 @@ class Engine : public c10d::Backend {
 
 #if FASTPAR_TORCH_AT_LEAST(2, 14)  // gather_single / gather_into_tensor are new in torch 2.14
   // gather into one flat tensor on the root: gather into its rows.
-  FASTPAR_C10D_GATHER_INTO_TENSOR;
+  c10::intrusive_ptr<c10d::Work> gather_into_tensor(at::Tensor& output, at::Tensor& input,
+                                                    const c10d::GatherOptions& opts) override;
 #endif
 };
 
