@@ -25,7 +25,6 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <torch/extension.h>
 
-#include "c10d_compat.h"
 
 #include <atomic>
 #include <memory>
@@ -38,6 +37,8 @@
 
 namespace fastpar {
 namespace distributed {
+
+class Staging;  // staging.h
 
 class Backend : public c10d::Backend {
  public:
@@ -67,8 +68,7 @@ class Backend : public c10d::Backend {
                                            const c10d::BroadcastOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts) override;
-  // Sparse tensors (COO), as gloo: SUM only; every rank's indices and values
-  // gathered, summed in rank order, copied back into the input.
+  // Sparse tensors (COO), as gloo: SUM only (engine.h).
   c10::intrusive_ptr<c10d::Work> allreduce_sparse(std::vector<at::Tensor>& tensors,
                                                   const c10d::AllreduceOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
@@ -108,9 +108,7 @@ class Backend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
                                           const c10d::AllToAllOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
-  // As gloo's: rank 0 waits for every rank within the timeout and names the
-  // ranks that did not arrive (all of them with wait_all_ranks), then lets
-  // them go; the others wait for rank 0.
+  // As gloo's, on the CPU engine (engine.h).
   void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) override;
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) override;
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) override;
@@ -140,6 +138,14 @@ class Backend : public c10d::Backend {
  private:
   // The engine for tensors like `t` (named `name` in `op`'s errors).
   Engine& engine_for(const char* op, const std::string& name, const at::Tensor& t);
+  // The engine for CPU tensors and for calls that name no tensor.
+  Engine& cpu_engine() { return cpu_hier_ ? *cpu_hier_ : static_cast<Engine&>(*shm_); }
+  // A checked call on tensors like `t`: `call(engine, staging)` runs it on
+  // engine_for(op, name, t) with its tensors passed through `staging`
+  // (staging.h: CPU tensors that are not contiguous go as contiguous copies,
+  // copied back once the Work is done); the Work is recorded.
+  template <class Call>
+  c10::intrusive_ptr<c10d::Work> dispatch(const char* op, const std::string& name, const at::Tensor& t, Call&& call);
   // Counts the call; inside a coalescing block, keeps its Work for endCoalescing.
   c10::intrusive_ptr<c10d::Work> record(c10::intrusive_ptr<c10d::Work> work);
 
@@ -150,7 +156,6 @@ class Backend : public c10d::Backend {
   std::atomic<uint64_t> calls_{0};
   std::mutex coalescing_mu_;
   std::optional<std::vector<c10::intrusive_ptr<c10d::Work>>> coalesced_;  // set between start/endCoalescing
-  std::vector<c10::intrusive_ptr<c10d::Work>> late_tokens_;  // monitoredBarrier's unanswered receives
 };
 
 // Adds fastpar._C.Backend, HierarchicalEngine and the module's constants.
