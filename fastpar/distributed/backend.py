@@ -283,8 +283,9 @@ def get_fastpar_backend(group=None, device_type: str = "cpu") -> _C.Backend:
         raise RuntimeError("fastpar: no default process group; call dist.init_process_group('fastpar') first")
     # The backend object of a group for a device: ProcessGroup._get_backend,
     # which torch's own FSDP and DeviceMesh call (dist.get_backend gives only
-    # its name). torch 2.14 also calls it get_backend, "experimental"; torch
-    # 2.11, the GPU machine's, has only this name.
+    # its name). torch 2.14 also exposes it as get_backend, documented as
+    # experimental; _get_backend is the name older torch (the GPU machine's
+    # 2.11) has too.
     backend = pg._get_backend(torch.device(device_type))
     if not isinstance(backend, _C.Backend):
         raise TypeError(
