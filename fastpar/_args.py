@@ -12,7 +12,12 @@ from typing import Any, Sequence
 import torch
 from torch.distributed import ReduceOp
 
-_OPS = {"SUM": 0, "AVG": 1, "PRODUCT": 2, "MIN": 3, "MAX": 4}
+# fastpar's reduce-op codes, the one table of them: the values of the C++
+# ReduceOp (csrc/core/kernels/reduce_ops.h), which are torch's RedOpType
+# values. The list ops (torch.ops.fastpar.*) take the arithmetic ones; the
+# torch.distributed backend's direct calls (distributed/direct.py) take all.
+REDUCE_OPS = {"SUM": 0, "AVG": 1, "PRODUCT": 2, "MIN": 3, "MAX": 4, "BAND": 5, "BOR": 6, "BXOR": 7}
+_OPS = {name: code for name, code in REDUCE_OPS.items() if code <= REDUCE_OPS["MAX"]}
 
 
 def op_value(fn: str, op: Any) -> int:

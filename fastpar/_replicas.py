@@ -18,7 +18,9 @@ from typing import Dict, List, Set
 import torch
 from torch import nn
 
-_SUM = 0  # torch.ops.fastpar op code for ReduceOp.SUM
+from ._args import REDUCE_OPS
+
+_SUM = REDUCE_OPS["SUM"]
 
 
 class ReplicaSet:

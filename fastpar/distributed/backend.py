@@ -240,8 +240,11 @@ def create_backend(store, rank: int, size: int, timeout: datetime.timedelta, glo
 
 def _bound_device(dist_opts):
     """The device `init_process_group(device_id=...)` bound the group to, or None.
-    torch 2.14 hands the group over as dist_opts.process_group; older torch
-    (2.11, the GPU machine's) does not, and the device is then the `device_id`
+    torch 2.14 hands the group over as dist_opts.process_group. Older torch
+    (2.11, the GPU machine's) has no public way to it: the options carry no
+    device, c10d::Backend::setBoundDeviceId is not virtual there (a backend
+    cannot hear of the device), and eagerConnectSingleDevice reaches only
+    backends that support splitting. So there the device is the `device_id`
     of the torch function that calls the creator (_new_process_group_helper,
     which new_group also reaches with the default group's device), a few
     frames up (the creator torch holds is fastpar_autoload._create)."""
@@ -278,6 +281,11 @@ def get_fastpar_backend(group=None, device_type: str = "cpu") -> _C.Backend:
     pg = group if group is not None else dist.group.WORLD
     if pg is None:
         raise RuntimeError("fastpar: no default process group; call dist.init_process_group('fastpar') first")
+    # The backend object of a group for a device: ProcessGroup._get_backend,
+    # which torch's own FSDP and DeviceMesh call (dist.get_backend gives only
+    # its name). torch 2.14 also exposes it as get_backend, documented as
+    # experimental; _get_backend is the name older torch (the GPU machine's
+    # 2.11) has too.
     backend = pg._get_backend(torch.device(device_type))
     if not isinstance(backend, _C.Backend):
         raise TypeError(

@@ -25,13 +25,15 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ReduceOp
 
+from .._args import REDUCE_OPS
 from .backend import get_fastpar_backend
 
-_OPS = {ReduceOp.SUM: 0, ReduceOp.AVG: 1, ReduceOp.PRODUCT: 2, ReduceOp.MIN: 3, ReduceOp.MAX: 4,
-        ReduceOp.BAND: 5, ReduceOp.BOR: 6, ReduceOp.BXOR: 7}
+_OPS = {getattr(ReduceOp, name): code for name, code in REDUCE_OPS.items()}
 _SUM = ReduceOp.SUM
 _NON_MEMBER = dist.GroupMember.NON_GROUP_MEMBER
-_world = dist.distributed_c10d._world
+# The default group, as torch.distributed's public API names it (a class
+# property: it follows init / destroy_process_group).
+_group = dist.group
 
 # (weak reference to the group object, its fastpar backend) of the last call:
 # one identity test per call instead of a backend lookup (~1 us). Weak, so the
@@ -53,7 +55,7 @@ def _forget(ref) -> None:
 
 
 def _backend(group):
-    pg = _world.default_pg if group is None else group
+    pg = _group.WORLD if group is None else group
     if pg is not None and _last[0]() is pg:
         return _last[1]
     if pg is None:

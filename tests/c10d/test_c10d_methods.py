@@ -32,25 +32,12 @@ def test_every_method_of_the_installed_torch_is_in_the_table():
                         f"{sorted(missing)}"
 
 
-def override_macros():
-    """c10d_overrides.h: FASTPAR_C10D_<NAME> -> the method it declares."""
-    with open(os.path.join(ROOT, "csrc", "torch", "distributed", "c10d_overrides.h")) as f:
-        text = f.read().replace("\\\n", " ")
-    shapes = r"FASTPAR_C10D_(?:ON|FLAT|LISTS)\((\w+),"  # the shape macros take the name first
-    spelled = r"c10::intrusive_ptr<c10d::Work>\s+(\w+)\("
-    return {macro: (re.match(shapes, body) or re.match(spelled, body)).group(1)
-            for macro, body in re.findall(r"#define (FASTPAR_C10D_[A-Z_]+)\s+(FASTPAR_C10D_(?:ON|FLAT|LISTS)\(.*|"
-                                          r"c10::intrusive_ptr.*)", text)}
-
-
 def test_the_methods_marked_fastpar_are_the_ones_the_backend_overrides():
     with open(os.path.join(ROOT, "csrc", "torch", "distributed", "backend.h")) as f:
         code = "".join(line for line in f if not line.lstrip().startswith(("#", "//")))
     # every overriding method but the destructor (~Backend), which is no c10d call
     overridden = set(re.findall(r"(?<!~)\b(\w+)\([^;{]*\)\s*(?:const\s*)?override", code))
-    macros = override_macros()
-    assert len(macros) >= 20, macros
-    overridden |= {macros[m] for m in re.findall(r"\b(FASTPAR_C10D_\w+);", code)}
+    assert len(overridden) >= 20, overridden
     marked = {name for name, status in table().items() if status == "fastpar"}
     assert marked == overridden, f"marked but not overridden: {sorted(marked - overridden)}; " \
                                  f"overridden but not marked: {sorted(overridden - marked)}"

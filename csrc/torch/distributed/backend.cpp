@@ -3,8 +3,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "../../core/transport/cpu_shm/shm_segment.h"  // kSegmentPrefix
-#include "../ops/checks.h"                              // to_dtype
-#include "call_timeout.h"
+#include "../dtypes.h"  // to_dtype
 #include "checks.h"
 #include "engine.h"
 #include "hierarchical_engine.h"
@@ -76,13 +75,13 @@ c10::intrusive_ptr<c10d::Backend::Options> Backend::getBackendOptions() {
 
 void Backend::setTimeout(std::chrono::milliseconds timeout) {
   timeout_ = timeout;
-  (cpu_hier_ ? *cpu_hier_ : static_cast<Engine&>(*shm_)).setTimeout(timeout);
+  cpu_engine().setTimeout(timeout);
   if (cuda_) cuda_->setTimeout(timeout);
 }
 
 void Backend::shutdown() {
   if (cuda_) cuda_->shutdown();
-  (cpu_hier_ ? *cpu_hier_ : static_cast<Engine&>(*shm_)).shutdown();
+  cpu_engine().shutdown();
 }
 
 void Backend::abort() {
@@ -90,11 +89,17 @@ void Backend::abort() {
 }
 
 Engine& Backend::engine_for(const char* op, const std::string& name, const at::Tensor& t) {
-  if (t.is_cpu()) return cpu_hier_ ? *cpu_hier_ : static_cast<Engine&>(*shm_);
+  if (t.is_cpu()) return cpu_engine();
   TORCH_CHECK_VALUE(cuda_, "fastpar.", op, ": ", name, " is on device '", t.device().str(),
                     "' but this group has no fastpar CUDA backend (fastpar built without CUDA, or no GPU when the "
                     "group was created; use \"cpu:fastpar,cuda:nccl\")");
   return *cuda_;
+}
+
+template <class Call>
+Work Backend::dispatch(const char* op, const std::string& name, const at::Tensor& t, Call&& call) {
+  Staging s;
+  return record(s.done(call(engine_for(op, name, t), s)));
 }
 
 Work Backend::record(Work work) {
@@ -125,8 +130,9 @@ Work Backend::allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceO
   if (tensors[0].defined() && tensors[0].is_sparse()) return allreduce_sparse(tensors, opts);
   checks::tensor("all_reduce", "tensors[0]", tensors[0]);
   checks::reducible("all_reduce", opts.reduceOp, "tensors[0]", tensors[0]);
-  Staging s;
-  return record(s.done(engine_for("all_reduce", "tensors[0]", tensors[0]).allreduce(s.list(tensors, true), opts)));
+  return dispatch("all_reduce", "tensors[0]", tensors[0], [&](Engine& e, Staging& s) {
+    return e.allreduce(s.list(tensors, true), opts);
+  });
 }
 
 Work Backend::allreduce_sparse(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
@@ -136,60 +142,29 @@ Work Backend::allreduce_sparse(std::vector<at::Tensor>& tensors, const c10d::All
   TORCH_CHECK_VALUE(t.defined() && t.is_sparse(), "fastpar.", op, ": tensors[0] is not a sparse COO tensor");
   TORCH_CHECK_VALUE(opts.reduceOp == c10d::ReduceOp::SUM, "fastpar.", op, ": sparse tensors reduce with "
                     "ReduceOp.SUM only, got ReduceOp value ", int(opts.reduceOp.op_));
-  Engine& engine = engine_for(op, "tensors[0]", t);
-  const int n = getSize();
-  const at::Tensor mine = t.coalesce();
-  const auto i64 = at::TensorOptions().dtype(at::kLong).device(t.device());
-  // How many entries each rank has; then every rank's indices and values,
-  // padded to the largest count, in one all_gather each.
-  at::Tensor counts = at::empty({n}, i64);
-  at::Tensor nnz = at::full({1}, mine._nnz(), i64);
-  engine._allgather_base(counts, nnz, {})->wait();
-  const at::Tensor host_counts = counts.cpu();
-  const int64_t most = host_counts.max().item<int64_t>();
-  auto padded = [&](const at::Tensor& x, int64_t dim) {
-    std::vector<int64_t> sizes = x.sizes().vec();
-    sizes[dim] = most;
-    at::Tensor p = at::zeros(sizes, x.options());
-    p.narrow(dim, 0, x.size(dim)).copy_(x);
-    return p;
-  };
-  at::Tensor idx = padded(mine._indices(), 1), val = padded(mine._values(), 0);
-  std::vector<int64_t> idx_all = idx.sizes().vec(), val_all = val.sizes().vec();
-  idx_all.insert(idx_all.begin(), n);
-  val_all.insert(val_all.begin(), n);
-  at::Tensor idxs = at::empty(idx_all, idx.options()), vals = at::empty(val_all, val.options());
-  engine._allgather_base(idxs, idx, {})->wait();
-  engine._allgather_base(vals, val, {})->wait();
-  at::Tensor sum;
-  for (int r = 0; r < n; ++r) {
-    const int64_t k = host_counts[r].item<int64_t>();
-    at::Tensor part = at::sparse_coo_tensor(idxs[r].narrow(1, 0, k), vals[r].narrow(0, 0, k), t.sizes());
-    sum = r == 0 ? part : sum + part;
-  }
-  t.copy_(sum.coalesce());
-  return record(enqueued_work(tensors));
+  return record(engine_for(op, "tensors[0]", t).allreduce_sparse(tensors, opts));
 }
 
 Work Backend::allreduce_coalesced(std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
   TORCH_CHECK_VALUE(!tensors.empty(), "fastpar.all_reduce_coalesced: tensors is an empty list");
   for (size_t i = 0; i < tensors.size(); ++i) {
-    const std::string name = checks::indexed("tensors", i);
+    const std::string name = indexed("tensors", i);
     checks::tensor("all_reduce_coalesced", name, tensors[i]);
     checks::like("all_reduce_coalesced", name, tensors[i], "tensors[0]", tensors[0], tensors[i].numel(), "");
     checks::reducible("all_reduce_coalesced", opts.reduceOp, name, tensors[i]);
   }
-  Staging s;
-  return record(s.done(
-      engine_for("all_reduce_coalesced", "tensors[0]", tensors[0]).allreduce_coalesced(s.list(tensors, true), opts)));
+  return dispatch("all_reduce_coalesced", "tensors[0]", tensors[0], [&](Engine& e, Staging& s) {
+    return e.allreduce_coalesced(s.list(tensors, true), opts);
+  });
 }
 
 Work Backend::broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) {
   checks::one("broadcast", "tensors", tensors.size());
   checks::tensor("broadcast", "tensors[0]", tensors[0]);
   checks::root("broadcast", opts.rootRank, getSize());
-  Staging s;
-  return record(s.done(engine_for("broadcast", "tensors[0]", tensors[0]).broadcast(s.list(tensors, true), opts)));
+  return dispatch("broadcast", "tensors[0]", tensors[0], [&](Engine& e, Staging& s) {
+    return e.broadcast(s.list(tensors, true), opts);
+  });
 }
 
 Work Backend::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) {
@@ -197,8 +172,9 @@ Work Backend::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions
   checks::tensor("reduce", "tensors[0]", tensors[0]);
   checks::reducible("reduce", opts.reduceOp, "tensors[0]", tensors[0]);
   checks::root("reduce", opts.rootRank, getSize());
-  Staging s;
-  return record(s.done(engine_for("reduce", "tensors[0]", tensors[0]).reduce(s.list(tensors, true), opts)));
+  return dispatch("reduce", "tensors[0]", tensors[0], [&](Engine& e, Staging& s) {
+    return e.reduce(s.list(tensors, true), opts);
+  });
 }
 
 Work Backend::allgather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
@@ -208,9 +184,9 @@ Work Backend::allgather(std::vector<std::vector<at::Tensor>>& outputs, std::vect
   const at::Tensor& in = inputs[0];
   checks::tensor("all_gather", "input_tensors[0]", in);
   checks::per_rank("all_gather", "output_tensors[0]", outputs[0], getSize(), "input_tensors[0]", in, in.numel());
-  Staging s;
-  return record(s.done(
-      engine_for("all_gather", "input_tensors[0]", in).allgather(s.lists(outputs, true), s.list(inputs, false), opts)));
+  return dispatch("all_gather", "input_tensors[0]", in, [&](Engine& e, Staging& s) {
+    return e.allgather(s.lists(outputs, true), s.list(inputs, false), opts);
+  });
 }
 
 Work Backend::_allgather_base(at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
@@ -218,9 +194,9 @@ Work Backend::_allgather_base(at::Tensor& output, at::Tensor& input, const c10d:
   checks::tensor("all_gather_into_tensor", "output_tensor", output);
   checks::like("all_gather_into_tensor", "output_tensor", output, "input_tensor", input, input.numel() * getSize(),
                "world size x input_tensor's elements");
-  Staging s;
-  return record(s.done(engine_for("all_gather_into_tensor", "input_tensor", input)
-                           ._allgather_base(s.one(output, true), s.one(input, false), opts)));
+  return dispatch("all_gather_into_tensor", "input_tensor", input, [&](Engine& e, Staging& s) {
+    return e._allgather_base(s.one(output, true), s.one(input, false), opts);
+  });
 }
 
 Work Backend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
@@ -231,33 +207,32 @@ Work Backend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
   TORCH_CHECK_VALUE(outputs.size() == size_t(getSize()), "fastpar.", op, ": output_tensor_lists has ",
                     outputs.size(), " lists but the group has ", getSize(), " ranks (one list per rank)");
   for (size_t i = 0; i < inputs.size(); ++i) {
-    const std::string in = checks::indexed("input_tensor_list", i);
+    const std::string in = indexed("input_tensor_list", i);
     checks::tensor(op, in, inputs[i]);
     checks::like(op, in, inputs[i], "input_tensor_list[0]", inputs[0], inputs[i].numel(), "");
   }
   for (size_t r = 0; r < outputs.size(); ++r) {
-    const std::string list = checks::indexed("output_tensor_lists", r);
+    const std::string list = indexed("output_tensor_lists", r);
     checks::pairs(op, outputs[r].size(), inputs.size());
     for (size_t i = 0; i < inputs.size(); ++i) {
-      const std::string out = checks::indexed(list, i);
+      const std::string out = indexed(list, i);
       checks::tensor(op, out, outputs[r][i]);
-      checks::like(op, out, outputs[r][i], checks::indexed("input_tensor_list", i), inputs[i], inputs[i].numel(),
+      checks::like(op, out, outputs[r][i], indexed("input_tensor_list", i), inputs[i], inputs[i].numel(),
                    "the same number of elements as input_tensor_list[" + std::to_string(i) + "]");
     }
   }
-  Staging s;
-  return record(
-      s.done(engine_for(op, "input_tensor_list[0]", inputs[0])
-                 .allgather_coalesced(s.lists(outputs, true), s.list(inputs, false), opts)));
+  return dispatch(op, "input_tensor_list[0]", inputs[0], [&](Engine& e, Staging& s) {
+    return e.allgather_coalesced(s.lists(outputs, true), s.list(inputs, false), opts);
+  });
 }
 
 Work Backend::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
                                               const c10d::AllgatherOptions& opts) {
   const char* op = "all_gather_into_tensor_coalesced";
   checks::coalesced_flat(op, outputs, inputs, /*small_is_output=*/false, getSize(), nullptr);
-  Staging s;
-  return record(s.done(engine_for(op, "inputs[0]", inputs[0])
-                           .allgather_into_tensor_coalesced(s.list(outputs, true), s.list(inputs, false), opts)));
+  return dispatch(op, "inputs[0]", inputs[0], [&](Engine& e, Staging& s) {
+    return e.allgather_into_tensor_coalesced(s.list(outputs, true), s.list(inputs, false), opts);
+  });
 }
 
 Work Backend::gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
@@ -266,9 +241,9 @@ Work Backend::gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<
   checks::tensor("gather", "input_tensors[0]", inputs[0]);
   checks::root_lists("gather", "output_tensors", outputs, getRank(), int(opts.rootRank), getSize(),
                      "input_tensors[0]", inputs[0]);
-  Staging s;
-  return record(s.done(
-      engine_for("gather", "input_tensors[0]", inputs[0]).gather(s.lists(outputs, true), s.list(inputs, false), opts)));
+  return dispatch("gather", "input_tensors[0]", inputs[0], [&](Engine& e, Staging& s) {
+    return e.gather(s.lists(outputs, true), s.list(inputs, false), opts);
+  });
 }
 
 #if FASTPAR_TORCH_AT_LEAST(2, 14)
@@ -280,9 +255,9 @@ Work Backend::gather_into_tensor(at::Tensor& output, at::Tensor& input, const c1
     checks::like("gather_into_tensor", "output", output, "input", input, input.numel() * getSize(),
                  "world size x input's elements");
   }
-  Staging s;
-  return record(s.done(engine_for("gather_into_tensor", "input", input)
-                           .gather_into_tensor(s.one(output, true), s.one(input, false), opts)));
+  return dispatch("gather_into_tensor", "input", input, [&](Engine& e, Staging& s) {
+    return e.gather_into_tensor(s.one(output, true), s.one(input, false), opts);
+  });
 }
 #endif
 
@@ -292,9 +267,9 @@ Work Backend::scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<
   checks::tensor("scatter", "output_tensors[0]", outputs[0]);
   checks::root_lists("scatter", "input_tensors", inputs, getRank(), int(opts.rootRank), getSize(),
                      "output_tensors[0]", outputs[0]);
-  Staging s;
-  return record(s.done(engine_for("scatter", "output_tensors[0]", outputs[0])
-                           .scatter(s.list(outputs, true), s.lists(inputs, false), opts)));
+  return dispatch("scatter", "output_tensors[0]", outputs[0], [&](Engine& e, Staging& s) {
+    return e.scatter(s.list(outputs, true), s.lists(inputs, false), opts);
+  });
 }
 
 Work Backend::reduce_scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
@@ -305,9 +280,9 @@ Work Backend::reduce_scatter(std::vector<at::Tensor>& outputs, std::vector<std::
   checks::reducible("reduce_scatter", opts.reduceOp, "output", outputs[0]);
   checks::per_rank("reduce_scatter", "input_list[0]", inputs[0], getSize(), "output", outputs[0],
                    outputs[0].numel());
-  Staging s;
-  return record(s.done(engine_for("reduce_scatter", "output", outputs[0])
-                           .reduce_scatter(s.list(outputs, true), s.lists(inputs, false), opts)));
+  return dispatch("reduce_scatter", "output", outputs[0], [&](Engine& e, Staging& s) {
+    return e.reduce_scatter(s.list(outputs, true), s.lists(inputs, false), opts);
+  });
 }
 
 Work Backend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
@@ -316,18 +291,18 @@ Work Backend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input, const 
   checks::like("reduce_scatter_tensor", "input", input, "output", output, output.numel() * getSize(),
                "world size x output's elements");
   checks::reducible("reduce_scatter_tensor", opts.reduceOp, "output", output);
-  Staging s;
-  return record(s.done(engine_for("reduce_scatter_tensor", "output", output)
-                           ._reduce_scatter_base(s.one(output, true), s.one(input, false), opts)));
+  return dispatch("reduce_scatter_tensor", "output", output, [&](Engine& e, Staging& s) {
+    return e._reduce_scatter_base(s.one(output, true), s.one(input, false), opts);
+  });
 }
 
 Work Backend::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
                                               const c10d::ReduceScatterOptions& opts) {
   const char* op = "reduce_scatter_tensor_coalesced";
   checks::coalesced_flat(op, outputs, inputs, /*small_is_output=*/true, getSize(), &opts.reduceOp);
-  Staging s;
-  return record(s.done(engine_for(op, "outputs[0]", outputs[0])
-                           .reduce_scatter_tensor_coalesced(s.list(outputs, true), s.list(inputs, false), opts)));
+  return dispatch(op, "outputs[0]", outputs[0], [&](Engine& e, Staging& s) {
+    return e.reduce_scatter_tensor_coalesced(s.list(outputs, true), s.list(inputs, false), opts);
+  });
 }
 
 Work Backend::alltoall_base(at::Tensor& output, at::Tensor& input, std::vector<int64_t>& output_split_sizes,
@@ -344,10 +319,9 @@ Work Backend::alltoall_base(at::Tensor& output, at::Tensor& input, std::vector<i
   const auto expects = checks::splits("output", output_split_sizes, output, getSize());
   checks::own_block(op, sends[getRank()] * int64_t(input.element_size()),
                     expects[getRank()] * int64_t(output.element_size()));
-  Staging s;
-  return record(s.done(engine_for(op, "input", input)
-                           .alltoall_base(s.one(output, true), s.one(input, false), output_split_sizes,
-                                          input_split_sizes, opts)));
+  return dispatch(op, "input", input, [&](Engine& e, Staging& s) {
+    return e.alltoall_base(s.one(output, true), s.one(input, false), output_split_sizes, input_split_sizes, opts);
+  });
 }
 
 Work Backend::alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
@@ -358,74 +332,27 @@ Work Backend::alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>
   TORCH_CHECK_VALUE(int(outputs.size()) == getSize(), "fastpar.", op, ": output_tensor_list has ", outputs.size(),
                     " tensors but the group has ", getSize(), " ranks");
   for (int q = 0; q < getSize(); ++q) {
-    const std::string in = checks::indexed("input_tensor_list", q), out = checks::indexed("output_tensor_list", q);
+    const std::string in = indexed("input_tensor_list", q), out = indexed("output_tensor_list", q);
     checks::tensor(op, in, inputs[q]);
     checks::tensor(op, out, outputs[q]);
     checks::like(op, in, inputs[q], "input_tensor_list[0]", inputs[0], inputs[q].numel(), "");
     checks::like(op, out, outputs[q], "input_tensor_list[0]", inputs[0], outputs[q].numel(), "");
   }
   checks::own_block(op, int64_t(inputs[getRank()].nbytes()), int64_t(outputs[getRank()].nbytes()));
-  Staging s;
-  return record(s.done(engine_for(op, "input_tensor_list[0]", inputs[0])
-                           .alltoall(s.list(outputs, true), s.list(inputs, false), opts)));
+  return dispatch(op, "input_tensor_list[0]", inputs[0], [&](Engine& e, Staging& s) {
+    return e.alltoall(s.list(outputs, true), s.list(inputs, false), opts);
+  });
 }
 
 // A barrier names no tensor: it runs on the CPU engine, as gloo's does, unless
 // the call names CUDA devices (NCCL's device_ids).
 Work Backend::barrier(const c10d::BarrierOptions& opts) {
   if (!opts.device_ids.empty() && cuda_) return record(cuda_->barrier(opts));
-  return record((cpu_hier_ ? *cpu_hier_ : static_cast<Engine&>(*shm_)).barrier(opts));
+  return record(cpu_engine().barrier(opts));
 }
 
 void Backend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {
-  // One byte each way over point to point, on a tag no user send can have.
-  constexpr int kTag = INT32_MIN + 7;
-  const std::chrono::milliseconds timeout = opts.timeout;  // torch always passes one; 0 times out at once, as gloo
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  auto left = [&] {
-    return std::max(std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::milliseconds>(
-                                                      deadline - std::chrono::steady_clock::now()));
-  };
-  Engine& engine = cpu_hier_ ? *cpu_hier_ : static_cast<Engine&>(*shm_);
-  std::vector<at::Tensor> token{at::zeros({1}, at::kByte)};
-  if (getRank() != 0) {
-    engine.send(token, 0, kTag)->wait(left());
-    c10::intrusive_ptr<c10d::Work> release = engine.recv(token, 0, kTag);
-    try {
-      release->wait(left());
-    } catch (const std::exception& e) {
-      late_tokens_.push_back(release);  // still posted: keep its buffer alive
-      C10_THROW_ERROR(DistBackendError, "Rank " + std::to_string(getRank()) +
-                                            " successfully reached monitoredBarrier, but received errors while "
-                                            "waiting for send/recv from rank 0. Please check rank 0 logs for "
-                                            "faulty rank (" + e.what() + ")");
-    }
-    return;
-  }
-  TORCH_CHECK_WITH(DistBackendError, timeout.count() > 0, "Rank 0 timed out in monitoredBarrier after ",
-                   timeout.count(), " ms");
-  std::vector<int> missing;
-  for (int r = 1; r < getSize(); ++r) {
-    std::vector<at::Tensor> got{at::zeros({1}, at::kByte)};
-    c10::intrusive_ptr<c10d::Work> work = engine.recv(got, r, kTag);
-    try {
-      work->wait(left());
-    } catch (const std::exception&) {
-      // The receive stays posted (a late rank's token lands there): its
-      // Work keeps the buffer alive.
-      late_tokens_.push_back(work);
-      missing.push_back(r);
-      if (!wait_all_ranks) break;
-    }
-  }
-  if (!missing.empty()) {
-    std::string ranks;
-    for (int r : missing) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
-    C10_THROW_ERROR(DistBackendError, "[Rank 0]: Rank" + std::string(missing.size() > 1 ? "s " : " ") + ranks +
-                                          " failed to pass monitoredBarrier in " + std::to_string(timeout.count()) +
-                                          " ms");
-  }
-  for (int r = 1; r < getSize(); ++r) engine.send(token, r, kTag)->wait(left());
+  cpu_engine().monitoredBarrier(opts, wait_all_ranks);
 }
 
 Work Backend::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
@@ -484,7 +411,7 @@ void Backend::direct_all_gather_into_tensor(const at::Tensor& output, const at::
 
 at::Tensor Backend::registered_empty(const std::vector<int64_t>& sizes, at::ScalarType dtype,
                                      const at::Device& device) {
-  ops::to_dtype("registered_empty", "dtype", dtype);
+  to_dtype("registered_empty", "dtype", dtype);
   for (size_t i = 0; i < sizes.size(); ++i)
     TORCH_CHECK_VALUE(sizes[i] >= 0, "fastpar.registered_empty: shape[", i, "] is ", sizes[i],
                       " but sizes must be >= 0");

@@ -25,8 +25,6 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <torch/extension.h>
 
-#include "c10d_compat.h"
-#include "c10d_overrides.h"
 
 #include <atomic>
 #include <memory>
@@ -39,6 +37,8 @@
 
 namespace fastpar {
 namespace distributed {
+
+class Staging;  // staging.h
 
 class Backend : public c10d::Backend {
  public:
@@ -64,35 +64,55 @@ class Backend : public c10d::Backend {
   void startCoalescing() override;
   c10::intrusive_ptr<c10d::Work> endCoalescing() override;
 
-  FASTPAR_C10D_BROADCAST;
-  FASTPAR_C10D_ALLREDUCE;
-  // Sparse tensors (COO), as gloo: SUM only; every rank's indices and values
-  // gathered, summed in rank order, copied back into the input.
-  FASTPAR_C10D_ALLREDUCE_SPARSE;
-  FASTPAR_C10D_ALLREDUCE_COALESCED;
-  FASTPAR_C10D_REDUCE;
-  FASTPAR_C10D_ALLGATHER;
-  FASTPAR_C10D_ALLGATHER_BASE;
-  FASTPAR_C10D_ALLGATHER_COALESCED;
-  FASTPAR_C10D_ALLGATHER_INTO_TENSOR_COALESCED;
-  FASTPAR_C10D_GATHER;
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override;
+  // Sparse tensors (COO), as gloo: SUM only (engine.h).
+  c10::intrusive_ptr<c10d::Work> allreduce_sparse(std::vector<at::Tensor>& tensors,
+                                                  const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                     const c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                     std::vector<at::Tensor>& inputs,
+                                                     const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts) override;
 #if FASTPAR_TORCH_AT_LEAST(2, 14)  // gather_single / gather_into_tensor are new in torch 2.14
-  FASTPAR_C10D_GATHER_INTO_TENSOR;
+  c10::intrusive_ptr<c10d::Work> gather_into_tensor(at::Tensor& output, at::Tensor& input,
+                                                    const c10d::GatherOptions& opts) override;
 #endif
-  FASTPAR_C10D_SCATTER;
-  FASTPAR_C10D_REDUCE_SCATTER;
-  FASTPAR_C10D_REDUCE_SCATTER_BASE;
-  FASTPAR_C10D_REDUCE_SCATTER_TENSOR_COALESCED;
-  FASTPAR_C10D_ALLTOALL_BASE;
-  FASTPAR_C10D_ALLTOALL;
-  FASTPAR_C10D_BARRIER;
-  // As gloo's: rank 0 waits for every rank within the timeout and names the
-  // ranks that did not arrive (all of them with wait_all_ranks), then lets
-  // them go; the others wait for rank 0.
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                      const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& output_split_sizes,
+                                               std::vector<int64_t>& input_split_sizes,
+                                               const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+  // As gloo's, on the CPU engine (engine.h).
   void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) override;
-  FASTPAR_C10D_SEND;
-  FASTPAR_C10D_RECV;
-  FASTPAR_C10D_RECV_ANYSOURCE;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
 
   // fastpar.distributed.all_reduce / broadcast / all_gather_into_tensor: the
   // collective itself, synchronous, without torch's Python wrapper, the op
@@ -118,6 +138,14 @@ class Backend : public c10d::Backend {
  private:
   // The engine for tensors like `t` (named `name` in `op`'s errors).
   Engine& engine_for(const char* op, const std::string& name, const at::Tensor& t);
+  // The engine for CPU tensors and for calls that name no tensor.
+  Engine& cpu_engine() { return cpu_hier_ ? *cpu_hier_ : static_cast<Engine&>(*shm_); }
+  // A checked call on tensors like `t`: `call(engine, staging)` runs it on
+  // engine_for(op, name, t) with its tensors passed through `staging`
+  // (staging.h: CPU tensors that are not contiguous go as contiguous copies,
+  // copied back once the Work is done); the Work is recorded.
+  template <class Call>
+  c10::intrusive_ptr<c10d::Work> dispatch(const char* op, const std::string& name, const at::Tensor& t, Call&& call);
   // Counts the call; inside a coalescing block, keeps its Work for endCoalescing.
   c10::intrusive_ptr<c10d::Work> record(c10::intrusive_ptr<c10d::Work> work);
 
@@ -128,7 +156,6 @@ class Backend : public c10d::Backend {
   std::atomic<uint64_t> calls_{0};
   std::mutex coalescing_mu_;
   std::optional<std::vector<c10::intrusive_ptr<c10d::Work>>> coalesced_;  // set between start/endCoalescing
-  std::vector<c10::intrusive_ptr<c10d::Work>> late_tokens_;  // monitoredBarrier's unanswered receives
 };
 
 // Adds fastpar._C.Backend, HierarchicalEngine and the module's constants.

@@ -1,12 +1,10 @@
 #include "checks.h"
 
-#include "../ops/checks.h"  // dtype_str, to_dtype: the list ops' words for dtypes
+#include "../dtypes.h"  // dtype_str, maybe_dtype, indexed: the words the list ops use too
 
 namespace fastpar {
 namespace distributed {
 namespace checks {
-
-std::string indexed(const std::string& arg, size_t i) { return arg + "[" + std::to_string(i) + "]"; }
 
 static std::string device_str(const at::Tensor& t) { return "'" + t.device().str() + "'"; }
 
@@ -31,8 +29,8 @@ void contiguous(const char* op, const std::string& name, const at::Tensor& t) {
 void like(const char* op, const std::string& name, const at::Tensor& t, const std::string& ref_name,
           const at::Tensor& ref, int64_t numel, const std::string& why) {
   TORCH_CHECK_TYPE(t.scalar_type() == ref.scalar_type(), "fastpar.", op, ": ", name, " has dtype ",
-                   ops::dtype_str(t.scalar_type()), " but ", ref_name, " has dtype ",
-                   ops::dtype_str(ref.scalar_type()));
+                   dtype_str(t.scalar_type()), " but ", ref_name, " has dtype ",
+                   dtype_str(ref.scalar_type()));
   TORCH_CHECK_VALUE(t.device().type() == ref.device().type(), "fastpar.", op, ": ", name, " is on device ",
                     device_str(t), " but ", ref_name, " is on device ", device_str(ref),
                     "; all tensors must be CPU tensors or all CUDA tensors");
@@ -94,14 +92,14 @@ ReduceOp reduction(const char* op, const c10d::ReduceOp& r, const std::string& n
   }
   if (at::isComplexType(dtype)) {
     TORCH_CHECK_VALUE(rop == ReduceOp::SUM || rop == ReduceOp::AVG, "fastpar.", op, ": op is ", op_str(v), " but ",
-                      name, " has dtype ", ops::dtype_str(dtype), ", which reduces with SUM and AVG only");
+                      name, " has dtype ", dtype_str(dtype), ", which reduces with SUM and AVG only");
     return rop;
   }
-  TORCH_CHECK_TYPE(ops::maybe_dtype(dtype).has_value(), "fastpar.", op, ": ", name, " has dtype ",
-                   ops::dtype_str(dtype), ", which fastpar does not reduce (supported: float32, float64, float16, "
+  TORCH_CHECK_TYPE(maybe_dtype(dtype).has_value(), "fastpar.", op, ": ", name, " has dtype ",
+                   dtype_str(dtype), ", which fastpar does not reduce (supported: float32, float64, float16, "
                    "bfloat16, int8, uint8, int32, int64, bool; complex64 and complex128 with SUM and AVG)");
   TORCH_CHECK_TYPE(!is_bitwise(rop) || !at::isFloatingType(dtype), "fastpar.", op, ": op is ", op_str(v),
-                   ", which reduces integer and bool tensors, but ", name, " has dtype ", ops::dtype_str(dtype));
+                   ", which reduces integer and bool tensors, but ", name, " has dtype ", dtype_str(dtype));
   return rop;
 }
 
@@ -139,8 +137,30 @@ void own_block(const char* op, int64_t sends, int64_t expects) {
 
 int64_t row_elems(const at::Tensor& t) { return t.dim() == 0 || t.size(0) == 0 ? 0 : t.numel() / t.size(0); }
 
+std::vector<int64_t> all_to_all_split(const char* arg, const std::vector<int64_t>& splits, int64_t rows, int64_t unit,
+                                      int ranks) {
+  std::vector<int64_t> counts(static_cast<size_t>(ranks));
+  if (splits.empty()) {
+    TORCH_CHECK_VALUE(rows % ranks == 0, "fastpar.all_to_all_single: ", arg, " has ", rows,
+                      " rows, which do not split evenly over ", ranks, " ranks (pass split sizes)");
+    for (auto& c : counts) c = rows / ranks * unit;
+    return counts;
+  }
+  TORCH_CHECK_VALUE(int(splits.size()) == ranks, "fastpar.all_to_all_single: ", arg, "_split_sizes has ",
+                    splits.size(), " entries but the group has ", ranks, " ranks");
+  int64_t sum = 0;
+  for (size_t q = 0; q < splits.size(); ++q) {
+    TORCH_CHECK_VALUE(splits[q] >= 0, "fastpar.all_to_all_single: ", arg, "_split_sizes[", q, "] is ", splits[q]);
+    sum += splits[q];
+    counts[q] = splits[q] * unit;
+  }
+  TORCH_CHECK_VALUE(sum == rows, "fastpar.all_to_all_single: ", arg, "_split_sizes sum to ", sum, " but ", arg,
+                    " has ", rows, " rows");
+  return counts;
+}
+
 std::vector<int64_t> splits(const char* arg, const std::vector<int64_t>& sizes, const at::Tensor& t, int ranks) {
-  return ops::all_to_all_split(arg, sizes, t.dim() == 0 ? 1 : t.size(0), row_elems(t), ranks);
+  return all_to_all_split(arg, sizes, t.dim() == 0 ? 1 : t.size(0), row_elems(t), ranks);
 }
 
 }  // namespace checks

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "../../core/kernels/reduce_ops.h"
+#include "../dtypes.h"
 
 namespace fastpar {
 namespace distributed {
@@ -73,6 +74,13 @@ void pairs(const char* op, size_t outputs, size_t inputs);
 void coalesced_flat(const char* op, const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& inputs,
                     bool small_is_output, int ranks, const c10d::ReduceOp* reduce);
 
+// all_to_all_single's split sizes of `arg` ("input" / "output") for a tensor
+// of `rows` rows of `unit` each (elements or bytes): `unit` x rows per rank,
+// an even split when `splits` is empty. The front checks them in elements
+// (splits()), the CUDA engine counts them in bytes with the same function.
+std::vector<int64_t> all_to_all_split(const char* arg, const std::vector<int64_t>& splits, int64_t rows, int64_t unit,
+                                      int ranks);
+
 // all_to_all_single's element counts per rank for `arg` ("input"/"output"),
 // from its split sizes (rows; even when empty).
 std::vector<int64_t> splits(const char* arg, const std::vector<int64_t>& sizes, const at::Tensor& t, int ranks);
@@ -83,8 +91,6 @@ void own_block(const char* op, int64_t sends, int64_t expects);
 
 // Elements in one row (first dimension) of `t`.
 int64_t row_elems(const at::Tensor& t);
-
-std::string indexed(const std::string& arg, size_t i);
 
 }  // namespace checks
 }  // namespace distributed

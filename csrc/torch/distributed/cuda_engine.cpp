@@ -18,7 +18,6 @@
 #include "../../core/executors/cuda_ipc/preload_kernels.h"
 #include "route.h"
 #include "../../core/transport/cuda_p2p/handle_cache.h"
-#include "call_timeout.h"
 #include "cuda_ipc_rendezvous.h"
 #include "cuda_ipc_work.h"
 
@@ -245,11 +244,14 @@ cuda_ipc::RouteQuery CudaEngine::query_for(const char* op, const at::Tensor& t) 
   return q;
 }
 
-void CudaEngine::to_fallback(const char* op, const cuda_ipc::RouteQuery& q) {
+bool CudaEngine::to_fallback(const char* op, const cuda_ipc::RouteQuery& q, std::unique_lock<std::mutex>& g) {
+  const char* why = cuda_ipc::ipc_refusal(q);
+  if (*why == '\0') return false;
   TORCH_CHECK_VALUE(q.fallback_usable, "fastpar.", op, ": ranks of this group share a GPU, where NCCL cannot run "
-                    "(it refuses two ranks on one device), and CUDA IPC cannot serve this call: ",
-                    cuda_ipc::ipc_refusal(q));
+                    "(it refuses two ranks on one device), and CUDA IPC cannot serve this call: ", why);
   ++fallback_calls_;
+  g.unlock();
+  return true;
 }
 
 c10::cuda::CUDAStream CudaEngine::begin_ipc(const char* op, const at::Tensor& t, std::chrono::milliseconds timeout,

@@ -37,6 +37,7 @@
 #include <torch/extension.h>
 
 #include <atomic>
+#include <climits>
 #include <chrono>
 #include <memory>
 #include <functional>
@@ -50,9 +51,10 @@
 #include "../../core/transport/cuda_ipc/ipc_failure.h"
 #include "route.h"
 #include "../../core/transport/registered_arena.h"
+#include "../../core/transport/collective_call.h"  // kForeignDType
+#include "../dtypes.h"  // maybe_dtype
 #include "cuda_event_pool.h"
 #include "cuda_ipc_work.h"
-#include "c10d_overrides.h"
 #include "engine.h"
 #include "knobs.h"
 
@@ -74,25 +76,46 @@ class CudaEngine : public Engine {
 
   // Over IPC where the route says so, else the fallback; in the order of
   // cuda_engine_collectives.cpp, then cuda_engine_p2p.cpp.
-  FASTPAR_C10D_ALLREDUCE;
-  FASTPAR_C10D_ALLREDUCE_COALESCED;
-  FASTPAR_C10D_BROADCAST;
-  FASTPAR_C10D_REDUCE;
-  FASTPAR_C10D_ALLGATHER;
-  FASTPAR_C10D_ALLGATHER_BASE;
-  FASTPAR_C10D_ALLGATHER_INTO_TENSOR_COALESCED;
-  FASTPAR_C10D_ALLGATHER_COALESCED;
-  FASTPAR_C10D_REDUCE_SCATTER;
-  FASTPAR_C10D_REDUCE_SCATTER_BASE;
-  FASTPAR_C10D_REDUCE_SCATTER_TENSOR_COALESCED;
-  FASTPAR_C10D_GATHER;
-  FASTPAR_C10D_SCATTER;
-  FASTPAR_C10D_BARRIER;
-  FASTPAR_C10D_ALLTOALL_BASE;
-  FASTPAR_C10D_ALLTOALL;
-  FASTPAR_C10D_SEND;
-  FASTPAR_C10D_RECV;
-  FASTPAR_C10D_RECV_ANYSOURCE;
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                     const c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                     std::vector<at::Tensor>& inputs,
+                                                     const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                      const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& output_split_sizes,
+                                               std::vector<int64_t>& input_split_sizes,
+                                               const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
 
   // Sets IPC up now on `device`, if not yet: a collective call, like the
   // lazy setup at the first collective. fastpar.distributed calls it when
@@ -150,10 +173,11 @@ class CudaEngine : public Engine {
   // GPU (no NCCL there) instead of failing inside NCCL's setup. Known once IPC
   // is set up (by an earlier IPC-capable call, or connect()).
   void refuse_on_shared_gpu(const char* op) const;
-  // For a call the route sends to the fallback: refuses it (ValueError
-  // naming `op` and why IPC would not serve it) when ranks share a GPU, where
-  // NCCL cannot run; else counts it.
-  void to_fallback(const char* op, const cuda_ipc::RouteQuery& q);
+  // Whether the route (route.h) sends the call to the fallback. If so: refuses
+  // it (ValueError naming `op` and why IPC would not serve it) when ranks share
+  // a GPU, where NCCL cannot run; else counts it and releases `g` (mu_) for
+  // the fallback's call.
+  bool to_fallback(const char* op, const cuda_ipc::RouteQuery& q, std::unique_lock<std::mutex>& g);
   // The common start of an IPC call (mu_ held): raises if the communicator
   // failed, or if the stream is capturing a CUDA graph and the call is not
   // `capturable`; for a `phased` call (every collective: its steps are
@@ -236,6 +260,46 @@ class CudaEngine : public Engine {
 
 // Adds fastpar._C.CudaEngine (CUDA builds only).
 void register_cuda_engine(pybind11::module& m);
+
+// Helpers of the CUDA engine's files (cuda_engine*.cpp).
+namespace cuda_args {
+
+// The dtype the IPC descriptors carry (peers compare it; a mismatch message
+// names it): fastpar's DType, or kForeignDType + torch's code for dtypes the
+// copy collectives move but fastpar has no element math for.
+inline int32_t descriptor_dtype(const at::Tensor& t) {
+  const std::optional<DType> d = maybe_dtype(t.scalar_type());
+  return d ? int32_t(*d) : kForeignDType + int32_t(t.scalar_type());
+}
+
+// The tag of the messages all_to_all_pairs sends: no int tag of a user's
+// send can equal it, so a user's message and an all-to-all's between the same
+// two ranks can never be taken for one another.
+constexpr int64_t kAllToAllTag = INT64_MIN + 1;
+
+// Output list entries the kernels cannot write directly: add() returns `t`'s
+// data if contiguous, else a contiguous temporary's, whose copy back into `t`
+// finish() queues (on the current stream, after the kernels).
+struct StagedOutputs {
+  std::vector<at::Tensor> user, staged;
+  void* add(const at::Tensor& t) {
+    if (t.is_contiguous()) return t.data_ptr();
+    user.push_back(t);
+    staged.push_back(at::empty_like(t, at::MemoryFormat::Contiguous));
+    return staged.back().data_ptr();
+  }
+  void finish() {
+    for (size_t i = 0; i < user.size(); ++i) user[i].copy_(staged[i]);
+  }
+};
+
+// Whether `op` reduces `dt` on the kernels: the route's op_supported.
+inline bool reduces(const std::optional<DType>& dt, const c10d::ReduceOp& op) {
+  const int v = int(op.op_);
+  return dt.has_value() && v >= 0 && v <= 4;  // every op reduces every kernel dtype
+}
+
+}  // namespace cuda_args
 
 }  // namespace distributed
 }  // namespace fastpar

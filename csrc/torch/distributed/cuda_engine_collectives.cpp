@@ -10,11 +10,8 @@
 
 #include "../../core/executors/cuda_ipc/ipc_allreduce.h"
 #include "../../core/executors/cuda_ipc/ipc_collectives.h"
-#include "../ops/checks.h"  // maybe_dtype
-#include "c10d_compat.h"
-#include "call_timeout.h"
+#include "../dtypes.h"  // maybe_dtype
 #include "cuda_engine.h"
-#include "cuda_engine_args.h"
 #include "route.h"
 
 namespace fastpar {
@@ -37,11 +34,7 @@ Work CudaEngine::run(const char* op, c10d::OpType type, const at::Tensor& t, std
   std::unique_lock<std::mutex> g(mu_);
   RouteQuery q = query_for(op, t);
   adjust(q);
-  if (cuda_ipc::route_ipc(q) == cuda_ipc::Route::kFallback) {
-    to_fallback(op, q);
-    g.unlock();
-    return fallback();
-  }
+  if (to_fallback(op, q, g)) return fallback();
   const std::chrono::milliseconds timeout = call_timeout(given, timeout_);
   c10::cuda::CUDAGuard guard(t.device());
   const Stream stream = begin_ipc(op, t, timeout, capturable);
@@ -55,7 +48,7 @@ ReduceOp reduction(const c10d::ReduceOp& op) { return ReduceOp(int(op.op_)); }
 
 // The route's view of a reduction over tensors of `t`'s dtype.
 auto reducing(const at::Tensor& t, const c10d::ReduceOp& op) {
-  return [dt = ops::maybe_dtype(t.scalar_type()), op](RouteQuery& q) {
+  return [dt = maybe_dtype(t.scalar_type()), op](RouteQuery& q) {
     q.dtype_supported = q.dtype_supported && dt.has_value();
     q.op_supported = q.op_supported && reduces(dt, op);
   };
@@ -84,7 +77,7 @@ Work CudaEngine::allreduce(std::vector<at::Tensor>& tensors, const c10d::Allredu
   return run(
       "all_reduce", c10d::OpType::ALLREDUCE, t, opts.timeout, tensors, reducing(t, opts.reduceOp),
       [&](IpcComm& c, const Stream& stream, const RouteQuery& q) {
-        const DType dt = *ops::maybe_dtype(t.scalar_type());
+        const DType dt = *maybe_dtype(t.scalar_type());
         if (capturing(stream)) {
           // The kernel a replay can repeat (core/executors/cuda_ipc/ipc_fused_one_shot.h,
           // "the all_reduce a CUDA graph can capture"): its own flags and
@@ -126,7 +119,7 @@ Work CudaEngine::allreduce_coalesced(std::vector<at::Tensor>& tensors, const c10
       [&](IpcComm& c, const Stream& stream, const RouteQuery&) {
         for (at::Tensor& t : tensors) {
           if (t.numel() == 0 || getSize() == 1) continue;  // as all_reduce: every rank skips the same entries
-          const DType dt = *ops::maybe_dtype(t.scalar_type());
+          const DType dt = *maybe_dtype(t.scalar_type());
           const auto launch = cuda_ipc::prefer_one_shot(int64_t(t.nbytes()), c, one_shot_max_bytes_)
                                   ? cuda_ipc::allreduce_one_shot
                                   : cuda_ipc::allreduce_two_shot;
@@ -154,7 +147,7 @@ Work CudaEngine::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOpti
   return run(
       "reduce", c10d::OpType::REDUCE, t, opts.timeout, tensors, reducing(t, opts.reduceOp),
       [&](IpcComm& c, const Stream& stream, const RouteQuery&) {
-        C10_CUDA_CHECK(cuda_ipc::reduce_ipc(c, *ops::maybe_dtype(t.scalar_type()), reduction(opts.reduceOp),
+        C10_CUDA_CHECK(cuda_ipc::reduce_ipc(c, *maybe_dtype(t.scalar_type()), reduction(opts.reduceOp),
                                             t.const_data_ptr(), t.data_ptr(), t.numel(), int(opts.rootRank), stream));
       },
       [&] { return fallback_->reduce(tensors, opts); });
@@ -258,7 +251,7 @@ Work CudaEngine::reduce_scatter(std::vector<at::Tensor>& outputs, std::vector<st
       [&](IpcComm& c, const Stream& stream, const RouteQuery&) {
         const void* ins[cuda_ipc::kMaxIpcRanks];
         for (int r = 0; r < getSize(); ++r) ins[r] = inputs[0][size_t(r)].const_data_ptr();
-        C10_CUDA_CHECK(cuda_ipc::reduce_scatter_ipc(c, *ops::maybe_dtype(out.scalar_type()), reduction(opts.reduceOp),
+        C10_CUDA_CHECK(cuda_ipc::reduce_scatter_ipc(c, *maybe_dtype(out.scalar_type()), reduction(opts.reduceOp),
                                                     ins, out.data_ptr(), out.numel(), stream));
       },
       [&] { return fallback_->reduce_scatter(outputs, inputs, opts); });
@@ -297,7 +290,7 @@ Work CudaEngine::reduce_scatter_flat(const char* op, c10d::OpType type, std::vec
           const int64_t b = int64_t(outputs[i].nbytes());
           const void* ins[cuda_ipc::kMaxIpcRanks];
           for (int r = 0; r < getSize(); ++r) ins[r] = block(inputs[i], b, r);
-          C10_CUDA_CHECK(cuda_ipc::reduce_scatter_ipc(c, *ops::maybe_dtype(outputs[i].scalar_type()),
+          C10_CUDA_CHECK(cuda_ipc::reduce_scatter_ipc(c, *maybe_dtype(outputs[i].scalar_type()),
                                                       reduction(reduce_op), ins, outputs[i].data_ptr(),
                                                       outputs[i].numel(), stream));
         }

@@ -9,14 +9,12 @@
 #include <functional>
 #include <memory>
 
-#include "../ops/checks.h"  // all_to_all_split
 #include "../../core/executors/cuda_ipc/ipc_collectives.h"
 #include "../../core/executors/cuda_ipc/ipc_p2p.h"
 #include "route.h"
 #include "../../core/transport/cuda_p2p/handle_cache.h"
-#include "call_timeout.h"
+#include "checks.h"  // all_to_all_split
 #include "cuda_engine.h"
-#include "cuda_engine_args.h"
 
 namespace fastpar {
 namespace distributed {
@@ -33,8 +31,8 @@ c10::intrusive_ptr<c10d::Work> CudaEngine::alltoall_base(at::Tensor& output, at:
   if (split) {
     const int64_t in_rows = input.dim() == 0 ? 1 : input.size(0), out_rows = output.dim() == 0 ? 1 : output.size(0);
     auto row_bytes = [](const at::Tensor& t, int64_t rows) { return rows == 0 ? 0 : int64_t(t.nbytes()) / rows; };
-    in_b = ops::all_to_all_split("input", input_split_sizes, in_rows, row_bytes(input, in_rows), n);
-    out_b = ops::all_to_all_split("output", output_split_sizes, out_rows, row_bytes(output, out_rows), n);
+    in_b = checks::all_to_all_split("input", input_split_sizes, in_rows, row_bytes(input, in_rows), n);
+    out_b = checks::all_to_all_split("output", output_split_sizes, out_rows, row_bytes(output, out_rows), n);
   }
   std::unique_lock<std::mutex> g(mu_);
   cuda_ipc::RouteQuery q = query_for("all_to_all_single", input);
@@ -46,11 +44,8 @@ c10::intrusive_ptr<c10d::Work> CudaEngine::alltoall_base(at::Tensor& output, at:
     // route is picked by the call's form, which every rank shares, and not
     // by the threshold (FASTPAR_CUDA_IPC_MAX_BYTES=0 still turns IPC off).
     q.nbytes = 0;
-    if (cuda_ipc::route_ipc(q) == cuda_ipc::Route::kFallback) {
-      to_fallback("all_to_all_single", q);
-      g.unlock();
+    if (to_fallback("all_to_all_single", q, g))
       return fallback_->alltoall_base(output, input, output_split_sizes, input_split_sizes, opts);
-    }
     std::vector<const void*> ins(static_cast<size_t>(n));
     std::vector<void*> outs(static_cast<size_t>(n));
     int64_t io = 0, oo = 0;
@@ -65,11 +60,8 @@ c10::intrusive_ptr<c10d::Work> CudaEngine::alltoall_base(at::Tensor& output, at:
   }
   // No split sizes: n equal blocks, the same on every rank (the collective's
   // rules), so the phase-protocol schedule and the size threshold apply.
-  if (cuda_ipc::route_ipc(q) == cuda_ipc::Route::kFallback) {
-    to_fallback("all_to_all_single", q);
-    g.unlock();
+  if (to_fallback("all_to_all_single", q, g))
     return fallback_->alltoall_base(output, input, output_split_sizes, input_split_sizes, opts);
-  }
   const std::chrono::milliseconds timeout = call_timeout(opts.timeout, timeout_);
   c10::cuda::CUDAGuard guard(input.device());
   const c10::cuda::CUDAStream stream = begin_ipc("all_to_all_single", input, timeout);
@@ -103,11 +95,7 @@ c10::intrusive_ptr<c10d::Work> CudaEngine::alltoall(std::vector<at::Tensor>& out
   // layouts do not matter either.
   q.nbytes = 0;
   q.contiguous = true;
-  if (cuda_ipc::route_ipc(q) == cuda_ipc::Route::kFallback) {
-    to_fallback("all_to_all", q);
-    g.unlock();
-    return fallback_->alltoall(outputs, inputs, opts);
-  }
+  if (to_fallback("all_to_all", q, g)) return fallback_->alltoall(outputs, inputs, opts);
   std::vector<at::Tensor> keep;
   auto staged = std::make_shared<StagedOutputs>();  // outlives this call in the lambda below
   std::vector<const void*> ins(static_cast<size_t>(n));
@@ -218,20 +206,15 @@ c10::intrusive_ptr<c10d::Work> CudaEngine::point_to_point(const char* op, std::v
   // a group set up by its first CUDA collective, or at creation
   // (init_process_group(device_id=...): connect()), can use IPC for it.
   // Before that, NCCL, which cannot run where ranks share a GPU.
-  bool ipc = set_up_;
-  cuda_ipc::RouteQuery q;
-  if (ipc) {
-    q = query_for(op, t);
-    q.nbytes = 0;  // the pair's ring streams any size: no threshold (docs/cuda.md)
-    ipc = cuda_ipc::route_ipc(q) == cuda_ipc::Route::kIpc;
-    if (!ipc) to_fallback(op, q);
-  } else {
+  auto nccl = [&] { return is_send ? fallback_->send(tensors, peer, tag) : fallback_->recv(tensors, peer, tag); };
+  if (!set_up_) {
     ++fallback_calls_;
-  }
-  if (!ipc) {
     g.unlock();
-    return is_send ? fallback_->send(tensors, peer, tag) : fallback_->recv(tensors, peer, tag);
+    return nccl();
   }
+  cuda_ipc::RouteQuery q = query_for(op, t);
+  q.nbytes = 0;  // the pair's ring streams any size: no threshold (docs/cuda.md)
+  if (to_fallback(op, q, g)) return nccl();
   const std::chrono::milliseconds timeout = timeout_;
   c10::cuda::CUDAGuard guard(t.device());
   const c10::cuda::CUDAStream current = begin_ipc(op, t, timeout, /*capturable=*/false, /*phased=*/false);

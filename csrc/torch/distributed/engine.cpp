@@ -102,6 +102,93 @@ c10::intrusive_ptr<c10d::Work> Engine::gather_into_tensor(at::Tensor& output, at
 }
 #endif
 
+c10::intrusive_ptr<c10d::Work> Engine::allreduce_sparse(std::vector<at::Tensor>& tensors,
+                                                        const c10d::AllreduceOptions& opts) {
+  at::Tensor& t = tensors[0];
+  const int n = getSize();
+  const at::Tensor mine = t.coalesce();
+  const auto i64 = at::TensorOptions().dtype(at::kLong).device(t.device());
+  // How many entries each rank has; then every rank's indices and values,
+  // padded to the largest count, in one all_gather each.
+  at::Tensor counts = at::empty({n}, i64);
+  at::Tensor nnz = at::full({1}, mine._nnz(), i64);
+  _allgather_base(counts, nnz, {})->wait();
+  const at::Tensor host_counts = counts.cpu();
+  const int64_t most = host_counts.max().item<int64_t>();
+  auto padded = [&](const at::Tensor& x, int64_t dim) {
+    std::vector<int64_t> sizes = x.sizes().vec();
+    sizes[dim] = most;
+    at::Tensor p = at::zeros(sizes, x.options());
+    p.narrow(dim, 0, x.size(dim)).copy_(x);
+    return p;
+  };
+  at::Tensor idx = padded(mine._indices(), 1), val = padded(mine._values(), 0);
+  std::vector<int64_t> idx_all = idx.sizes().vec(), val_all = val.sizes().vec();
+  idx_all.insert(idx_all.begin(), n);
+  val_all.insert(val_all.begin(), n);
+  at::Tensor idxs = at::empty(idx_all, idx.options()), vals = at::empty(val_all, val.options());
+  _allgather_base(idxs, idx, {})->wait();
+  _allgather_base(vals, val, {})->wait();
+  at::Tensor sum;
+  for (int r = 0; r < n; ++r) {
+    const int64_t k = host_counts[r].item<int64_t>();
+    at::Tensor part = at::sparse_coo_tensor(idxs[r].narrow(1, 0, k), vals[r].narrow(0, 0, k), t.sizes());
+    sum = r == 0 ? part : sum + part;
+  }
+  t.copy_(sum.coalesce());
+  return enqueued_work(tensors);
+}
+
+void Engine::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {
+  // One byte each way over point to point, on a tag no user send can have.
+  constexpr int kTag = INT32_MIN + 7;
+  const std::chrono::milliseconds timeout = opts.timeout;  // torch always passes one; 0 times out at once, as gloo
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto left = [&] {
+    return std::max(std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                      deadline - std::chrono::steady_clock::now()));
+  };
+  std::vector<at::Tensor> token{at::zeros({1}, at::kByte)};
+  if (getRank() != 0) {
+    send(token, 0, kTag)->wait(left());
+    c10::intrusive_ptr<c10d::Work> release = recv(token, 0, kTag);
+    try {
+      release->wait(left());
+    } catch (const std::exception& e) {
+      late_tokens_.push_back(release);  // still posted: keep its buffer alive
+      C10_THROW_ERROR(DistBackendError, "Rank " + std::to_string(getRank()) +
+                                            " successfully reached monitoredBarrier, but received errors while "
+                                            "waiting for send/recv from rank 0. Please check rank 0 logs for "
+                                            "faulty rank (" + e.what() + ")");
+    }
+    return;
+  }
+  TORCH_CHECK_WITH(DistBackendError, timeout.count() > 0, "Rank 0 timed out in monitoredBarrier after ",
+                   timeout.count(), " ms");
+  std::vector<int> missing;
+  for (int r = 1; r < getSize(); ++r) {
+    std::vector<at::Tensor> got{at::zeros({1}, at::kByte)};
+    c10::intrusive_ptr<c10d::Work> work = recv(got, r, kTag);
+    try {
+      work->wait(left());
+    } catch (const std::exception&) {
+      // The receive stays posted (a late rank's token lands there): its
+      // Work keeps the buffer alive.
+      late_tokens_.push_back(work);
+      missing.push_back(r);
+      if (!wait_all_ranks) break;
+    }
+  }
+  if (!missing.empty()) {
+    std::string ranks;
+    for (int r : missing) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+    C10_THROW_ERROR(DistBackendError, "[Rank 0]: Rank" + std::string(missing.size() > 1 ? "s " : " ") + ranks +
+                                          " failed to pass monitoredBarrier in " + std::to_string(timeout.count()) +
+                                          " ms");
+  }
+  for (int r = 1; r < getSize(); ++r) send(token, r, kTag)->wait(left());
+}
+
 at::Tensor Engine::registered_empty(const std::vector<int64_t>&, at::ScalarType, int) {
   TORCH_CHECK_VALUE(false, "fastpar.registered_empty: this group's ranks are on several hosts; registered tensors "
                     "live in one host's shared memory or CUDA IPC arena");

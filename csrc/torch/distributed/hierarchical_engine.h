@@ -31,7 +31,6 @@
 // step copies (broadcast, all_gather), so every dtype goes through.
 #pragma once
 
-#include "c10d_overrides.h"
 #include "engine.h"
 
 #include <chrono>
@@ -52,21 +51,32 @@ class HierarchicalEngine : public Engine {
   void shutdown() override;
   void abort() override;
 
-  FASTPAR_C10D_ALLREDUCE;
-  FASTPAR_C10D_BROADCAST;
-  FASTPAR_C10D_REDUCE;
-  FASTPAR_C10D_ALLGATHER;
-  FASTPAR_C10D_ALLGATHER_BASE;
-  FASTPAR_C10D_REDUCE_SCATTER_BASE;
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                      const c10d::ReduceScatterOptions& opts) override;
 
   // `world`'s.
-  FASTPAR_C10D_GATHER;
-  FASTPAR_C10D_SCATTER;
-  FASTPAR_C10D_ALLTOALL_BASE;
-  FASTPAR_C10D_SEND;
-  FASTPAR_C10D_RECV;
-  FASTPAR_C10D_RECV_ANYSOURCE;
-  FASTPAR_C10D_BARRIER;
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& output_split_sizes,
+                                               std::vector<int64_t>& input_split_sizes,
+                                               const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
 
   c10::intrusive_ptr<c10d::Backend> local() const { return local_; }
   c10::intrusive_ptr<c10d::Backend> leaders() const { return leaders_; }

@@ -1,5 +1,8 @@
-// Which transport runs one CUDA allreduce of the c10d backend: CUDA IPC
-// (allreduce_ipc.h) or the fallback backend (NCCL through torch.distributed).
+// Which transport runs one CUDA call of the c10d backend: CUDA IPC
+// (core/executors/cuda_ipc) or the fallback backend (NCCL through
+// torch.distributed). One rule, ipc_refusal(), for every collective and
+// send/recv (each sets dtype_supported / op_supported to what it needs: byte
+// copies need neither).
 //
 // Pure, host-only and torch-free so that ctest checks it (tests/cpp/test_route.cpp).
 // The rule that matters: every rank must take the same route for the same
@@ -16,8 +19,6 @@
 
 namespace fastpar {
 namespace cuda_ipc {
-
-enum class Route { kIpc, kFallback };
 
 struct RouteQuery {
   bool peer_access_agreed = false;  // every rank mapped every peer's arena (all-or-nothing)
@@ -47,7 +48,8 @@ struct RouteQuery {
 constexpr int64_t kDefaultMaxIpcBytes = int64_t(8) << 20;
 
 // Why a call cannot (or, by the threshold, should not) go over IPC; "" when it
-// goes over IPC. The first failing condition, in the order below.
+// goes over IPC. The first failing condition, in the order below: the
+// fallback's refusal message names it where ranks share a GPU.
 inline const char* ipc_refusal(const RouteQuery& q) {
   if (!q.peer_access_agreed) return "CUDA IPC is not set up for this group (see ipc_state)";
   if (q.world_size < 1 || q.world_size > kMaxIpcRanks) return "the group has more ranks than CUDA IPC serves (8)";
@@ -59,13 +61,6 @@ inline const char* ipc_refusal(const RouteQuery& q) {
   if (q.nbytes > q.max_ipc_bytes && q.fallback_usable) return "larger than FASTPAR_CUDA_IPC_MAX_BYTES";
   return "";
 }
-
-// Every collective of the backend routes with this one rule (broadcast,
-// all_gather and the rest set dtype_supported / op_supported to what they
-// need: byte copies need neither).
-inline Route route_ipc(const RouteQuery& q) { return *ipc_refusal(q) == '\0' ? Route::kIpc : Route::kFallback; }
-
-inline Route route_allreduce(const RouteQuery& q) { return route_ipc(q); }
 
 // Parses a byte count given in an environment variable: decimal digits only
 // (no sign, no suffix), at most 2^62. Returns false for anything else, so a

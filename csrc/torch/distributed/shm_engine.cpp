@@ -2,10 +2,8 @@
 
 #include <ATen/core/ivalue.h>
 
-#include "../ops/checks.h"  // maybe_dtype
-#include "call_timeout.h"
+#include "../dtypes.h"  // maybe_dtype
 #include "checks.h"
-#include "transport_errors.h"
 
 namespace fastpar {
 namespace distributed {
@@ -56,7 +54,7 @@ struct Elems {
   DType dtype;
 };
 Elems elems(const at::Tensor& t) {
-  if (const auto d = ops::maybe_dtype(t.scalar_type())) return {t.numel(), *d};
+  if (const auto d = maybe_dtype(t.scalar_type())) return {t.numel(), *d};
   return {int64_t(t.nbytes()), DType::U8};
 }
 
@@ -76,7 +74,7 @@ Reduction reduction(const at::Tensor& t, ReduceOp op) {
     case at::kComplexFloat: return {DType::F32, op, 2 * t.numel()};
     case at::kComplexDouble: return {DType::F64, op, 2 * t.numel()};
     case at::kBool: break;
-    default: return {*ops::maybe_dtype(t.scalar_type()), op, t.numel()};
+    default: return {*maybe_dtype(t.scalar_type()), op, t.numel()};
   }
   switch (op) {
     case ReduceOp::SUM: case ReduceOp::MAX: case ReduceOp::BOR: return {DType::U8, ReduceOp::MAX, t.numel()};
@@ -89,7 +87,7 @@ char* ptr(const at::Tensor& t) { return static_cast<char*>(t.data_ptr()); }
 
 }  // namespace
 
-// Runs one transport call, translating its errors (transport_errors.h).
+// Runs one transport call, translating its errors (engine.h: run_transport).
 #define FASTPAR_RUN(...) run_transport([&] { __VA_ARGS__; })
 
 ShmEngine::ShmEngine(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::vector<int> global_ranks,

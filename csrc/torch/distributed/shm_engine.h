@@ -23,7 +23,6 @@
 #include "../../core/executors/cpu_shm/shm_collectives.h"
 #include "../../core/executors/cpu_shm/shm_p2p.h"
 #include "../../core/transport/cpu_shm/shm_comm.h"
-#include "c10d_overrides.h"
 #include "engine.h"
 
 namespace fastpar {
@@ -40,20 +39,31 @@ class ShmEngine : public Engine {
   // "Peers that go"), even if registered tensors keep the communicator alive.
   void shutdown() override { comm_->leave(); }
 
-  FASTPAR_C10D_ALLREDUCE;
-  FASTPAR_C10D_BROADCAST;
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override;
   // In place on the root; other ranks' tensors are left alone.
-  FASTPAR_C10D_REDUCE;
-  FASTPAR_C10D_ALLGATHER;
-  FASTPAR_C10D_ALLGATHER_BASE;
-  FASTPAR_C10D_GATHER;
-  FASTPAR_C10D_SCATTER;
-  FASTPAR_C10D_REDUCE_SCATTER_BASE;
-  FASTPAR_C10D_ALLTOALL_BASE;
-  FASTPAR_C10D_BARRIER;
-  FASTPAR_C10D_SEND;
-  FASTPAR_C10D_RECV;
-  FASTPAR_C10D_RECV_ANYSOURCE;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                      const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& output_split_sizes,
+                                               std::vector<int64_t>& input_split_sizes,
+                                               const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
 
   // all_reduce without a Work or a tensor list (fastpar.distributed.all_reduce).
   void allreduce_now(const at::Tensor& t, ReduceOp op, std::chrono::milliseconds timeout);

@@ -3,14 +3,11 @@
 // built on them) over the cpu_shm channels of core/executors/cpu_shm/shm_p2p.h.
 #include <ATen/core/ivalue.h>
 
-#include "../ops/checks.h"  // dtype_str
+#include "../dtypes.h"  // dtype_str
 #include "shm_engine.h"
-#include "transport_errors.h"
 
 namespace fastpar {
 namespace distributed {
-
-using namespace ::fastpar::ops;  // the argument checks and run_transport (csrc/torch/ops)
 
 namespace {
 
@@ -51,7 +48,7 @@ class P2PWork : public c10d::Work {
 };
 
 std::string describe(const at::Tensor& t) {
-  std::string s = ops::dtype_str(t.scalar_type());
+  std::string s = dtype_str(t.scalar_type());
   if (s.rfind("torch.", 0) == 0) s = s.substr(6);
   return s + " x " + std::to_string(t.numel());
 }

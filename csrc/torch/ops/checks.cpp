@@ -5,71 +5,7 @@
 namespace fastpar {
 namespace ops {
 
-std::string indexed(const char* arg, size_t i) { return std::string(arg) + "[" + std::to_string(i) + "]"; }
-
 static std::string device_str(const at::Tensor& t) { return "'" + t.device().str() + "'"; }
-
-std::vector<int64_t> all_to_all_split(const char* arg, const std::vector<int64_t>& splits, int64_t rows, int64_t unit,
-                                      int ranks) {
-  std::vector<int64_t> counts(static_cast<size_t>(ranks));
-  if (splits.empty()) {
-    TORCH_CHECK_VALUE(rows % ranks == 0, "fastpar.all_to_all_single: ", arg, " has ", rows,
-                      " rows, which do not split evenly over ", ranks, " ranks (pass split sizes)");
-    for (auto& c : counts) c = rows / ranks * unit;
-    return counts;
-  }
-  TORCH_CHECK_VALUE(int(splits.size()) == ranks, "fastpar.all_to_all_single: ", arg, "_split_sizes has ",
-                    splits.size(), " entries but the group has ", ranks, " ranks");
-  int64_t sum = 0;
-  for (size_t q = 0; q < splits.size(); ++q) {
-    TORCH_CHECK_VALUE(splits[q] >= 0, "fastpar.all_to_all_single: ", arg, "_split_sizes[", q, "] is ", splits[q]);
-    sum += splits[q];
-    counts[q] = splits[q] * unit;
-  }
-  TORCH_CHECK_VALUE(sum == rows, "fastpar.all_to_all_single: ", arg, "_split_sizes sum to ", sum, " but ", arg,
-                    " has ", rows, " rows");
-  return counts;
-}
-
-std::string dtype_str(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return "torch.float32";
-    case at::kDouble: return "torch.float64";
-    case at::kHalf: return "torch.float16";
-    case at::kBFloat16: return "torch.bfloat16";
-    case at::kChar: return "torch.int8";
-    case at::kByte: return "torch.uint8";
-    case at::kShort: return "torch.int16";
-    case at::kInt: return "torch.int32";
-    case at::kLong: return "torch.int64";
-    case at::kBool: return "torch.bool";
-    case at::kComplexFloat: return "torch.complex64";
-    case at::kComplexDouble: return "torch.complex128";
-    default: return std::string("torch.") + c10::toString(t);
-  }
-}
-
-std::optional<DType> maybe_dtype(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return DType::F32;
-    case at::kDouble: return DType::F64;
-    case at::kHalf: return DType::F16;
-    case at::kBFloat16: return DType::BF16;
-    case at::kChar: return DType::I8;
-    case at::kByte: return DType::U8;
-    case at::kInt: return DType::I32;
-    case at::kLong: return DType::I64;
-    default: return std::nullopt;
-  }
-}
-
-DType to_dtype(const char* op, const std::string& arg_index, at::ScalarType t) {
-  const std::optional<DType> d = maybe_dtype(t);
-  TORCH_CHECK_TYPE(d.has_value(), "fastpar.", op, ": ", arg_index, " has dtype ", dtype_str(t),
-                   ", which fastpar does not support (supported: float32, float64, float16, "
-                   "bfloat16, int8, uint8, int32, int64)");
-  return *d;
-}
 
 ReduceOp to_reduce_op(const char* op, int64_t value) {
   TORCH_CHECK_VALUE(value >= 0 && value <= 4, "fastpar.", op, ": op has value ", value,

@@ -13,14 +13,10 @@
 #include <vector>
 
 #include "../../core/kernels/reduce_ops.h"
+#include "../dtypes.h"  // to_dtype, maybe_dtype, dtype_str, indexed
 
 namespace fastpar {
 namespace ops {
-
-// The dtype as the element math knows it; throws for dtypes fastpar does not reduce.
-DType to_dtype(const char* op, const std::string& arg_index, at::ScalarType t);
-// The same without throwing: nullopt for dtypes fastpar does not reduce.
-std::optional<DType> maybe_dtype(at::ScalarType t);
 
 ReduceOp to_reduce_op(const char* op, int64_t value);
 
@@ -41,22 +37,6 @@ void check_like(const char* op, const std::string& name, const at::Tensor& t,
 
 void check_numel(const char* op, const std::string& name, const at::Tensor& t, int64_t expected,
                  const std::string& why);
-
-// Whether `rop` can reduce `t`'s dtype. Every op reduces every dtype fastpar
-// supports (AVG on integers as NCCL: the wrapped sum divided by n, truncated
-// toward zero; docs/semantics.md), so this is the dtype check; the op stays
-// an argument so callers need not know that.
-std::string indexed(const char* arg, size_t i);
-
-// Python's spelling (torch.float16), not c10's (Half): users read these.
-std::string dtype_str(at::ScalarType t);
-
-// all_to_all_single's split sizes of `arg` ("input" / "output") for a tensor
-// of `rows` rows of `unit` each (elements or bytes): `unit` x rows per rank,
-// an even split when `splits` is empty. Shared by the CPU and CUDA backends so
-// both refuse the same splits with the same words.
-std::vector<int64_t> all_to_all_split(const char* arg, const std::vector<int64_t>& splits, int64_t rows, int64_t unit,
-                                      int ranks);
 
 // The whole argument check of each list op, shared by the CPU and CUDA
 // implementations so both refuse the same calls with the same words.
