@@ -103,7 +103,7 @@ ShmEngine::ShmEngine(const c10::intrusive_ptr<c10d::Store>& store, int rank, int
     const auto v = store->get(k);
     return std::string(v.begin(), v.end());
   };
-  rv.wait = [store](const std::string& k, std::chrono::milliseconds t) { store->wait({k}, t); };
+  rv.check = [store](const std::string& k) { return store->check({k}); };
   try {
     comm_ = std::make_shared<cpu_shm::ShmComm>(rank, size, std::move(global_ranks), rv, options);
   } catch (const std::exception& e) {
