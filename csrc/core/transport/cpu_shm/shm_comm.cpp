@@ -1,9 +1,11 @@
 #include "shm_comm.h"
 
+#include <pthread.h>
 #include <sched.h>
 #include <time.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -127,6 +129,25 @@ flags::ControlBlock* ShmComm::control(int peer) const {
 
 namespace {
 
+// This process's pid without a system call per collective (glibc no longer
+// caches getpid()): read once, and again in every child fork() makes (an
+// atfork handler; os.fork and multiprocessing's fork go through fork()).
+std::atomic<int64_t> g_pid{0};
+void refresh_pid() { g_pid.store(int64_t(getpid()), std::memory_order_relaxed); }
+int64_t current_pid() {
+  static const bool registered = [] {
+    refresh_pid();
+    pthread_atfork(nullptr, nullptr, refresh_pid);
+    return true;
+  }();
+  (void)registered;
+  return g_pid.load(std::memory_order_relaxed);
+}
+
+}  // namespace
+
+namespace {
+
 // FASTPAR_TEST_INIT_PAUSE="<phase>:<file>": at that phase of init, create
 // <file> and sleep until a signal arrives (a handled one, e.g. SIGINT under
 // Python, ends the pause and init goes on). The fault tests use it to kill a
@@ -160,7 +181,7 @@ ShmComm::ShmComm(int rank, int size, std::vector<int> global_ranks, const Rendez
   // user's segments whose creator is provably gone.
   sweep_dead_segments();
   const ProcessId self = this_process();
-  joined_pid_ = self.pid;
+  joined_pid_ = current_pid();
   std::string job;
   std::vector<std::string> names(static_cast<size_t>(size));  // only this job's names: see below
   std::vector<ProcessId> ids(static_cast<size_t>(size));      // peers' ProcessIds, once announced
@@ -222,7 +243,12 @@ ShmComm::ShmComm(int rank, int size, std::vector<int> global_ranks, const Rendez
   // form segment_name writes), and a failed init needs none of them. A peer
   // that is still alive and creates its segment later fails too (it reads
   // this rank's report) and removes its own.
+  // When the store died with a peer (rank 0 serving the TCPStore, killed
+  // before this rank learned the job id), nothing names the dead peer's
+  // segment; but its creator is gone, so the sweep of dead creators' segments
+  // removes it.
   auto cleanup_failed = [&] {
+    sweep_dead_segments();
     for (int q = 0; q < size_; ++q) {
       if (!names[q].empty()) unlink_segment(names[q]);
       if (job.empty()) continue;
@@ -338,7 +364,7 @@ ShmComm::~ShmComm() {
   if (!base_.empty()) leave();
 }
 
-bool ShmComm::in_joining_process() const { return int64_t(getpid()) == joined_pid_; }
+bool ShmComm::in_joining_process() const { return current_pid() == joined_pid_; }
 
 void ShmComm::leave() {
   if (!in_joining_process()) return;
