@@ -13,21 +13,30 @@ namespace {
 // A collective that already ran: wait() returns at once and get_future() is
 // completed with the output tensors, as torch's works are once finished. The
 // future is built on first request: DDP asks for it, dist.all_reduce does not,
-// and building it costs about a microsecond per call.
+// and building it costs about a microsecond per call. One output (every
+// in-place collective) is held without a vector: the list result() returns
+// is built when asked for, so the common call allocates only this object.
 class DoneWork : public c10d::Work {
  public:
-  DoneWork(c10d::OpType type, std::vector<at::Tensor> outputs) : Work(-1, type), outputs_(std::move(outputs)) {
+  DoneWork(c10d::OpType type, const std::vector<at::Tensor>& outputs) : Work(-1, type) {
+    fill(outputs);
     completed_ = true;
+  }
+  // Makes this Work that of another call of the same op. Only while nobody
+  // else holds it (recycle() checks): no one can see it change.
+  void refill(const std::vector<at::Tensor>& outputs) {
+    fill(outputs);
+    future_.reset();
   }
   bool isCompleted() override { return true; }
   bool isSuccess() const override { return true; }
   bool wait(std::chrono::milliseconds /*timeout*/) override { return true; }
-  std::vector<at::Tensor> result() override { return outputs_; }
+  std::vector<at::Tensor> result() override { return outputs(); }
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
     std::lock_guard<std::mutex> g(future_mu_);
     if (!future_) {
       future_ = c10::make_intrusive<c10::ivalue::Future>(list_type());
-      future_->markCompleted(c10::IValue(outputs_));
+      future_->markCompleted(c10::IValue(outputs()));
     }
     return future_;
   }
@@ -37,13 +46,38 @@ class DoneWork : public c10d::Work {
     static const c10::TypePtr t = c10::ListType::create(c10::TensorType::get());
     return t;
   }
-  std::vector<at::Tensor> outputs_;
+  void fill(const std::vector<at::Tensor>& outputs) {
+    single_ = outputs.size() == 1;
+    if (single_) {
+      one_ = outputs[0];
+      many_.clear();
+    } else {
+      one_ = at::Tensor();
+      many_ = outputs;
+    }
+  }
+  std::vector<at::Tensor> outputs() const { return single_ ? std::vector<at::Tensor>{one_} : many_; }
+  bool single_ = false;
+  at::Tensor one_;
+  std::vector<at::Tensor> many_;
   std::mutex future_mu_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
 
-c10::intrusive_ptr<c10d::Work> done(c10d::OpType type, std::vector<at::Tensor> outputs) {
-  return c10::make_intrusive<DoneWork>(type, std::move(outputs));
+c10::intrusive_ptr<c10d::Work> done(c10d::OpType type, const std::vector<at::Tensor>& outputs) {
+  return c10::make_intrusive<DoneWork>(type, outputs);
+}
+
+// `spare` again, refilled with `outputs`, if only `spare` holds it (no
+// caller, no weak reference); else a new DoneWork, which becomes the spare.
+c10::intrusive_ptr<c10d::Work> recycle(c10::intrusive_ptr<c10d::Work>& spare, c10d::OpType type,
+                                       const std::vector<at::Tensor>& outputs) {
+  if (spare && spare.use_count() == 1 && spare.weak_use_count() == 1) {
+    static_cast<DoneWork*>(spare.get())->refill(outputs);
+    return spare;
+  }
+  spare = done(type, outputs);
+  return spare;
 }
 
 // How a copy collective describes its elements to the schedules (and to the
@@ -101,7 +135,7 @@ ShmEngine::ShmEngine(const c10::intrusive_ptr<c10d::Store>& store, int rank, int
     const auto v = store->get(k);
     return std::string(v.begin(), v.end());
   };
-  rv.wait = [store](const std::string& k, std::chrono::milliseconds t) { store->wait({k}, t); };
+  rv.check = [store](const std::string& k) { return store->check({k}); };
   try {
     comm_ = std::make_shared<cpu_shm::ShmComm>(rank, size, std::move(global_ranks), rv, options);
   } catch (const std::exception& e) {
@@ -124,8 +158,11 @@ void ShmEngine::allreduce_now(const at::Tensor& t, ReduceOp op, std::chrono::mil
 
 c10::intrusive_ptr<c10d::Work> ShmEngine::allreduce(std::vector<at::Tensor>& tensors,
                                                     const c10d::AllreduceOptions& opts) {
-  allreduce_now(tensors[0], ReduceOp(int(opts.reduceOp.op_)), opts.timeout);
-  return done(c10d::OpType::ALLREDUCE, tensors);
+  const at::Tensor& t = tensors[0];
+  auto g = start(opts.timeout);
+  const Reduction r = reduction(t, ReduceOp(int(opts.reduceOp.op_)));
+  FASTPAR_RUN(cpu_shm::allreduce(*comm_, tuning_, t.data_ptr(), t.data_ptr(), r.count, r.dtype, r.op));
+  return recycle(spare_allreduce_, c10d::OpType::ALLREDUCE, tensors);
 }
 
 c10::intrusive_ptr<c10d::Work> ShmEngine::broadcast(std::vector<at::Tensor>& tensors,

@@ -81,6 +81,10 @@ class ShmEngine : public Engine {
   cpu_shm::ShmTuning tuning_;
   std::chrono::milliseconds timeout_;
   std::mutex mu_;
+  // The Work allreduce returned last, handed out again (refilled) when its
+  // caller has dropped it: dist.all_reduce drops it after wait(), so the hot
+  // path allocates no Work. Guarded by mu_.
+  c10::intrusive_ptr<c10d::Work> spare_allreduce_;
 };
 
 }  // namespace distributed

@@ -15,6 +15,7 @@
 #include <torch/extension.h>
 
 #include <deque>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -33,7 +34,7 @@ class Staging {
     bool any = false;
     for (const at::Tensor& t : ts) any = any || needs(t);
     if (!any) return ts;
-    std::vector<at::Tensor>& copy = lists_.emplace_back(ts);
+    std::vector<at::Tensor>& copy = held().lists.emplace_back(ts);
     for (at::Tensor& t : copy)
       if (needs(t)) t = stage(t, written);
     return copy;
@@ -44,32 +45,41 @@ class Staging {
     for (const auto& l : ls)
       for (const at::Tensor& t : l) any = any || needs(t);
     if (!any) return ls;
-    std::vector<std::vector<at::Tensor>>& copy = nested_.emplace_back();
+    std::vector<std::vector<at::Tensor>>& copy = held().nested.emplace_back();
     for (auto& l : ls) copy.push_back(list(l, written));
     return copy;
   }
 
   // The call's Work, after the written copies are back in the caller's tensors.
   c10::intrusive_ptr<c10d::Work> done(c10::intrusive_ptr<c10d::Work> work) {
-    if (back_.empty()) return work;
+    if (!held_ || held_->back.empty()) return work;
     work->wait();
-    for (auto& [mine, staged] : back_) mine.copy_(staged);
+    for (auto& [mine, staged] : held_->back) mine.copy_(staged);
     return work;
   }
 
  private:
   static bool needs(const at::Tensor& t) { return t.defined() && t.is_cpu() && !t.is_contiguous(); }
   at::Tensor& stage(const at::Tensor& t, bool written) {
-    at::Tensor& copy = held_.emplace_back(t.contiguous());
-    if (written) back_.emplace_back(t, copy);
+    at::Tensor& copy = held().tensors.emplace_back(t.contiguous());
+    if (written) held().back.emplace_back(t, copy);
     return copy;
   }
 
-  // deques: what one() and list() return stays where it is as more are added
-  std::deque<at::Tensor> held_;
-  std::deque<std::vector<at::Tensor>> lists_;
-  std::deque<std::vector<std::vector<at::Tensor>>> nested_;
-  std::vector<std::pair<at::Tensor, at::Tensor>> back_;  // (the caller's tensor, its staged copy)
+  // deques: what one() and list() return stays where it is as more are added.
+  struct Held {
+    std::deque<at::Tensor> tensors;
+    std::deque<std::vector<at::Tensor>> lists;
+    std::deque<std::vector<std::vector<at::Tensor>>> nested;
+    std::vector<std::pair<at::Tensor, at::Tensor>> back;  // (the caller's tensor, its staged copy)
+  };
+  // Made on the first staged tensor: a std::deque allocates when it is
+  // constructed, and the common call (contiguous tensors) stages nothing.
+  Held& held() {
+    if (!held_) held_ = std::make_unique<Held>();
+    return *held_;
+  }
+  std::unique_ptr<Held> held_;
 };
 
 }  // namespace distributed

@@ -2,6 +2,7 @@
 
 #include <sched.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -50,6 +51,12 @@ ShmP2P::ShmP2P(std::shared_ptr<ShmComm> comm)
 }
 
 ShmP2P::~ShmP2P() {
+  if (!comm_->in_joining_process()) {
+    // A forked child's copy: the progress thread lives only in the parent,
+    // and its mutex may have been copied locked. Joining would wait for ever.
+    if (thread_.joinable()) thread_.detach();
+    return;
+  }
   {
     std::lock_guard<std::mutex> g(mu_);
     stop_ = true;
@@ -59,6 +66,13 @@ ShmP2P::~ShmP2P() {
 }
 
 std::string ShmP2P::who() const { return "rank " + std::to_string(comm_->global_rank(rank_)); }
+
+void ShmP2P::check_process(bool is_send) const {
+  if (!comm_->in_joining_process())
+    throw std::runtime_error(std::string(is_send ? "fastpar.send" : "fastpar.recv") + " on " + who() + ": this process (pid " + std::to_string(getpid()) +
+                             ") is a forked child of the rank that created the group; a child cannot send or "
+                             "receive on its parent's group (create a group of its own)");
+}
 
 std::shared_ptr<P2POp> ShmP2P::make_op(bool is_send, void* data, int64_t bytes, int peer, int64_t tag,
                                        std::string what, std::chrono::milliseconds timeout) const {
@@ -81,6 +95,7 @@ std::shared_ptr<P2POp> ShmP2P::make_op(bool is_send, void* data, int64_t bytes, 
 std::shared_ptr<P2POp> ShmP2P::send(const void* data, int64_t bytes, int dst, int64_t tag, std::string what,
                                     std::chrono::milliseconds timeout) {
   auto op = make_op(true, const_cast<void*>(data), bytes, dst, tag, std::move(what), timeout);
+  check_process(op->is_send);
   std::unique_lock<std::mutex> g(mu_);
   if (!broken_.empty()) throw std::runtime_error(broken_);
   out_[dst].queue.push_back(op);
@@ -93,6 +108,7 @@ std::shared_ptr<P2POp> ShmP2P::send(const void* data, int64_t bytes, int dst, in
 std::shared_ptr<P2POp> ShmP2P::recv(void* data, int64_t bytes, int src, int64_t tag, std::string what,
                                     std::chrono::milliseconds timeout) {
   auto op = make_op(false, data, bytes, src, tag, std::move(what), timeout);
+  check_process(op->is_send);
   std::unique_lock<std::mutex> g(mu_);
   if (!broken_.empty()) throw std::runtime_error(broken_);
   ++pending_ops_;

@@ -139,6 +139,8 @@ class ShmP2P {
   void start_thread();
   void thread_main();
   std::string who() const;
+  // Throws unless this is the process that built the communicator.
+  void check_process(bool is_send) const;
 
   std::shared_ptr<ShmComm> comm_;
   const int rank_, size_;

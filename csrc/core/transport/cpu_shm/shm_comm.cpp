@@ -1,9 +1,11 @@
 #include "shm_comm.h"
 
+#include <pthread.h>
 #include <sched.h>
 #include <time.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -113,6 +115,9 @@ std::string ShmComm::arena_reserve(int64_t offset, int64_t bytes) {
 }
 
 void ShmComm::arena_free(int64_t offset) {
+  // A forked child's copy of a registered tensor shares the parent's pages:
+  // giving them back would zero the parent's data.
+  if (!in_joining_process()) return;
   // The whole pages of the merged free range are unused by any buffer.
   const RegisteredArena::Range r = registered_.free(offset);
   if (r.bytes > 0) segs_[rank_].release(arena(rank_) - base_[rank_] + r.offset, r.bytes);
@@ -122,6 +127,48 @@ flags::ControlBlock* ShmComm::control(int peer) const {
   return reinterpret_cast<flags::ControlBlock*>(base_[peer] + kControlOffset);
 }
 
+namespace {
+
+// This process's pid without a system call per collective (glibc no longer
+// caches getpid()): read once, and again in every child fork() makes (an
+// atfork handler; os.fork and multiprocessing's fork go through fork()).
+std::atomic<int64_t> g_pid{0};
+void refresh_pid() { g_pid.store(int64_t(getpid()), std::memory_order_relaxed); }
+int64_t current_pid() {
+  static const bool registered = [] {
+    refresh_pid();
+    pthread_atfork(nullptr, nullptr, refresh_pid);
+    return true;
+  }();
+  (void)registered;
+  return g_pid.load(std::memory_order_relaxed);
+}
+
+}  // namespace
+
+namespace {
+
+// FASTPAR_TEST_INIT_PAUSE="<phase>:<file>": at that phase of init, create
+// <file> and sleep until a signal arrives (a handled one, e.g. SIGINT under
+// Python, ends the pause and init goes on). The fault tests use it to kill a
+// rank at a known point of init; unset, it costs one getenv per phase.
+void test_pause(const char* phase) {
+  const char* v = std::getenv("FASTPAR_TEST_INIT_PAUSE");
+  if (!v) return;
+  const std::string spec = v;
+  const size_t colon = spec.find(':');
+  if (colon == std::string::npos || spec.compare(0, colon, phase) != 0) return;
+  if (FILE* f = std::fopen(spec.substr(colon + 1).c_str(), "w")) {
+    std::fprintf(f, "%d\n", int(getpid()));
+    std::fclose(f);
+  }
+  const timespec ts{3600, 0};
+  while (nanosleep(&ts, nullptr) == 0) {
+  }
+}
+
+}  // namespace
+
 ShmComm::ShmComm(int rank, int size, std::vector<int> global_ranks, const Rendezvous& rv, ShmOptions opts)
     : rank_(rank), size_(size), global_ranks_(std::move(global_ranks)), opts_(opts) {
   if (size < 1 || size > kMaxShmRanks || rank < 0 || rank >= size || int(global_ranks_.size()) != size)
@@ -129,25 +176,84 @@ ShmComm::ShmComm(int rank, int size, std::vector<int> global_ranks, const Rendez
                                 " of size " + std::to_string(size) + " (at most " + std::to_string(kMaxShmRanks) + " ranks per host)");
   const int64_t total =
       kHeaderBytes + flags::kSlots * opts_.slot_bytes + opts_.arena_bytes + int64_t(size) * p2p_block_bytes();
-  const auto t0 = std::chrono::steady_clock::now();
-  auto remaining = [&] {
-    const auto spent = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
-    return std::max(std::chrono::milliseconds(1), opts_.timeout - spent);
-  };
+  const auto deadline = std::chrono::steady_clock::now() + opts_.timeout;
+  // What a rank killed during init left (no survivor could remove it): this
+  // user's segments whose creator is provably gone.
+  sweep_dead_segments();
+  const ProcessId self = this_process();
+  joined_pid_ = current_pid();
+  std::string job;
   std::vector<std::string> names(static_cast<size_t>(size));  // only this job's names: see below
-  std::vector<int64_t> name_pids;
-  auto cleanup = [&] {
-    for (const auto& n : names)
-      if (!n.empty()) unlink_segment(n);
+  std::vector<ProcessId> ids(static_cast<size_t>(size));      // peers' ProcessIds, once announced
+  ids[rank] = self;
+  const std::string me = "fastpar: init on rank " + std::to_string(global_ranks_[rank_]) + ": ";
+  auto who = [&](int q) {
+    return "rank " + std::to_string(global_ranks_[q]) + (ids[q].pid > 0 ? " (pid " + std::to_string(ids[q].pid) + ")" : "");
   };
-  auto wait_for = [&](const std::string& key, int peer, const char* what) {
+  // The ProcessId a peer announced under proc/<q> (before it could create
+  // anything), fetched once it is there. An unparsable value is ignored: it
+  // only means that peer's liveness is not watched.
+  auto learn = [&](int q) {
+    if (ids[q].pid > 0) return;
+    const std::string key = "proc/" + std::to_string(q);
     try {
-      rv.wait(key, remaining());
-    } catch (const std::exception& e) {
-      throw std::runtime_error("fastpar: init on rank " + std::to_string(global_ranks_[rank_]) +
-                               " timed out after " + std::to_string(opts_.timeout.count()) +
-                               " ms waiting for rank " + std::to_string(global_ranks_[peer]) + " to " +
-                               what + " (store key '" + key + "'): " + e.what());
+      if (!rv.check(key)) return;
+      ProcessId id;
+      if (parse_process(rv.get(key), &id)) ids[q] = id;
+    } catch (...) {
+    }
+  };
+  // Waits for `key`, polling the store (1 ms, backing off to 20 ms) so that a
+  // peer that dies during init fails this rank within milliseconds instead of
+  // the timeout: every peer that announced itself is checked between polls.
+  auto wait_for = [&](const std::string& key, int peer, const char* what) {
+    long nap_us = 1000;
+    for (;;) {
+      std::string store_error;
+      try {
+        if (rv.check(key)) {
+          // Learn who the peers are while the store is up: if one dies later
+          // with the store (rank 0 serving a TCPStore), its name is known.
+          for (int q = 0; q < size_; ++q) learn(q);
+          return;
+        }
+      } catch (const std::exception& e) {
+        store_error = e.what();  // e.g. the store's server is gone: see whether a peer died first
+      }
+      for (int q = 0; q < size_; ++q) {
+        if (q == rank_) continue;
+        learn(q);
+        if (process_gone(ids[q]))
+          throw std::runtime_error(me + who(q) + " exited during init, while this rank waited for " + who(peer) +
+                                   " to " + what + " (store key '" + key + "')");
+      }
+      if (std::chrono::steady_clock::now() >= deadline)
+        throw std::runtime_error("fastpar: init on rank " + std::to_string(global_ranks_[rank_]) + " timed out after " +
+                                 std::to_string(opts_.timeout.count()) +
+                                 " ms waiting for " + who(peer) + " to " + what + " (store key '" + key + "')" +
+                                 (store_error.empty() ? "" : ": " + store_error));
+      const timespec ts{0, nap_us * 1000};
+      nanosleep(&ts, nullptr);
+      nap_us = std::min(nap_us * 2, 20000L);
+    }
+  };
+  // On failure every name this group's ranks use or will use is unlinked:
+  // each is provably of this group (this job id, a rank of it, the ProcessId
+  // that rank announced or the name it published, both checked against the
+  // form segment_name writes), and a failed init needs none of them. A peer
+  // that is still alive and creates its segment later fails too (it reads
+  // this rank's report) and removes its own.
+  // When the store died with a peer (rank 0 serving the TCPStore, killed
+  // before this rank learned the job id), nothing names the dead peer's
+  // segment; but its creator is gone, so the sweep of dead creators' segments
+  // removes it.
+  auto cleanup_failed = [&] {
+    sweep_dead_segments();
+    for (int q = 0; q < size_; ++q) {
+      if (!names[q].empty()) unlink_segment(names[q]);
+      if (job.empty()) continue;
+      learn(q);
+      if (ids[q].pid > 0) unlink_segment(segment_name(job, q, ids[q]));
     }
   };
   // A rank that fails here says why under the key its peers wait for next
@@ -162,52 +268,59 @@ ShmComm::ShmComm(int rank, int size, std::vector<int> global_ranks, const Rendez
   };
   auto check_peer = [&](const std::string& value, int peer, const std::string& key) {
     if (!value.empty() && value[0] == '!')
-      throw std::runtime_error("fastpar: init on rank " + std::to_string(global_ranks_[rank_]) + ": rank " +
-                               std::to_string(global_ranks_[peer]) + " failed (store key '" + key +
+      throw std::runtime_error(me + "rank " + std::to_string(global_ranks_[peer]) + " failed (store key '" + key +
                                "'): " + printable(value.substr(1), 2000));
   };
+  std::vector<ProcessId> name_ids(static_cast<size_t>(size));
   try {
+    test_pause("start");
+    // Announced before anything is created: whatever this rank creates later
+    // has a name its peers can compute (job, rank, ProcessId), and they can
+    // tell when it dies.
+    rv.set("proc/" + std::to_string(rank), format_process(self));
+    test_pause("announced");
     // Values from the store are not trusted (anything that reaches the store
     // can write to it): a name is opened, and unlinked, only if it is the
     // segment name of this job and of the rank that published it.
-    const std::string me = "fastpar: init on rank " + std::to_string(global_ranks_[rank_]) + ": ";
-    std::string job;
     if (rank == 0) {
       job = random_job_id();
       rv.set("job", job);
     } else {
       wait_for("job", 0, "publish the job id");
-      job = rv.get("job");
-      if (!valid_job_id(job))
+      const std::string value = rv.get("job");
+      if (!valid_job_id(value))
         throw std::runtime_error(me + "the store's job id (key 'job', written by rank " +
-                                 std::to_string(global_ranks_[0]) + ") is '" + printable(job) +
+                                 std::to_string(global_ranks_[0]) + ") is '" + printable(value) +
                                  "', not 16 hex digits: the store holds a value fastpar did not write");
+      job = value;
     }
-    names[rank] = segment_name(job, rank);
+    names[rank] = segment_name(job, rank, self);
     segs_.resize(size_t(size));
     segs_[rank] = Segment::create(names[rank], size_t(total));
     reserve_fixed(segs_[rank], names[rank]);
     auto* h = reinterpret_cast<SegmentHeader*>(segs_[rank].data());
     *h = SegmentHeader{kMagic, int64_t(getpid()), rank, opts_.slot_bytes, opts_.arena_bytes, opts_.p2p_chunk_bytes, 0};
+    test_pause("created");
     rv.set("seg/" + std::to_string(rank), names[rank]);
     published = true;
-    name_pids.assign(size_t(size), 0);
-    name_pids[rank] = int64_t(getpid());
+    test_pause("published");
+    name_ids[rank] = self;
     for (int q = 0; q < size; ++q) {
       if (q == rank) continue;
       const std::string key = "seg/" + std::to_string(q);
       wait_for(key, q, "create its shared-memory segment");
       const std::string value = rv.get(key);
       check_peer(value, q, key);
-      if (!parse_segment_name(value, job, q, &name_pids[q]))
+      if (!parse_segment_name(value, job, q, &name_ids[q]))
         throw std::runtime_error(me + "the store's segment name for rank " + std::to_string(global_ranks_[q]) +
                                  " (key '" + key + "') is '" + printable(value) + "', not " + kSegmentPrefix + job +
-                                 "_r" + std::to_string(q) + "_p<pid> of this job; it was neither opened nor "
-                                 "unlinked (a stale or foreign value in the store)");
+                                 "_r" + std::to_string(q) + "_p<pid>_t<start>_n<pidns> of this job; it was neither "
+                                 "opened nor unlinked (a stale or foreign value in the store)");
       names[q] = value;
       segs_[q] = Segment::open(names[q], size_t(total));
     }
     rv.set("mapped/" + std::to_string(rank), "1");
+    test_pause("mapped");
     for (int q = 0; q < size; ++q) {
       if (q == rank) continue;
       const std::string key = "mapped/" + std::to_string(q);
@@ -215,22 +328,23 @@ ShmComm::ShmComm(int rank, int size, std::vector<int> global_ranks, const Rendez
       check_peer(rv.get(key), q, key);
     }
   } catch (const std::exception& e) {
-    cleanup();
+    cleanup_failed();
     report(e.what());
     throw;
   }
   // Every rank has mapped every segment: no name is needed any more.
-  cleanup();
+  for (const auto& n : names) unlink_segment(n);
+  test_pause("ready");
   base_.resize(size_t(size));
   pids_.resize(size_t(size));
   watch_.assign(size_t(size), false);
   for (int q = 0; q < size; ++q) {
     base_[q] = segs_[q].data();
     const auto* h = reinterpret_cast<const SegmentHeader*>(base_[q]);
-    if (h->pid != name_pids[q])
+    if (h->pid != name_ids[q].pid)
       throw std::runtime_error("fastpar: segment of rank " + std::to_string(global_ranks_[q]) + " (/" + names[q] +
                                ") says it was created by pid " + std::to_string(h->pid) + " but its name says pid " +
-                               std::to_string(name_pids[q]));
+                               std::to_string(name_ids[q].pid));
     if (h->magic != kMagic || h->rank != q || h->slot_bytes != opts_.slot_bytes ||
         h->arena_bytes != opts_.arena_bytes || h->p2p_chunk_bytes != opts_.p2p_chunk_bytes)
       throw std::runtime_error("fastpar: segment of rank " + std::to_string(global_ranks_[q]) +
@@ -250,7 +364,10 @@ ShmComm::~ShmComm() {
   if (!base_.empty()) leave();
 }
 
+bool ShmComm::in_joining_process() const { return current_pid() == joined_pid_; }
+
 void ShmComm::leave() {
+  if (!in_joining_process()) return;
   auto* h = reinterpret_cast<SegmentHeader*>(base_[rank_]);
   HostMemory::store_release(&h->left, 1);
 }
@@ -261,6 +378,12 @@ bool ShmComm::peer_left(int peer) const {
 }
 
 void ShmComm::begin(Coll op, std::chrono::milliseconds timeout) {
+  if (!in_joining_process())
+    throw std::runtime_error("fastpar: " + std::string(coll_name(op)) + " on rank " +
+                             std::to_string(global_ranks_[rank_]) + ": this process (pid " +
+                             std::to_string(getpid()) + ") is a forked child of the rank that created the group (pid " +
+                             std::to_string(joined_pid_) +
+                             "); a child cannot run collectives on its parent's group (create a group of its own)");
   if (!broken_.empty())
     throw std::runtime_error("fastpar: " + std::string(coll_name(op)) + " on rank " +
                              std::to_string(global_ranks_[rank_]) +
@@ -272,7 +395,7 @@ void ShmComm::begin(Coll op, std::chrono::milliseconds timeout) {
 
 void ShmComm::fail(const std::string& msg) {
   broken_ = msg;
-  flags::abort_rank<HostMemory>(control(rank_), 1);
+  if (in_joining_process()) flags::abort_rank<HostMemory>(control(rank_), 1);
   throw std::runtime_error(msg);
 }
 
@@ -280,7 +403,9 @@ bool ShmComm::peer_alive(int peer) const { return !watch_[peer] || liveness::pro
 
 bool ShmComm::peer_aborted(int peer) const { return HostMemory::load_acquire(&control(peer)->abort) != 0; }
 
-void ShmComm::abort_self() { flags::abort_rank<HostMemory>(control(rank_), 1); }
+void ShmComm::abort_self() {
+  if (in_joining_process()) flags::abort_rank<HostMemory>(control(rank_), 1);
+}
 
 int64_t ShmComm::p2p_block_bytes() const {
   // 2 counters + kP2PChunks headers (64 bytes each), then the chunks; whole

@@ -38,11 +38,12 @@ namespace fastpar {
 namespace cpu_shm {
 
 // How ranks find each other: key/value calls on a shared store (a c10d::Store
-// in the extension). `wait` throws if the keys do not appear within `timeout`.
+// in the extension). `get` is called only for keys `check` has seen; `check`
+// never blocks, so init can watch its peers' liveness while it waits.
 struct Rendezvous {
   std::function<void(const std::string& key, const std::string& value)> set;
   std::function<std::string(const std::string& key)> get;
-  std::function<void(const std::string& key, std::chrono::milliseconds timeout)> wait;
+  std::function<bool(const std::string& key)> check;
 };
 
 struct ShmOptions {
@@ -139,7 +140,13 @@ class ShmComm {
   void abort_self();
   // Marks this rank as gone from the communicator (idempotent; the destructor
   // calls it). Peers' receives from any source stop counting on this rank.
+  // Only in the process that joined: a forked child (a DataLoader worker)
+  // that destroys its inherited copy of the group just drops its mappings.
   void leave();
+  // Whether this is the process that built the communicator (not a forked
+  // child holding a copy). Only it may write anything peers read: the left
+  // and abort words, the data, the pages of the registered arena.
+  bool in_joining_process() const;
 
  private:
   static constexpr int64_t kHeaderBytes = 4096;
@@ -148,6 +155,7 @@ class ShmComm {
   void reserve_fixed(const Segment& own, const std::string& name) const;
 
   int rank_, size_;
+  int64_t joined_pid_ = 0;  // getpid() of the process that built this communicator
   std::vector<int> global_ranks_;
   ShmOptions opts_;
   std::vector<Segment> segs_;

@@ -1,6 +1,8 @@
 #include "shm_segment.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -10,8 +12,11 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <cstdlib>
 #include <stdexcept>
+#include <vector>
 
+#include "../liveness/process_liveness.h"
 #include "syscheck.h"
 
 namespace fastpar {
@@ -156,9 +161,102 @@ std::string random_job_id() {
   return std::string(hex, 16);
 }
 
-std::string segment_name(const std::string& job_id, int rank) {
-  return std::string(kSegmentPrefix) + job_id + "_r" + std::to_string(rank) + "_p" +
-         std::to_string(getpid());
+namespace {
+
+// The text of /proc/<pid>/stat ("self" for this process), "" if unreadable.
+std::string read_stat(const std::string& pid) {
+  const std::string path = "/proc/" + pid + "/stat";
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "";
+  char buf[1024];
+  std::string out;
+  for (;;) {
+    const ssize_t r = read(fd, buf, sizeof(buf));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    out.append(buf, size_t(r));
+  }
+  close(fd);
+  return out;
+}
+
+// Field 22 (starttime) of a stat text; 0 if absent. The command name (field
+// 2) may hold spaces and ')', hence the last ')'.
+uint64_t start_time(const std::string& stat) {
+  const size_t p = stat.rfind(')');
+  if (p == std::string::npos) return 0;
+  const char* c = stat.c_str() + p + 1;
+  for (int field = 3; field < 22; ++field) {
+    while (*c == ' ') ++c;
+    while (*c != ' ' && *c != '\0') ++c;
+  }
+  char* end = nullptr;
+  const unsigned long long v = std::strtoull(c, &end, 10);
+  return end == c ? 0 : uint64_t(v);
+}
+
+uint64_t own_pidns() {
+  struct stat st;
+  return stat("/proc/self/ns/pid", &st) == 0 ? uint64_t(st.st_ino) : 0;
+}
+
+// Decimal digits without a leading zero (or "0" when `zero_ok`) at s[i..],
+// up to the first char not a digit; advances i. False on overflow or none.
+bool parse_decimal(const std::string& s, size_t* i, uint64_t* v, bool zero_ok) {
+  const size_t begin = *i;
+  uint64_t x = 0;
+  while (*i < s.size() && s[*i] >= '0' && s[*i] <= '9') {
+    if (*i - begin >= 19) return false;
+    x = x * 10 + uint64_t(s[*i] - '0');
+    ++*i;
+  }
+  const size_t n = *i - begin;
+  if (n == 0 || (n > 1 && s[begin] == '0') || (x == 0 && !zero_ok)) return false;
+  *v = x;
+  return true;
+}
+
+bool expect(const std::string& s, size_t* i, const char* lit) {
+  const size_t n = std::strlen(lit);
+  if (s.compare(*i, n, lit) != 0) return false;
+  *i += n;
+  return true;
+}
+
+// The ProcessId at s[i..] to the end ("<pid>_t<start>_n<pidns>").
+bool parse_process_at(const std::string& s, size_t i, ProcessId* id) {
+  uint64_t pid = 0, start = 0, ns = 0;
+  if (!parse_decimal(s, &i, &pid, false) || pid > uint64_t(INT32_MAX)) return false;
+  if (!expect(s, &i, "_t") || !parse_decimal(s, &i, &start, true)) return false;
+  if (!expect(s, &i, "_n") || !parse_decimal(s, &i, &ns, true) || i != s.size()) return false;
+  *id = ProcessId{int64_t(pid), start, ns};
+  return true;
+}
+
+}  // namespace
+
+ProcessId this_process() {
+  return ProcessId{int64_t(getpid()), start_time(read_stat("self")), own_pidns()};
+}
+
+std::string format_process(const ProcessId& id) {
+  return std::to_string(id.pid) + "_t" + std::to_string(id.start) + "_n" + std::to_string(id.pidns);
+}
+
+bool parse_process(const std::string& text, ProcessId* id) { return parse_process_at(text, 0, id); }
+
+bool process_gone(const ProcessId& id) {
+  if (id.pid <= 0 || id.start == 0 || id.pidns == 0 || id.pidns != own_pidns()) return false;
+  const std::string stat = read_stat(std::to_string(id.pid));
+  if (stat.empty()) return kill(pid_t(id.pid), 0) != 0 && errno == ESRCH;  // EPERM: it exists
+  const uint64_t start = start_time(stat);
+  if (start == 0) return false;
+  if (start != id.start) return true;  // the pid now names another process
+  return !liveness::stat_says_alive(stat);
+}
+
+std::string segment_name(const std::string& job_id, int rank, const ProcessId& creator) {
+  return std::string(kSegmentPrefix) + job_id + "_r" + std::to_string(rank) + "_p" + format_process(creator);
 }
 
 bool valid_job_id(const std::string& job_id) {
@@ -168,19 +266,42 @@ bool valid_job_id(const std::string& job_id) {
   return true;
 }
 
-bool parse_segment_name(const std::string& name, const std::string& job_id, int rank, int64_t* pid) {
+bool parse_segment_name(const std::string& name, const std::string& job_id, int rank, ProcessId* creator) {
   const std::string head = std::string(kSegmentPrefix) + job_id + "_r" + std::to_string(rank) + "_p";
   if (!valid_job_id(job_id) || name.size() <= head.size() || name.compare(0, head.size(), head) != 0) return false;
-  const std::string digits = name.substr(head.size());
-  if (digits.size() > 10 || digits[0] == '0') return false;  // a pid: 1 .. 4194304, no leading zero
-  int64_t v = 0;
-  for (char ch : digits) {
-    if (ch < '0' || ch > '9') return false;
-    v = v * 10 + (ch - '0');
+  return parse_process_at(name, head.size(), creator);
+}
+
+bool parse_any_segment_name(const std::string& name, ProcessId* creator) {
+  const size_t prefix = std::strlen(kSegmentPrefix);
+  if (name.compare(0, prefix, kSegmentPrefix) != 0 || name.size() < prefix + 16) return false;
+  const std::string job = name.substr(prefix, 16);
+  size_t i = prefix + 16;
+  uint64_t rank = 0;
+  if (!valid_job_id(job) || !expect(name, &i, "_r") || !parse_decimal(name, &i, &rank, true) ||
+      rank > uint64_t(INT32_MAX))
+    return false;
+  return parse_segment_name(name, job, int(rank), creator);
+}
+
+int sweep_dead_segments() {
+  DIR* d = opendir("/dev/shm");
+  if (!d) return 0;
+  std::vector<std::string> dead;
+  while (const dirent* e = readdir(d)) {
+    const std::string name = e->d_name;
+    ProcessId id;
+    if (!parse_any_segment_name(name, &id)) continue;
+    struct stat st;
+    if (fstatat(dirfd(d), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode) ||
+        st.st_uid != geteuid())
+      continue;
+    if (process_gone(id)) dead.push_back(name);
   }
-  if (v <= 0 || v > INT32_MAX) return false;
-  *pid = v;
-  return true;
+  closedir(d);
+  int n = 0;
+  for (const auto& name : dead) n += shm_unlink(("/" + name).c_str()) == 0 ? 1 : 0;
+  return n;
 }
 
 std::string printable(const std::string& value, size_t max) {

@@ -58,17 +58,52 @@ class Segment {
 // names or names that passed parse_segment_name.
 bool unlink_segment(const std::string& name);
 
+// Which process created a segment, in a form that survives pid reuse: the
+// pid, the process's start time (clock ticks since boot, /proc/<pid>/stat
+// field 22) and the inode of its pid namespace (/proc/self/ns/pid). 0 where
+// unknown; such a process is never judged dead.
+struct ProcessId {
+  int64_t pid = 0;
+  uint64_t start = 0;
+  uint64_t pidns = 0;
+};
+// This process (read once per call: a forked child gets its own).
+ProcessId this_process();
+// "<pid>_t<start>_n<pidns>" and back; parse accepts only what format writes
+// (decimal, no leading zeros, a pid in 1..INT32_MAX).
+std::string format_process(const ProcessId& id);
+bool parse_process(const std::string& text, ProcessId* id);
+// Whether `id` has provably exited: it is in this process's pid namespace and
+// /proc/<pid> is gone (kill says ESRCH), or holds another process (another
+// start time: the pid was reused), or a zombie / an exiting process. False
+// whenever that cannot be told (another pid namespace, /proc unreadable, a
+// field unknown): callers unlink only on true, so a live process's segment is
+// never removed.
+bool process_gone(const ProcessId& id);
+
 // A name no other job can produce: prefix, 16 hex digits from /dev/urandom
-// (the job id, shared by all ranks of a job), the rank and the pid.
+// (the job id, shared by all ranks of a job), the rank and the creator's
+// ProcessId: fastpar_<job>_r<rank>_p<pid>_t<start>_n<pidns>. The ProcessId
+// lets survivors of a failed init, and later groups on the host, tell a dead
+// creator's leftover from a live process's segment.
 std::string random_job_id();
-std::string segment_name(const std::string& job_id, int rank);
+std::string segment_name(const std::string& job_id, int rank, const ProcessId& creator);
 
 // Whether `job_id` has the form random_job_id() gives (16 lowercase hex digits).
 bool valid_job_id(const std::string& job_id);
-// Whether `name` is exactly segment_name(job_id, rank) of some process; its
-// pid goes to *pid. Names read from the store are only opened or unlinked
-// when this holds: anyone who can reach the store can write to it.
-bool parse_segment_name(const std::string& name, const std::string& job_id, int rank, int64_t* pid);
+// Whether `name` is exactly segment_name(job_id, rank, *creator) of some
+// process; its ProcessId goes to *creator. Names read from the store are only
+// opened or unlinked when this holds: anyone who can reach the store can
+// write to it.
+bool parse_segment_name(const std::string& name, const std::string& job_id, int rank, ProcessId* creator);
+// Whether `name` is segment_name() of any job and rank (for the sweep).
+bool parse_any_segment_name(const std::string& name, ProcessId* creator);
+// Unlinks the /dev/shm entries of this user that segment_name() wrote for a
+// process that is gone (process_gone): what a rank killed during init (no
+// survivor could clean it) left. Never touches another user's entry, an
+// entry of another pid namespace or of a live process, or any other name.
+// Returns how many it unlinked; never throws.
+int sweep_dead_segments();
 // `value` for an error message: at most `max` characters, non-printable bytes as \xNN.
 std::string printable(const std::string& value, size_t max = 80);
 
