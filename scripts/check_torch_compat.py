@@ -32,7 +32,7 @@ import cuda_toolkit  # scripts/, next to this file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CACHE = os.path.join(ROOT, "build", "torch-compat")
-# The torch of the lent GPU machine (../shared/gpu-h100-2026-11-22.md): torch 2.11.0+cu130.
+# The torch the GPU checks so far ran with (docs/gpu.md): torch 2.11.0+cu130.
 GPU_MACHINE_TORCH = "2.11.0"
 DEFINES = ["-DFASTPAR_WITH_CUDA=1", "-DTORCH_API_INCLUDE_EXTENSION_H", "-DTORCH_EXTENSION_NAME=_C",
            "-D_GLIBCXX_USE_CXX11_ABI=1"]

@@ -165,7 +165,7 @@ def _installed_entry_point() -> bool:
 
 @pytest.mark.skipif(_installed_entry_point(), reason="the installed fastpar declares its entry points")
 def test_without_the_entry_points_the_backend_is_unknown(tmp_path):
-    """What users of a fastpar without entry points saw (the issue's spawn
+    """What users of a fastpar without entry points saw (in spawned
     children): torch's own error."""
     out = ok(run_child(None, """
         try:
