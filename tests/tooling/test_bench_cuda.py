@@ -25,14 +25,14 @@ def test_dry_run_writes_csv_summary_and_plots(tmp_path, capsys):
     summary = (tmp_path / "summary.txt").read_text().splitlines()
     by_name = {line.split("  ")[0].strip(): line for line in summary}
     # synthetic: one launch 5.8 us, k=2 7.5 us = 1.29 launches, k=8 14 us = 2.4 launches
-    assert " met " in by_name["list allreduce 4 KiB, k=2, host per call, in launches"]
+    assert " met" in by_name["list allreduce 4 KiB, k=2, host per call, in launches"]
     assert "MISSED" in by_name["list allreduce 4 KiB, k=8, host per call, in launches"]
     # synthetic: n ranks take (n - 1) times 2 ranks' time: 3 ranks 2x (met), 4 ranks 3x
-    assert " met " in by_name["3 ranks on one GPU, time / 2 ranks' from 256 KiB (worst)"]
+    assert " met" in by_name["3 ranks on one GPU, time / 2 ranks' from 256 KiB (worst)"]
     assert "MISSED" in by_name["4 ranks on one GPU, time / 2 ranks' from 256 KiB (worst)"]
     assert "not measured" in by_name["distinct GPUs, busbw / NCCL from 64 MiB (worst)"]
     assert "error: host: RuntimeError: synthetic failure" in summary
-    assert " met " in by_name["registered / plain all_reduce time from 1 MiB (worst)"]  # synthetic: faster
+    assert " met" in by_name["registered / plain all_reduce time from 1 MiB (worst)"]  # synthetic: faster
     out = capsys.readouterr().out
     assert "Targets and measured" in out
     try:
