@@ -38,6 +38,8 @@ def main():
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--batch", type=int, default=64, help="samples per rank per step")
     ap.add_argument("--backend", default=None, help="default: fastpar if available, else gloo")
+    ap.add_argument("--train-samples", type=int, default=12000,
+                    help="synthetic training samples (with --data: all of them)")
     args = ap.parse_args()
     backend = args.backend or ("fastpar" if fastpar_backend_available() else "gloo")
     dist.init_process_group(backend)  # torchrun provides RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
@@ -45,7 +47,7 @@ def main():
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if backend == "nccl" else torch.device("cpu")
     if device.type == "cpu":
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
-    data = load_data(args.data, n_train=12000, n_test=2000)
+    data = load_data(args.data, n_train=args.train_samples, n_test=2000)
     if rank == 0:
         print(f"data: {data.description}; backend {backend}, {world} ranks")
     train = TensorDataset(*data.train)
