@@ -42,6 +42,10 @@ if ! MAX_JOBS=${MAX_JOBS:-2} .venv/bin/pip install -v --no-build-isolation -e . 
 fi
 grep -ho "fastpar: building.*" .venv/fastpar-build.log | head -1 || true
 grep -ho "fastpar: toolchain check passed.*" .venv/fastpar-build.log | head -1 || true
+# the extension's size, into the build log too (README quotes none: it varies with the CUDA archs)
+for so in fastpar/_C*.so; do
+  echo "fastpar: extension $so: $(du -k "$so" | cut -f1) KiB" | tee -a .venv/fastpar-build.log
+done
 # The build guard (setup.py) checked the toolchain and the linked library; this
 # runs the extension: its error-message path is where a C++ runtime that does
 # not match torch's first shows (a truncated message or a segfault).
