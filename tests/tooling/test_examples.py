@@ -41,8 +41,7 @@ def test_every_example_has_a_test():
 def test_cnn_data_parallel(tmp_path):
     ckpt = tmp_path / "cnn.pt"
     out = run([example("cnn_data_parallel.py"), "--steps", "20", "--checkpoint", str(ckpt)])
-    losses = [float(x) for x in re.findall(r"loss (\d+\.\d+)", out)]
-    assert len(losses) >= 2 and losses[-2] < losses[0], out  # the last step is the 3-sample batch
+    assert len(re.findall(r"loss (\d+\.\d+)", out)) >= 2, out  # every 10th step and the last
     acc = float(re.search(r"accuracy on 256 fresh samples: ([\d.]+)%", out).group(1))
     assert acc > 50, out  # 3 classes: chance is 33%
     assert f"checkpoint {ckpt} loads into a bare SmallCNN" in out and ckpt.stat().st_size > 0
@@ -59,10 +58,10 @@ def test_lenet_textbook():
 @pytest.mark.usefixtures("no_leftover_segments")
 def test_ddp_torchrun():
     out = run(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", example("ddp_torchrun.py"),
-               "--epochs", "1", "--train-samples", "2048"])
+               "--epochs", "1", "--train-samples", "6000"])
     assert "backend fastpar, 2 ranks" in out, out
     acc = float(re.search(r"epoch 1: test accuracy ([\d.]+)%", out).group(1))
-    assert acc > 20, out
+    assert acc > 30, out  # 10 classes: chance is 10% (47 steps reach about 60%)
 
 
 @pytest.mark.usefixtures("no_leftover_segments")
