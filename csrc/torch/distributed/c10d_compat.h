@@ -1,7 +1,7 @@
 #pragma once
 // Names of c10d that differ between the torch releases fastpar builds against.
 // The GPU machine runs torch 2.11 while CI builds with 2.14, so a name that
-// only newer torch has must come through here (scripts/check_torch_compat.sh
+// only newer torch has must come through here (scripts/check_torch_compat.py
 // compiles every torch-facing source against the older headers).
 #include <torch/headeronly/version.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>

@@ -1,5 +1,5 @@
 // Which transport runs one CUDA allreduce of the c10d backend: CUDA IPC
-// (allreduce_ipc.h) or the fallback backend (NCCL through torch.distributed).
+// (ipc_allreduce.h) or the fallback backend (NCCL through torch.distributed).
 //
 // Pure, host-only and torch-free so that ctest checks it (tests/cpp/test_route.cpp).
 // The rule that matters: every rank must take the same route for the same
