@@ -168,6 +168,28 @@ def gpu_line(summary_path: str) -> str:
             f"{len(unmeasured)} not measured ({'; '.join(unmeasured)}).")
 
 
+def gpu_numbers(csv_path: str) -> str:
+    """The headline GPU figures of gpu_check.sh's bench_cuda.csv (one GPU, ranks sharing it)."""
+    if not os.path.exists(csv_path):
+        return ""
+    rows = read(csv_path)
+
+    def us(backend, ranks, nbytes):
+        r = [x for x in rows if x["part"] == "ipc" and x["backend"] == backend and x["ranks"] == str(ranks)
+             and x["bytes"] == str(nbytes) and x["us"] not in ("", "nan")]
+        return float(r[0]["us"]) if r else float("nan")
+
+    of_copy = [float(r["of_copy"]) for r in rows if r["part"] == "lists" and r["algorithm"] == "direct"
+               and int(r["bytes"]) >= 16 * MiB and r["of_copy"] not in ("", "nan")]
+    return (f"A list allreduce of CUDA tensors on one GPU reaches at least {min(of_copy):.2f} of a "
+            f"device-to-device copy from 16 MiB; `dist.all_reduce` between 2 ranks sharing the GPU takes "
+            f"{us('fastpar', 2, 4 * KiB):.1f} us at 4 KiB ({us('fastpar graph', 2, 4 * KiB):.1f} us replayed in a "
+            f"CUDA graph, {us('fastpar direct', 2, 4 * KiB):.1f} us as the direct call) and "
+            f"{us('fastpar', 2, MiB):.1f} us at 1 MiB; 3 and 4 ranks sharing it take "
+            f"{us('fastpar', 3, 128 * MiB) / 1000:.1f} and {us('fastpar', 4, 128 * MiB) / 1000:.1f} ms at 128 MiB "
+            f"(`{os.path.relpath(csv_path, ROOT)}`).")
+
+
 def table(out_dir: str) -> str:
     log_path = os.path.join(out_dir, "runs.csv")
     runs = {r["row"]: r for r in read(log_path)} if os.path.exists(log_path) else {}
@@ -185,7 +207,9 @@ def table(out_dir: str) -> str:
     for date, commit, dirty, mach in sorted(dates):
         head.append(f"Run on {date} on commit {commit}" + (" plus uncommitted changes" if dirty == "yes" else "")
                     + f", {mach}; baselines measured in the same runs.")
-    gpu = gpu_line(os.path.join(ROOT, "benchmarks", "results", "gpu", "summary.txt"))
+    gpu_dir = os.path.join(ROOT, "benchmarks", "results", "gpu")
+    gpu = " ".join(x for x in (gpu_line(os.path.join(gpu_dir, "summary.txt")),
+                                gpu_numbers(os.path.join(gpu_dir, "bench_cuda.csv"))) if x)
     return "\n".join(head + [""] + out + ([""] + [gpu] if gpu else [])) + "\n"
 
 
