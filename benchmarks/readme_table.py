@@ -4,7 +4,8 @@
     python benchmarks/readme_table.py           # the table from the CSVs of the last --run
     python benchmarks/readme_table.py --run --only latency,training   # rerun some rows
 
-Each row's command writes one CSV under --dir (default benchmarks/results/readme/);
+--run refuses an extension older than any csrc/ file. Each row's command writes
+one CSV under --dir (default benchmarks/results/readme/);
 runs.csv there records, for each row, the command, the date, the git commit and
 whether the checkout had uncommitted changes, and the machine (CPU model, cores).
 The table (markdown, on stdout and in --dir/table.md) shows every row with the
@@ -121,7 +122,28 @@ def machine() -> str:
     return f"{model}, {os.cpu_count()} CPUs"
 
 
+def stale_extension() -> str:
+    """Why the built extension may not be the checkout's code ('' when it is):
+    runs.csv names a commit, so the .so must be built from it."""
+    import glob
+    built = glob.glob(os.path.join(ROOT, "fastpar", "_C*.so"))
+    if not built:
+        return "no extension built in this checkout (python setup.py build_ext --inplace)"
+    so_time = min(os.path.getmtime(p) for p in built)
+    for base in ("csrc", "setup.py"):
+        paths = [os.path.join(ROOT, base)] if base.endswith(".py") else [
+            os.path.join(d, f) for d, _, fs in os.walk(os.path.join(ROOT, base)) for f in fs]
+        newer = [p for p in paths if os.path.getmtime(p) > so_time]
+        if newer:
+            return (f"{os.path.relpath(newer[0], ROOT)} is newer than the extension: rebuild it "
+                    f"(python setup.py build_ext --inplace)")
+    return ""
+
+
 def run_rows(keys: List[str], out_dir: str, nice: bool) -> None:
+    why = stale_extension()
+    if why:
+        sys.exit(f"readme_table: {why}")
     os.makedirs(out_dir, exist_ok=True)
     log_path = os.path.join(out_dir, "runs.csv")
     runs = {r["row"]: r for r in read(log_path)} if os.path.exists(log_path) else {}
