@@ -140,6 +140,9 @@ def stale_extension() -> str:
     return ""
 
 
+FIELDS = ["row", "command", "date_utc", "commit", "uncommitted_changes", "machine", "seconds", "load_before"]
+
+
 def run_rows(keys: List[str], out_dir: str, nice: bool) -> None:
     why = stale_extension()
     if why:
@@ -155,15 +158,18 @@ def run_rows(keys: List[str], out_dir: str, nice: bool) -> None:
         print(f"== {key}: python {' '.join(cmd)}", flush=True)
         full = (["nice"] if nice else []) + [sys.executable] + cmd
         t0 = datetime.datetime.now(datetime.timezone.utc)
+        load = os.getloadavg()[0]
         done = subprocess.run(full, cwd=ROOT, env=env)
         if done.returncode != 0:
             sys.exit(f"readme_table: {key} failed (exit {done.returncode}): python {' '.join(cmd)}")
         runs[key] = {"row": key, "command": "python " + " ".join(cmd),
                      "date_utc": t0.strftime("%Y-%m-%d %H:%M"), "commit": git("rev-parse", "--short", "HEAD"),
                      "uncommitted_changes": "yes" if git("status", "--porcelain", "--untracked-files=no") else "no",
-                     "machine": machine(), "seconds": f"{(datetime.datetime.now(datetime.timezone.utc) - t0).total_seconds():.0f}"}
+                     "machine": machine(), "seconds": f"{(datetime.datetime.now(datetime.timezone.utc) - t0).total_seconds():.0f}",
+                     # other jobs on the machine move the numbers: the 1-minute load average before the run
+                     "load_before": f"{load:.1f}"}
         with open(log_path, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(next(iter(runs.values()))))
+            w = csv.DictWriter(f, fieldnames=FIELDS, restval="")
             w.writeheader()
             w.writerows(runs[k] for k, *_ in ROWS if k in runs)
 
