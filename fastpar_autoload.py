@@ -1,21 +1,20 @@
 """The torch.distributed backend "fastpar" in processes that never import fastpar.
 
-An installed fastpar declares two entry points (pyproject.toml), which torch
-calls without anyone importing fastpar:
+An installed fastpar declares one entry point (pyproject.toml): group
+``torch.distributed.backends`` -> ``on_demand``. torch versions that have this
+group (2.14) call it the first time a process asks for the backend "fastpar"
+by name (init_process_group, new_group, is_backend_available); ``import
+torch`` itself never loads anything of fastpar. What gets registered is
+``_create``, which imports fastpar (the compiled extension, the creator in
+fastpar/distributed/backend.py) only when torch first builds a fastpar group.
+``register`` is the one registration: ``import fastpar`` calls it too, and it
+does nothing when the backend is registered already.
 
-* group ``torch.distributed.backends`` -> ``on_demand``: torch versions that
-  have this group call it the first time a process asks for the backend
-  "fastpar" by name (init_process_group, new_group, is_backend_available);
-* group ``torch.backends`` -> ``at_import``: torch 2.5 and later call it
-  during ``import torch``. Where torch also has the on-demand group this does
-  nothing, so ``import torch`` pays only for importing this module; on older
-  torch it registers the backend there.
-
-Either way what gets registered is ``_create``, which imports fastpar (the
-compiled extension, the creator in fastpar/distributed/backend.py) only when
-torch first builds a fastpar group. ``register`` is the one registration:
-``import fastpar`` calls it too, and it does nothing when the backend is
-registered already.
+There is no ``torch.backends`` entry point (torch 2.5+ loads that group during
+every ``import torch`` and fails the import when loading raises): a fastpar
+whose module is gone, e.g. an editable install whose checkout moved, must not
+break torch for every program of the environment. On torch without the
+on-demand group a process registers the backend with ``import fastpar``.
 
 Turned off by FASTPAR_AUTOLOAD=0 or by torch's own TORCH_DEVICE_BACKEND_AUTOLOAD=0
 (then only ``import fastpar`` registers the backend).
@@ -62,12 +61,3 @@ def on_demand() -> None:
             f"creating the process group")
     register()
 
-
-def at_import() -> None:
-    """Entry point ``torch.backends``: runs inside ``import torch``, so it must be cheap and never raise."""
-    if not enabled():
-        return
-    import torch.distributed as dist
-    if not dist.is_available() or hasattr(dist.Backend, "_ensure_backend_registered"):
-        return  # no c10d, or this torch calls on_demand when "fastpar" is asked for
-    register()

@@ -1,5 +1,5 @@
 """GPU benchmarks (run by scripts/gpu_check.sh): every figure beside a
-baseline measured in the same run, and the issues' targets beside the
+baseline measured in the same run, and the targets beside the
 figures (gpu_summary.py holds the rows, targets, tables, CSV and plots).
 
   lists  fastpar.allreduce([t0, ..., tk-1]), direct and ring, k = 2, 4, 8,

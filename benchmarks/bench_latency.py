@@ -104,6 +104,14 @@ def worker(args) -> None:
     rows["fastpar share"] = rows["fastpar"] - rows["torch fake backend"]
     if rank == 0:
         report(rows, args)
+        if args.csv:
+            import csv
+            os.makedirs(os.path.dirname(os.path.abspath(args.csv)), exist_ok=True)
+            with open(args.csv, "w", newline="") as f:
+                w = csv.writer(f)
+                w.writerow(["path", "bytes", "ranks", "us_per_call"])
+                for name, sec in rows.items():
+                    w.writerow([name, max(4, args.bytes // 4 * 4), args.ranks, f"{sec * 1e6:.4f}"])
     dist.destroy_process_group()
 
 
@@ -177,6 +185,7 @@ def main() -> None:
     p.add_argument("--iters", type=int, default=20000, help="calls per timed run (gloo: 1/100 of it)")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--no-mpi", action="store_true", help="skip the Open MPI baseline")
+    p.add_argument("--csv", default=None, help="write the table to this CSV file (path, bytes, us_per_call)")
     p.add_argument("--mpi-worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--mpi-us", type=float, default=None, help=argparse.SUPPRESS)
     args = p.parse_args()

@@ -66,23 +66,23 @@ def _ok(values) -> List[float]:
     return [v for v in values if isinstance(v, (int, float)) and not math.isnan(v)]
 
 
-def _target(name: str, target: str, values: List[float], better: str, bound: float, how: str) -> Dict:
+def _target(name: str, target: str, values: List[float], better: str, bound: float) -> Dict:
     """One summary line: the worst measured value against the target."""
     vals = _ok(values)
     if not vals:
-        return {"target": name, "goal": target, "measured": "not measured", "status": "-", "how": how}
+        return {"target": name, "goal": target, "measured": "not measured", "status": "-"}
     worst = max(vals) if better == "lower" else min(vals)
     met = worst <= bound if better == "lower" else worst >= bound
     status = "met" if met else "MISSED"
     if len(vals) < len(values):  # some rows of this target failed or were cut by a time limit
         status += f" ({len(vals)} of {len(values)} rows)"
-    return {"target": name, "goal": target, "measured": worst, "status": status, "how": how}
+    return {"target": name, "goal": target, "measured": worst, "status": status}
 
 
 def targets(rows: List[Dict]) -> List[Dict]:
-    """The targets (issue 20's table in kernel launches and fractions of a
-    copy measured in the same run; issues 8 and 9 for what it left) beside
-    what was measured: each line the worst row's ratio and its goal."""
+    """The targets, in kernel launches and fractions of a copy measured in the
+    same run, beside what was measured: each line the worst row's ratio and
+    its goal."""
     lists = [r for r in rows if r["part"] == "lists" and r["placement"] == ONE_GPU]
     host = {(r["call"], r["k"]): r["host_us"] for r in rows if r["part"] == "host"}
     ipc = [r for r in rows if r["part"] == "ipc"]
@@ -127,37 +127,32 @@ def targets(rows: List[Dict]) -> List[Dict]:
     registered_vs_plain = [r["us"] / plain[(r["placement"], r["ranks"], r["bytes"])] for r in ipc
                            if r["backend"] == "fastpar registered"
                            and (r["placement"], r["ranks"], r["bytes"]) in plain]
-    i20 = "issue 20"
     return [
         _target("list allreduce 4 KiB, k=2, host per call, in launches", "<= 1.3",
-                [host.get(("direct", 2), nan) / launch_lists], "lower", 1.3, i20),
+                [host.get(("direct", 2), nan) / launch_lists], "lower", 1.3),
         _target("list allreduce 4 KiB, k=8, host per call, in launches", "<= 1.6",
-                [host.get(("direct", 8), nan) / launch_lists], "lower", 1.6, i20),
+                [host.get(("direct", 8), nan) / launch_lists], "lower", 1.6),
         _target("list direct at 1 MiB, k=2..8, of a copy (worst)", ">= 0.8",
-                [r["of_copy"] for r in direct(MiB, MiB)], "higher", 0.8, i20),
+                [r["of_copy"] for r in direct(MiB, MiB)], "higher", 0.8),
         _target("dist.all_reduce 4 KiB, 2 ranks on one GPU, host per call, in launches", "<= 1.3",
-                [r["host_us"] / launch_two for b, r in two.items() if b == 4 * KiB], "lower", 1.3, i20),
+                [r["host_us"] / launch_two for b, r in two.items() if b == 4 * KiB], "lower", 1.3),
         _target("the same replayed in a CUDA graph, host per replay, in launches", "<= 0.8",
-                [r["host_us"] / launch_two for b, r in two_graph.items() if b == 4 * KiB], "lower", 0.8, i20),
+                [r["host_us"] / launch_two for b, r in two_graph.items() if b == 4 * KiB], "lower", 0.8),
         _target("2 ranks on one GPU, 1 MiB time / 256 KiB time", "<= 1.5",
-                [two[MiB]["us"] / two[256 * KiB]["us"]] if MiB in two and 256 * KiB in two else [], "lower", 1.5,
-                i20),
+                [two[MiB]["us"] / two[256 * KiB]["us"]] if MiB in two and 256 * KiB in two else [], "lower", 1.5),
         _target("2 ranks on one GPU from 8 MiB, of the ceiling (8N at the copy's rate), plain (worst)", ">= 0.8",
-                [of_ceiling(r, 8) for b, r in two.items() if b >= 8 * MiB], "higher", 0.8, i20),
+                [of_ceiling(r, 8) for b, r in two.items() if b >= 8 * MiB], "higher", 0.8),
         _target("2 ranks on one GPU from 8 MiB, of the ceiling (4N), registered (worst)", ">= 0.8",
-                [of_ceiling(r, 4) for b, r in two_reg.items() if b >= 8 * MiB], "higher", 0.8, i20),
-        _target("3 ranks on one GPU, time / 2 ranks' from 256 KiB (worst)", "<= 2", vs_two(3), "lower", 2, i20),
-        _target("4 ranks on one GPU, time / 2 ranks' from 256 KiB (worst)", "<= 2", vs_two(4), "lower", 2, i20),
-        _target("ring / direct GB/s from 1 MiB, one GPU (worst)", ">= 0.5", ring_vs_direct, "higher", 0.5,
-                "issue 9.3"),
+                [of_ceiling(r, 4) for b, r in two_reg.items() if b >= 8 * MiB], "higher", 0.8),
+        _target("3 ranks on one GPU, time / 2 ranks' from 256 KiB (worst)", "<= 2", vs_two(3), "lower", 2),
+        _target("4 ranks on one GPU, time / 2 ranks' from 256 KiB (worst)", "<= 2", vs_two(4), "lower", 2),
+        _target("ring / direct GB/s from 1 MiB, one GPU (worst)", ">= 0.5", ring_vs_direct, "higher", 0.5),
         _target("direct / copy from 16 MiB (worst)", ">= 0.9", [r["of_copy"] for r in direct(16 * MiB)],
-                "higher", 0.9, "issue 9.4"),
+                "higher", 0.9),
         _target("distinct GPUs, 256 KiB dist.all_reduce us", "<= 10",
-                [r["us"] for r in distinct if r["backend"] == "fastpar" and r["bytes"] == 256 * KiB], "lower", 10,
-                "issue 8.3"),
-        _target("distinct GPUs, busbw / NCCL from 64 MiB (worst)", ">= 0.9", vs_nccl, "higher", 0.9, "issue 8.3"),
-        _target("registered / plain all_reduce time from 1 MiB (worst)", "<= 1", registered_vs_plain, "lower", 1,
-                "issue 8.3 (zero-copy)"),
+                [r["us"] for r in distinct if r["backend"] == "fastpar" and r["bytes"] == 256 * KiB], "lower", 10),
+        _target("distinct GPUs, busbw / NCCL from 64 MiB (worst)", ">= 0.9", vs_nccl, "higher", 0.9),
+        _target("registered / plain all_reduce time from 1 MiB (worst)", "<= 1", registered_vs_plain, "lower", 1),
     ]
 
 
@@ -187,7 +182,7 @@ def report(rows: List[Dict], out_dir: str, header: str = "") -> List[Dict]:
         print_table(ipc, ["backend", "placement", "ranks", "size", "us", "host_us", "algbw_GBps", "busbw_GBps",
                           "error"], "dist.all_reduce across processes")
     lines = targets(rows)
-    print_table(lines, ["target", "goal", "measured", "status", "how"], "Targets (the issues') and measured")
+    print_table(lines, ["target", "goal", "measured", "status"], "Targets and measured")
     errs = errors(rows)
     for e in errs:
         print(f"error: {e}")
@@ -197,7 +192,7 @@ def report(rows: List[Dict], out_dir: str, header: str = "") -> List[Dict]:
         for t in lines:
             m = t["measured"]
             f.write(f"{t['target']:<92} {t['goal']:>7}  {m if isinstance(m, str) else f'{m:.3g}':>12}  "
-                    f"{t['status']:<6}  {t['how']}\n")
+                    f"{t['status']}\n")
         for e in errs:
             f.write(f"error: {e}\n")
     series: Dict[str, list] = {}

@@ -2,6 +2,7 @@
 
     bash scripts/setup.sh                               # once, in a fresh clone
     .venv/bin/python benchmarks/main_job.py --quick            # ~1-2 minutes
+    .venv/bin/python benchmarks/main_job.py --smoke            # every step, tiny: a test runs it
     .venv/bin/python benchmarks/main_job.py             # 3 epochs per mode, a few minutes on 2 cores
     .venv/bin/python benchmarks/main_job.py --data /path/to/fashion-mnist   # real IDX files
 
@@ -32,6 +33,9 @@ _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def _parse(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="benchmarks/main_job.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="a short run (~1-2 minutes)")
+    ap.add_argument("--smoke", action="store_true",
+                    help="--quick cut to the minimum (a few steps per mode, the sweep at 2 sizes): checks that "
+                         "every step runs; its numbers mean nothing")
     ap.add_argument("--data", default=None, help="folder with the Fashion-MNIST IDX files (default: synthetic)")
     ap.add_argument("--world", type=int, default=2, help="processes for the DDP modes (default 2)")
     ap.add_argument("--epochs", type=float, default=None, help="epochs per mode (default 3 of 12000 samples; --quick: 1 of 8000)")
@@ -39,6 +43,10 @@ def _parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--out", default="bench_out", help="folder for the CSV and the plot (default bench_out)")
     ap.add_argument("--no-sweep", action="store_true", help="skip the optional collective sweep plot")
     args = ap.parse_args(argv)
+    if args.smoke:
+        args.quick = True
+        if args.epochs is None:
+            args.epochs = 0.01  # Config.steps() still runs the warm-up steps and one timed step
     if args.world < 2:
         ap.error(f"--world is {args.world}; data parallelism needs at least 2 processes")
     return args
@@ -70,7 +78,7 @@ def write_csv(rows: list, path: str) -> None:
         w.writerows(rows)
 
 
-def run_collective_sweep(out_dir: str, quick: bool) -> None:
+def run_collective_sweep(out_dir: str, quick: bool, smoke: bool = False) -> None:
     """Runs benchmarks/bench_distributed.py when it exists, passing the options its --help offers."""
     # the checkout this package runs from, else the current directory (for an installed fastpar)
     found = [os.path.join(root, "benchmarks", "bench_distributed.py") for root in (_REPO, os.getcwd())]
@@ -85,6 +93,8 @@ def run_collective_sweep(out_dir: str, quick: bool) -> None:
     cmd = [sys.executable, script]
     if quick and "--quick" in helptext.split():
         cmd.append("--quick")
+    if smoke and "--sizes" in helptext.split():
+        cmd += ["--sizes", "4K,1M"]
     for flag, value in (("--plot", "collective_sweep.png"), ("--csv", "collective_sweep.csv")):
         if flag in helptext.split():
             cmd += [flag, os.path.join(out_dir, value)]
@@ -104,7 +114,7 @@ def main(argv=None) -> None:
     write_csv(rows, csv_path)
     print(f"\nCSV: {csv_path}")
     if not args.no_sweep:
-        run_collective_sweep(args.out, args.quick)
+        run_collective_sweep(args.out, args.quick, args.smoke)
 
 
 if __name__ == "__main__":

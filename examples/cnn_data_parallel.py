@@ -47,6 +47,7 @@ def main() -> None:
     ap.add_argument("--devices", nargs="+", default=["cpu", "cpu"],
                     help='device ids: "cpu" (repeatable) or CUDA indices')
     ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--checkpoint", default="/tmp/fastpar_small_cnn.pt", help="where the state_dict is saved")
     args = ap.parse_args()
     devices = [int(d) if d.isdigit() else d for d in args.devices]
     torch.manual_seed(0)
@@ -67,9 +68,9 @@ def main() -> None:
     with torch.no_grad():
         acc = (model(x).argmax(1).cpu() == y).float().mean().item()
     print(f"accuracy on 256 fresh samples: {100 * acc:.1f}% (devices {model.device_ids})")
-    torch.save(model.state_dict(), "/tmp/fastpar_small_cnn.pt")  # plain keys: loads into SmallCNN()
-    SmallCNN().load_state_dict(torch.load("/tmp/fastpar_small_cnn.pt"))
-    print("checkpoint /tmp/fastpar_small_cnn.pt loads into a bare SmallCNN")
+    torch.save(model.state_dict(), args.checkpoint)  # plain keys: loads into SmallCNN()
+    SmallCNN().load_state_dict(torch.load(args.checkpoint))
+    print(f"checkpoint {args.checkpoint} loads into a bare SmallCNN")
 
 
 if __name__ == "__main__":

@@ -10,8 +10,8 @@ Any torchrun works too once the extension is built in place
 (`python setup.py build_ext --inplace`): prefix `PYTHONPATH=.`.
 
 (`python -m torch.distributed.run` works where the torchrun script is not on PATH.)
-The backend is "fastpar" when fastpar's torch.distributed backend is built,
-else gloo; on GPUs pass --backend nccl. Without --data the images are
+The backend is "fastpar" (--backend gloo to compare; on GPUs --backend nccl).
+Without --data the images are
 SYNTHETIC (benchmarks/training/datasets.py); nothing is downloaded.
 """
 import argparse
@@ -29,7 +29,6 @@ import fastpar
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
 from training.datasets import load_data
 from training.lenet import accuracy, lenet
-from training.modes import fastpar_backend_available
 
 
 def main():
@@ -37,15 +36,17 @@ def main():
     ap.add_argument("--data", default=None, help="folder with the Fashion-MNIST IDX files")
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--batch", type=int, default=64, help="samples per rank per step")
-    ap.add_argument("--backend", default=None, help="default: fastpar if available, else gloo")
+    ap.add_argument("--backend", default="fastpar", help="fastpar (default), gloo, or nccl on GPUs")
+    ap.add_argument("--train-samples", type=int, default=12000,
+                    help="synthetic training samples (with --data: all of them)")
     args = ap.parse_args()
-    backend = args.backend or ("fastpar" if fastpar_backend_available() else "gloo")
+    backend = args.backend
     dist.init_process_group(backend)  # torchrun provides RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
     rank, world = dist.get_rank(), dist.get_world_size()
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if backend == "nccl" else torch.device("cpu")
     if device.type == "cpu":
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
-    data = load_data(args.data, n_train=12000, n_test=2000)
+    data = load_data(args.data, n_train=args.train_samples, n_test=2000)
     if rank == 0:
         print(f"data: {data.description}; backend {backend}, {world} ranks")
     train = TensorDataset(*data.train)

@@ -83,9 +83,11 @@ def main():
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--lr", type=float, default=0.1)
+    ap.add_argument("--train-samples", type=int, default=6000,
+                    help="synthetic training samples (with --data: all of them)")
     args = ap.parse_args()
     devices = [torch.device("cuda", int(d)) if d.isdigit() else torch.device(d) for d in args.devices]
-    data = load_data(args.data, n_train=6000, n_test=2000)
+    data = load_data(args.data, n_train=args.train_samples, n_test=2000)
     print(f"data: {data.description}")
     device_params = [get_params(init_params(), d) for d in devices]
     X_all, y_all = data.train
@@ -100,6 +102,8 @@ def main():
               f"on {len(devices)} devices")
     same = all(torch.equal(p, q) for ps in device_params[1:] for p, q in zip(ps, device_params[0]))
     print(f"parameter copies identical on every device: {same}")
+    if not same:
+        sys.exit("the copies diverged: the allreduce did not give every device the same gradients")
 
 
 if __name__ == "__main__":

@@ -135,6 +135,15 @@ def run(cfg) -> None:
             # fp32 partial sums in another order: equal to rounding, far from any real error
             assert diff < 1e-3 * max(1.0, ref.abs().max().item()), f"{name}: logits differ from 1 process by {diff}"
         print("outputs match the 1-process model in every mode")
+        if cfg.csv:
+            import csv
+            os.makedirs(os.path.dirname(os.path.abspath(cfg.csv)), exist_ok=True)
+            with open(cfg.csv, "w", newline="") as f:
+                w = csv.writer(f)
+                w.writerow(["mode", "tokens_per_s", "vs_gloo", "vs_1_process", "layers", "d_model", "steps"])
+                for name, sec in best.items():
+                    w.writerow([name, f"{toks / sec:.2f}", f"{best['gloo'] / sec:.3f}",
+                                f"{best['1 process'] / sec:.3f}", cfg.layers, cfg.d_model, cfg.steps])
     dist.destroy_process_group()
 
 
@@ -150,6 +159,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=64, help="tokens decoded per sequence")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="2 layers, d_model 128, 16 steps, 1 repeat")
+    p.add_argument("--csv", default=None, help="write the table to this CSV file")
     cfg = p.parse_args()
     if cfg.quick:
         cfg.layers, cfg.d_model, cfg.ffn, cfg.steps, cfg.repeats = 2, 128, 512, 16, 1

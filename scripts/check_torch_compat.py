@@ -12,9 +12,10 @@ architecture, each with the C++ standard that release's cpp_extension uses.
     python scripts/check_torch_compat.py                 # the GPU machine's torch
     python scripts/check_torch_compat.py 2.12.0 2.13.0   # other releases
 
-Exit status 1 when a source fails to compile (its errors are printed); a wheel
-that cannot be downloaded (no network) is reported and skipped, exit 0, since
-the GPU check builds on the machine anyway.
+Exit status 1 when a source fails to compile (its errors are printed). Without
+nvcc, or a wheel that cannot be downloaded (no network), the check is reported
+SKIPPED with exit 0, since the GPU check builds on the machine anyway; under
+CI=true (as .ci/run sets it) that is a failure instead, exit 1.
 """
 import argparse
 import concurrent.futures
@@ -31,7 +32,7 @@ import cuda_toolkit  # scripts/, next to this file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CACHE = os.path.join(ROOT, "build", "torch-compat")
-# The torch of the lent GPU machine (../shared/gpu-h100-2026-11-22.md): torch 2.11.0+cu130.
+# The torch the GPU checks so far ran with (docs/gpu.md): torch 2.11.0+cu130.
 GPU_MACHINE_TORCH = "2.11.0"
 DEFINES = ["-DFASTPAR_WITH_CUDA=1", "-DTORCH_API_INCLUDE_EXTENSION_H", "-DTORCH_EXTENSION_NAME=_C",
            "-D_GLIBCXX_USE_CXX11_ABI=1"]
@@ -50,8 +51,7 @@ def fetch_headers(version):
         r = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", wheels,
                             f"torch=={version}"], capture_output=True, text=True)
         if r.returncode != 0 or not glob.glob(pattern):
-            print(f"check_torch_compat: SKIPPED torch {version}: could not download its wheel:\n"
-                  + (r.stderr or r.stdout).strip()[-600:])
+            skipped(f"torch {version}: could not download its wheel:\n" + (r.stderr or r.stdout).strip()[-600:])
             return None
     wheel = glob.glob(pattern)[0]
     tmp = dest + ".partial"
@@ -70,6 +70,17 @@ def fetch_headers(version):
     os.rename(tmp, dest)
     os.remove(wheel)  # the headers are what is kept: 500+ MB less on disk
     return os.path.join(dest, "include"), std
+
+
+def in_ci():
+    return os.environ.get("CI", "").lower() in ("true", "1")
+
+
+def skipped(why):
+    """A check that could not run: SKIPPED, or under CI a failure (exit 1)."""
+    if in_ci():
+        sys.exit(f"check_torch_compat: FAILED (CI=true: no skipping): {why}")
+    print(f"check_torch_compat: SKIPPED {why}")
 
 
 def cxx_standard(cpp_extension_source):
@@ -123,7 +134,7 @@ def main():
     args = ap.parse_args()
     cuda = cuda_toolkit.find_cuda_home()
     if cuda is None:
-        print("check_torch_compat: SKIPPED: no CUDA toolkit (nvcc) here, so no CUDA build to check")
+        skipped("no CUDA toolkit (nvcc) here, so no CUDA build to check")
         return 0
     ok = all([check(v, cuda, args.jobs) for v in args.versions])
     return 0 if ok else 1

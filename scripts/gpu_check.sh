@@ -2,13 +2,16 @@
 # The GPU check: on whatever NVIDIA GPUs this machine has, build fastpar in
 # place for them, run the build smoke test, every GPU test (single-process,
 # then multi-process with an MPS daemon so ranks sharing a GPU run at once)
-# and the GPU benchmarks; print one summary. Within GPU_CHECK_BUDGET_S
-# (default 540 s, counted from the start: build included) on one H100/H200:
-# one 9-minute device call. A budget below what the selected phases need
+# and the GPU benchmarks; print one summary. Within a time budget (--budget,
+# default 540 s, counted from the start: build included; the whole check fits
+# it on one H100/H200). A budget below what the selected phases need
 # (gpu_check_phases.sh: min_budget) is refused at once, naming the minimum.
 # docs/gpu.md is the user's page: phases, budgets, MPS, recovery after a crash.
 #
-#   bash scripts/gpu_check.sh                 # results under benchmarks/results/gpu/ (and $OUT)
+#   bash scripts/gpu_check.sh                 # results in benchmarks/results/gpu/
+#   bash scripts/gpu_check.sh --out DIR --budget SECONDS
+#       # results in DIR (written as each phase ends, so a run cut off keeps them);
+#       # the budget (also GPU_CHECK_BUDGET_S)
 #   PYTHON=python3 bash scripts/gpu_check.sh  # the interpreter with torch (default: .venv's, else python3)
 #   GPU_CHECK_PHASES=multi GPU_CHECK_TESTS='graph or p2p_first' bash scripts/gpu_check.sh
 #       # build + smoke test, then only the named phases (single, lists, multi, ipc; default all),
@@ -17,16 +20,31 @@
 #       # left of the budget less the needs of the later selected phases (gpu_check_phases.sh)
 #   GPU_CHECK_BUILD_S                         # the build's need (default 120 s cold, 30 s when up to date)
 #
-# Logs, CSV, PNG and summary.txt go to benchmarks/results/gpu/ and, when $OUT
-# is set (the device runner returns files under it), are copied there too.
-# The exit code is nonzero when the build, the smoke test or a test failed;
-# missed benchmark targets are reported, not failures.
+# Logs, CSV, PNG and summary.txt go to the results folder. The exit code is
+# nonzero when the build, the smoke test or a test failed (2: bad arguments or
+# a budget refused); missed benchmark targets are reported, not failures.
 set -uo pipefail
-cd "$(dirname "$0")/.." || exit 1
 START=$SECONDS
 BUDGET=${GPU_CHECK_BUDGET_S:-540}
-RESULTS=benchmarks/results/gpu
-mkdir -p "$RESULTS"
+RESULTS=""
+while [ $# -gt 0 ]; do
+  case $1 in
+    --out) RESULTS=${2:?--out needs a folder}; shift 2 ;;
+    --out=*) RESULTS=${1#--out=}; shift ;;
+    --budget) BUDGET=${2:?--budget needs seconds}; shift 2 ;;
+    --budget=*) BUDGET=${1#--budget=}; shift ;;
+    -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) echo "gpu_check: unknown argument '$1' (options: --out DIR, --budget SECONDS; --help)"; exit 2 ;;
+  esac
+done
+case $BUDGET in
+  ''|*[!0-9]*) echo "gpu_check: the budget must be whole seconds, not '$BUDGET'"; exit 2 ;;
+esac
+# a relative --out is relative to where the script was started
+[ -n "$RESULTS" ] && case $RESULTS in /*) ;; *) RESULTS=$PWD/$RESULTS ;; esac
+cd "$(dirname "$0")/.." || exit 1
+RESULTS=${RESULTS:-$PWD/benchmarks/results/gpu}
+mkdir -p "$RESULTS" || exit 2
 LOG=$RESULTS/gpu_check.log
 : > "$LOG"
 exec > >(tee -a "$LOG") 2>&1
@@ -47,17 +65,12 @@ K_ARGS=()
 # before anything runs, naming the minimum.
 check_budget || exit 2
 
-# After every phase, not only at exit: a call killed at the runner's limit
-# (SIGKILL runs no trap) still returns what the phases before it wrote.
+# The MPS daemon's logs, next to the results; after every phase, not only at
+# exit: a run killed with SIGKILL (which runs no trap) keeps the ones so far.
 copy_out() {
-  [ -n "${OUT:-}" ] || return 0
   local f
-  mkdir -p "$OUT"
-  for f in gpu_check.log build.log tests.log bench.log bench_cuda.csv summary.txt lists.png collectives.png; do
-    [ -f "$RESULTS/$f" ] && cp "$RESULTS/$f" "$OUT/"
-  done
   for f in /tmp/fastpar-mps-log/*.log; do
-    [ -f "$f" ] && cp "$f" "$OUT/mps-$(basename "$f")"
+    [ -f "$f" ] && cp "$f" "$RESULTS/mps-$(basename "$f")"
   done
   return 0
 }

@@ -61,8 +61,8 @@ check_budget() {
   for p in single lists multi ipc; do
     want "$p" && parts="$parts, $p $(need "$p") s"
   done
-  echo "gpu_check: GPU_CHECK_BUDGET_S=$BUDGET is below the minimum of $min s for the selected phases ($parts);" \
-       "raise it, or select fewer phases with GPU_CHECK_PHASES"
+  echo "gpu_check: the budget of $BUDGET s is below the minimum of $min s for the selected phases ($parts);" \
+       "raise it (--budget SECONDS or GPU_CHECK_BUDGET_S), or select fewer phases with GPU_CHECK_PHASES"
   return 1
 }
 

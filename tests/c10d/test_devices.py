@@ -2,7 +2,7 @@
 accepts for it, on any machine (GPU or not). Checks which object torch
 registers for each device, that CPU collectives stay correct, and that a
 tensor on a device fastpar does not serve is refused with its argument and
-device; and torchrun with env:// (the issue's 'done when'). CUDA
+device; and torchrun with env:// (how users launch it). CUDA
 collectives themselves: test_collectives.py (their CUDA shapes need a GPU)."""
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The one multi-process worker of the tests: a scenario, for CPU and CUDA
 tensors, in one process per rank:
 
-    python dist_worker.py tests/FOLDER/test_x.py:sc_NAME RANK WORLD PORT [ARGS...]
+    python dist_worker.py TEST_MODULE_PATH:sc_NAME RANK WORLD PORT [ARGS...]
     python dist_worker.py batch RANK WORLD PORT SPECS_JSON
 
 A scenario is a function sc_NAME marked @scenario (dist_harness.py) in the

@@ -1,4 +1,4 @@
-// Host-side liveness for the CUDA IPC backend (csrc/transport/liveness):
+// Host-side liveness for the CUDA IPC backend (csrc/core/transport/liveness):
 // process_alive reads /proc/<pid>/stat (a SIGKILLed, unreaped child is a
 // zombie and counts as dead), and PeerWatcher reports the first dead peer
 // once, promptly, ignores peers it could not see when it started (another pid

@@ -120,7 +120,7 @@ def sc_ipc_sigkill():
     time.sleep(0.5)
     t0 = time.monotonic()
 
-    def step(what):  # where the time goes, should a run ever hang again (issue 20, defect 3)
+    def step(what):  # where the time goes, should a run ever hang again (a destroy once hung here)
         print(f"[{time.monotonic() - t0:6.2f}s] {what}", flush=True)
     try:
         work = dist.all_reduce(t, async_op=True) if op == "all_reduce" else dist.broadcast(t, src=0, async_op=True)
@@ -144,7 +144,7 @@ def sc_ipc_sigkill():
     dist.destroy_process_group()
     print(f"destroy after the death took {time.monotonic() - t1:.1f}s", flush=True)
     total = time.monotonic() - t0
-    assert total < 10, f"the scenario took {total:.1f}s after the death (the issue's bound: 10 s)"
+    assert total < 10, f"the scenario took {total:.1f}s after the death (the bound: 10 s)"
     os._exit(0)
 
 

@@ -25,19 +25,23 @@ def test_dry_run_writes_csv_summary_and_plots(tmp_path, capsys):
     summary = (tmp_path / "summary.txt").read_text().splitlines()
     by_name = {line.split("  ")[0].strip(): line for line in summary}
     # synthetic: one launch 5.8 us, k=2 7.5 us = 1.29 launches, k=8 14 us = 2.4 launches
-    assert " met " in by_name["list allreduce 4 KiB, k=2, host per call, in launches"]
+    assert " met" in by_name["list allreduce 4 KiB, k=2, host per call, in launches"]
     assert "MISSED" in by_name["list allreduce 4 KiB, k=8, host per call, in launches"]
     # synthetic: n ranks take (n - 1) times 2 ranks' time: 3 ranks 2x (met), 4 ranks 3x
-    assert " met " in by_name["3 ranks on one GPU, time / 2 ranks' from 256 KiB (worst)"]
+    assert " met" in by_name["3 ranks on one GPU, time / 2 ranks' from 256 KiB (worst)"]
     assert "MISSED" in by_name["4 ranks on one GPU, time / 2 ranks' from 256 KiB (worst)"]
     assert "not measured" in by_name["distinct GPUs, busbw / NCCL from 64 MiB (worst)"]
     assert "error: host: RuntimeError: synthetic failure" in summary
-    assert " met " in by_name["registered / plain all_reduce time from 1 MiB (worst)"]  # synthetic: faster
+    assert " met" in by_name["registered / plain all_reduce time from 1 MiB (worst)"]  # synthetic: faster
     out = capsys.readouterr().out
-    assert "Targets (the issues') and measured" in out
+    assert "Targets and measured" in out
     try:
         import matplotlib  # noqa: F401
     except ImportError:
+        # the plots are part of what gpu_check.sh returns: CI must check them
+        if os.environ.get("CI", "").lower() in ("true", "1"):
+            pytest.fail("CI=true: matplotlib is missing, so the plots went unchecked (bash scripts/setup.sh "
+                        "installs it)")
         return
     assert (tmp_path / "lists.png").stat().st_size > 1000
     assert (tmp_path / "collectives.png").stat().st_size > 1000
@@ -136,9 +140,9 @@ def test_gpu_check_stops_at_once_without_a_gpu(tmp_path):
     smi.write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed' >&2\nexit 9\n")
     smi.chmod(0o755)
     env = dict(os.environ, PATH=f"{tmp_path}:{os.environ['PATH']}", GPU_CHECK_BUDGET_S="540")
-    env.pop("OUT", None)
     env.pop("GPU_CHECK_PHASES", None)
-    r = subprocess.run(["bash", GPU_CHECK], capture_output=True, text=True, env=env, timeout=60)
+    r = subprocess.run(["bash", GPU_CHECK, "--out", str(tmp_path / "results")], capture_output=True, text=True,
+                       env=env, timeout=60)
     assert r.returncode == 1, r.stdout + r.stderr
     assert "gpu_check: no NVIDIA GPU here (nvidia-smi finds none)" in r.stdout
     assert "== build" not in r.stdout
@@ -151,12 +155,30 @@ def test_gpu_check_refuses_a_budget_that_would_starve_the_build(tmp_path):
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPU_CHECK_")}
     env.update(GPU_CHECK_BUDGET_S="170", GPU_CHECK_BUILD_S="120")
-    env.pop("OUT", None)
-    r = subprocess.run(["bash", GPU_CHECK], capture_output=True, text=True, env=env, timeout=60)
+    r = subprocess.run(["bash", GPU_CHECK, "--out", str(tmp_path / "results")], capture_output=True, text=True,
+                       env=env, timeout=60)
     assert r.returncode == 2, r.stdout + r.stderr
-    assert ("gpu_check: GPU_CHECK_BUDGET_S=170 is below the minimum of 510 s for the selected phases (build 120 s, "
+    assert ("gpu_check: the budget of 170 s is below the minimum of 510 s for the selected phases (build 120 s, "
             "smoke test and MPS 30 s, single 60 s, lists 50 s, multi 140 s, ipc 110 s)") in r.stdout
     assert "== build" not in r.stdout and "nvidia-smi" not in r.stdout
+
+
+def test_gpu_check_options_set_the_results_folder_and_the_budget(tmp_path):
+    """--out DIR: the log (and every result) goes there, a relative DIR from
+    where the script started; --budget overrides GPU_CHECK_BUDGET_S."""
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPU_CHECK_")}
+    env.update(GPU_CHECK_BUDGET_S="540", GPU_CHECK_BUILD_S="120")
+    r = subprocess.run(["bash", GPU_CHECK, "--budget", "200", "--out", "res"], capture_output=True, text=True,
+                       env=env, timeout=60, cwd=str(tmp_path))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "the budget of 200 s is below the minimum of 510 s" in r.stdout
+    assert "the budget of 200 s" in (tmp_path / "res" / "gpu_check.log").read_text()
+    r = subprocess.run(["bash", GPU_CHECK, "--frobnicate"], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 2 and "unknown argument '--frobnicate'" in r.stdout, r.stdout + r.stderr
+    r = subprocess.run(["bash", GPU_CHECK, "--help"], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 0 and "--out DIR --budget SECONDS" in r.stdout, r.stdout + r.stderr
 
 
 def _phases(script: str, env: dict) -> list:
@@ -171,7 +193,7 @@ def _phases(script: str, env: dict) -> list:
     return r.stdout.split()
 
 
-def test_gpu_check_fits_one_nine_minute_call_with_time_kept_for_later_phases():
+def test_gpu_check_default_budget_keeps_time_for_later_phases():
     """The default budget (540 s, from the start) holds the build's need and
     every phase's (single 60, lists 50, multi 140, ipc 110); the build may take
     what the phases' needs leave; each phase keeps the needs of those after it."""

@@ -15,7 +15,7 @@ not:
   * the CUDA IPC broadcast / all_gather / reduce / reduce_scatter schedules,
     interleaved with allreduce, desynced calls, and the host abort word that
     the peer watcher raises when a peer process dies;
-  * the CUDA IPC send/recv rings (p2p_ipc.cpp, p2p_ring.h) with one thread per
+  * the CUDA IPC send/recv rings (ipc_p2p.cpp, p2p_ring.h) with one thread per
     rank, peer and direction: all pairs at once, ring credit, tag and size
     mismatches, a dead peer;
   * the IPC endpoint's pinned host words (abort word, status mirror): alive

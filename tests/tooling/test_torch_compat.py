@@ -26,3 +26,18 @@ def test_the_installed_torch_states_the_standard_fastpar_was_built_with():
         with open(log) as f:
             compile_lines = [line for line in f if " -c " in line and "csrc/" in line]
         assert compile_lines and all(f"-std={std}" in line for line in compile_lines)
+
+
+def test_without_nvcc_it_skips_and_under_ci_fails(monkeypatch, capsys):
+    """No silent pass in CI: a check that cannot run there is a failure naming what is missing."""
+    import pytest
+
+    monkeypatch.setattr(check_torch_compat.cuda_toolkit, "find_cuda_home", lambda: None)
+    monkeypatch.setattr(sys, "argv", ["check_torch_compat.py"])
+    monkeypatch.delenv("CI", raising=False)
+    assert check_torch_compat.main() == 0
+    assert "SKIPPED no CUDA toolkit (nvcc)" in capsys.readouterr().out
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(SystemExit) as e:
+        check_torch_compat.main()
+    assert "FAILED (CI=true: no skipping): no CUDA toolkit (nvcc)" in str(e.value.code)

@@ -172,7 +172,7 @@ namespace fastpar {
 
 // Load<T, OP>::run() for every dtype T and every op OP, stopping at the
 // first result other than `ok`: that result, else `ok`. How the CUDA IPC
-// setup loads every instance of a kernel (cuda_reduce.cu, fused_one_shot.cu).
+// setup loads every instance of a kernel (cuda_reduce.cu, ipc_fused_one_shot.cu).
 template <template <typename, ReduceOp> class Load, class R>
 R for_each_kernel(R ok) {
   R result = ok;

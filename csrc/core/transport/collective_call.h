@@ -47,7 +47,7 @@ inline const char* coll_name(Coll c) {
 // aux values that name a schedule instead of an arena offset (offsets are far
 // smaller), so ranks that would run different schedules disagree on aux.
 // kAuxFused and kAuxGraphed are CUDA IPC's single-kernel allreduces
-// (fused_one_shot.h), whose flags differ from the phase protocol's: they must
+// (ipc_fused_one_shot.h), whose flags differ from the phase protocol's: they must
 // never meet a phase.
 constexpr int64_t kAuxOneShot = int64_t(1) << 62;
 constexpr int64_t kAuxTwoShot = kAuxOneShot + 1;

@@ -6,7 +6,7 @@
 // CUDA engine's route (reducible(), route.h). Each message names the op (as torch.distributed spells it), the
 // argument, the index and both values, e.g.
 //   "fastpar.all_gather: output_tensors[0][1] has 4 elements but 3 were expected (...)"
-// tests/common/scenarios_collectives.py (sc_bad_input), tests/c10d/
+// tests/c10d/test_collectives.py (sc_bad_input), tests/c10d/
 // test_coalesced_checks.py and test_cuda_backend_plumbing.py pin them.
 #pragma once
 

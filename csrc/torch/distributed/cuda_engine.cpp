@@ -1,7 +1,7 @@
 // CudaEngine's lifecycle (knobs, the lazy or eager IPC setup, teardown,
 // abort), its state, the routing helpers every call starts with, and its
-// Python type. The collectives: cuda_backend_collectives.cpp; point to point
-// and all-to-all: cuda_backend_p2p.cpp.
+// Python type. The collectives: cuda_engine_collectives.cpp; point to point
+// and all-to-all: cuda_engine_p2p.cpp.
 #include "cuda_engine.h"
 
 #include <c10/cuda/CUDAException.h>

@@ -199,7 +199,7 @@ class CudaEngine : public Engine {
   c10::intrusive_ptr<c10d::Work> ipc_work(c10d::OpType type, const char* op, std::vector<at::Tensor> outputs,
                                           const c10::cuda::CUDAStream& stream, std::chrono::milliseconds timeout,
                                           bool host_wait = false);
-  // send / recv over the IPC rings (p2p_ipc.h) where set up and routed, else the fallback.
+  // send / recv over the IPC rings (ipc_p2p.h) where set up and routed, else the fallback.
   c10::intrusive_ptr<c10d::Work> point_to_point(const char* op, std::vector<at::Tensor>& tensors, int peer, int tag,
                                                 bool is_send);
   // all_to_all with per-rank sizes over the p2p rings (mu_ held): rank r's

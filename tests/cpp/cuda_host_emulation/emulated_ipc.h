@@ -63,7 +63,7 @@ struct HostMemory {
 cudaError_t launch_phase(const PhaseArgs& a, cudaStream_t) {
   if (fake_cuda::launch_refused()) return cudaGetLastError();
   phase_step<HostMemory>(a);
-  return cudaGetLastError();  // as phase_kernel.cu: a stale error too
+  return cudaGetLastError();  // as ipc_phase_kernel.cu: a stale error too
 }
 
 // The fused kernels' grid: block b on a thread of its own, 5 "threads" per
@@ -86,7 +86,7 @@ void run_blocks(int nblocks, Block block) {
   for (auto& t : blocks) t.join();
 }
 
-// The fused one-shot kernel (fused_one_shot.cu): the same steps per block.
+// The fused one-shot kernel (ipc_fused_one_shot.cu): the same steps per block.
 cudaError_t launch_fused_one_shot(DType dt, ReduceOp op, const FusedArgs& a, cudaStream_t) {
   if (a.nblocks < 1 || a.nblocks > kFusedMaxBlocks) return cudaErrorInvalidValue;
   if (fake_cuda::launch_refused()) return cudaGetLastError();
@@ -101,10 +101,10 @@ cudaError_t launch_fused_one_shot(DType dt, ReduceOp op, const FusedArgs& a, cud
       });
     });
   });
-  return cudaGetLastError();  // as fused_one_shot.cu: a stale error too
+  return cudaGetLastError();  // as ipc_fused_one_shot.cu: a stale error too
 }
 
-// The graphed kernel (fused_one_shot.cu's fused_graph_kernel), emulated the
+// The graphed kernel (ipc_fused_one_shot.cu's fused_graph_kernel), emulated the
 // same way: per block, the earlier-failure check (block 0 traps), epoch,
 // copy-in, start barrier, reduction, end barrier (a failed barrier traps).
 inline std::atomic<int> g_graph_launches{0};
@@ -125,7 +125,7 @@ cudaError_t launch_fused_graph(DType dt, ReduceOp op, const GraphArgs& a, cudaSt
       });
     });
   });
-  return cudaGetLastError();  // as fused_one_shot.cu: a stale error too
+  return cudaGetLastError();  // as ipc_fused_one_shot.cu: a stale error too
 }
 
 }  // namespace cuda_ipc

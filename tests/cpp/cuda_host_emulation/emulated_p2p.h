@@ -1,6 +1,6 @@
 // The p2p step "kernel" of the emulation: p2p_ring.h's step run on the
 // calling thread, after the fake runtime's launch-refusal hook, returning
-// cudaGetLastError() as p2p_kernel.cu does (so a stale error shows too).
+// cudaGetLastError() as ipc_p2p_kernel.cu does (so a stale error shows too).
 #pragma once
 
 #include "emulated_ipc.h"

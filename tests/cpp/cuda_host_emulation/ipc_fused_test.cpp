@@ -1,5 +1,5 @@
 // The fused one-shot and the graphed all_reduce (transport/cuda_ipc/
-// fused_one_shot.h) on the host: one thread per rank, one per block of each
+// ipc_fused_one_shot.h) on the host: one thread per rank, one per block of each
 // launch (emulated_ipc.h: blocks at once, block 0 often last). Checked:
 //   * bit for bit against the in-order reduction for float32, bfloat16 and
 //     int8 with 2-4 ranks, on 16-byte aligned buffers (the pack path) and on

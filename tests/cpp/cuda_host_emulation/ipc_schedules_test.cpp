@@ -9,7 +9,7 @@
 //   * ranks that disagree on the call fail with kMismatch on every rank and
 //     do not hang, a failed rank's later kernels leave outputs untouched,
 //     and the failure reaches the host-mapped status mirror;
-//   * one-shot calls that fit a slot run as the fused kernel (fused_one_shot.h:
+//   * one-shot calls that fit a slot run as the fused kernel (ipc_fused_one_shot.h:
 //     per-block flags, descriptor on block 0, blocks at once: emulated_ipc.h),
 //     and the three-launch schedule (fused_one_shot = false) still passes the
 //     same checks;

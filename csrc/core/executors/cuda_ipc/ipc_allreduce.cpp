@@ -1,7 +1,7 @@
-// allreduce_ipc.h's entry points. The one-shot and two-shot schedules are the
+// ipc_allreduce.h's entry points. The one-shot and two-shot schedules are the
 // shared ones of core/algorithms/allreduce_slots.h run over IpcSteps (ipc_steps.h);
 // the fused one-shot and the graphed call are single kernels of their own
-// (fused_one_shot.h). Host code only: tests/cpp/cuda_host_emulation runs these
+// (ipc_fused_one_shot.h). Host code only: tests/cpp/cuda_host_emulation runs these
 // with one thread per rank.
 #include "ipc_allreduce.h"
 
@@ -19,7 +19,7 @@ cudaError_t allreduce_one_shot(IpcComm& c, DType dt, ReduceOp op, const void* in
   if (count < 0) return cudaErrorInvalidValue;
   const int64_t es = dtype_size(dt);
   if (c.fused_one_shot && count > 0 && count * es <= int64_t(c.slot_bytes)) {
-    // One launch instead of three (fused_one_shot.h).
+    // One launch instead of three (ipc_fused_one_shot.h).
     return run_schedule(c, stream, [&](IpcSteps& s) {
       const int n = c.size, k = s.next_round();
       FusedArgs a{};

@@ -57,7 +57,7 @@ cudaError_t allreduce_two_shot(IpcComm& c, DType dt, ReduceOp op, const void* in
                                cudaStream_t stream);
 
 // The one-kernel one-shot that CUDA graph capture can record and replay
-// (fused_one_shot.h, "the all_reduce a CUDA graph can capture"): no host
+// (ipc_fused_one_shot.h, "the all_reduce a CUDA graph can capture"): no host
 // counter in its arguments, the arena's graph slot and flags. count * the
 // dtype's size must fit one slot (else cudaErrorInvalidValue, nothing
 // enqueued). Every rank must run the same sequence of graphed calls. `out`

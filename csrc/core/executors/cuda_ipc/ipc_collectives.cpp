@@ -1,4 +1,4 @@
-// collectives_ipc.h's entry points: the shared schedules of
+// ipc_collectives.h's entry points: the shared schedules of
 // core/algorithms/copy_collectives_slots.h and reduce_slots.h run over IpcSteps
 // (ipc_steps.h), which enqueues every step on the caller's stream. Host code
 // only: tests/cpp/cuda_host_emulation runs them with one thread per rank.

@@ -7,7 +7,7 @@
 //   publish   cudaMemcpyAsync from the caller's tensor into this rank's slot
 //   phase     the one-thread phase kernel (post our flag, wait for every peer's)
 //   read      the status-guarded copy/reduce kernel reading peers' slots
-// Like allreduce_ipc.h, nothing blocks the host; a failed phase is recorded in
+// Like ipc_allreduce.h, nothing blocks the host; a failed phase is recorded in
 // the status word and the later kernels of the call do nothing. Every call
 // runs at least one phase, so even a zero-size call meets its peers and has
 // its descriptor (op, count, dtype, root, redop) checked. `dtype` of the copy
@@ -59,7 +59,7 @@ cudaError_t scatter_ipc(IpcComm& c, int32_t dtype, int64_t count, const void* co
 // block for block (a piece is published before the phase that lets peers
 // overwrite it). Uneven splits are not served here (their sizes would have
 // to reach the host before the pieces are counted): the backend sends them
-// over the point-to-point rings (p2p_ipc.h).
+// over the point-to-point rings (ipc_p2p.h).
 cudaError_t all_to_all_ipc(IpcComm& c, int32_t dtype, int64_t count, const void* const* ins, void* const* outs,
                            int64_t bytes, cudaStream_t stream);
 

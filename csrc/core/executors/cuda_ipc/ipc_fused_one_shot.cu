@@ -1,4 +1,4 @@
-// The fused one-shot allreduce kernels (fused_one_shot.h): copy-in, per-block
+// The fused one-shot allreduce kernels (ipc_fused_one_shot.h): copy-in, per-block
 // barrier and reduction in one launch; the eager one and the one CUDA graphs
 // can capture.
 #include "../../kernels/reduce_ops.h"
@@ -34,7 +34,7 @@ __global__ void __launch_bounds__(kFusedThreads, kFusedMinBlocksPerSm) fused_one
 }
 
 // As above, but a failure, earlier or in this replay, traps (graph_trap,
-// fused_one_shot.h): no host check follows a replay.
+// ipc_fused_one_shot.h): no host check follows a replay.
 template <typename T, ReduceOp OP>
 __global__ void __launch_bounds__(kFusedThreads, kFusedMinBlocksPerSm) fused_graph_kernel(GraphArgs a) {
   __shared__ int failed;

@@ -1,6 +1,6 @@
 // The one-shot allreduce in ONE kernel when the data fits a slot: copy-in,
 // the cross-rank barrier and the reduction, where the unfused schedule
-// (allreduce_ipc.cpp) takes three launches (cudaMemcpyAsync, the one-thread
+// (ipc_allreduce.cpp) takes three launches (cudaMemcpyAsync, the one-thread
 // phase kernel, the reduce kernel). The idea is vLLM's custom allreduce
 // (per-block flags with system-scope release/acquire, so no grid-wide
 // barrier is needed); the code and the protocol details are ours.
@@ -37,7 +37,7 @@
 // storage offset), with the same order and math, so the bits are the same.
 //
 // Written once over a memory-ordering policy for the kernel
-// (fused_one_shot.cu) and the host emulation, which runs every block on a
+// (ipc_fused_one_shot.cu) and the host emulation, which runs every block on a
 // thread of its own (started in reverse order and staggered), since the GPU
 // runs them in any order and at once.
 #pragma once
@@ -245,7 +245,7 @@ FASTPAR_HD void fused_reduce(const FusedArgs& a, int b, int t, int nt) {
   }
 }
 
-// Enqueues the fused kernel (fused_one_shot.cu): a.nblocks blocks.
+// Enqueues the fused kernel (ipc_fused_one_shot.cu): a.nblocks blocks.
 cudaError_t launch_fused_one_shot(DType dt, ReduceOp op, const FusedArgs& a, cudaStream_t stream);
 
 // ---------------------------------------------------------------- the all_reduce a CUDA graph can capture
@@ -357,7 +357,7 @@ FASTPAR_HD flags::WaitStatus graph_block_barrier(const GraphArgs& a, int b, uint
 FASTPAR_HD uint64_t graph_epoch(const GraphArgs& a, int b) { return a.self->epoch[b].value + 1; }
 FASTPAR_HD void graph_done(const GraphArgs& a, int b, uint64_t e) { a.self->epoch[b].value = e; }
 
-// Enqueues the graphed kernel (fused_one_shot.cu): a.f.nblocks blocks.
+// Enqueues the graphed kernel (ipc_fused_one_shot.cu): a.f.nblocks blocks.
 cudaError_t launch_fused_graph(DType dt, ReduceOp op, const GraphArgs& a, cudaStream_t stream);
 
 // Loads every fused and graphed kernel now (see cuda_kernels::preload_reduce_kernels).

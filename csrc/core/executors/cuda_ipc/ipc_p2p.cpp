@@ -1,4 +1,4 @@
-// Host schedules of p2p_ipc.h. Host code only: the host emulation runs them.
+// Host schedules of ipc_p2p.h. Host code only: the host emulation runs them.
 #include "ipc_p2p.h"
 
 #include <algorithm>

@@ -1,6 +1,6 @@
 // Point-to-point over CUDA IPC: the ring layout and the four steps of its
 // protocol, written once over a memory-ordering policy (like phase_step.h):
-// p2p_kernel.cu runs each step as a one-thread kernel (DeviceMemory), the host
+// ipc_p2p_kernel.cu runs each step as a one-thread kernel (DeviceMemory), the host
 // emulation (tests/cpp/cuda_host_emulation/ipc_p2p_test.cpp) runs the same
 // code over host atomics.
 //
@@ -148,7 +148,7 @@ FASTPAR_HD void p2p_step(const P2PArgs& a) {
   }
 }
 
-// Enqueues p2p_step(a) as a one-thread kernel on `stream` (p2p_kernel.cu).
+// Enqueues p2p_step(a) as a one-thread kernel on `stream` (ipc_p2p_kernel.cu).
 cudaError_t launch_p2p_step(const P2PArgs& a, cudaStream_t stream);
 // Loads the p2p step kernel now (see cuda_kernels::preload_reduce_kernels).
 cudaError_t preload_p2p_kernel();

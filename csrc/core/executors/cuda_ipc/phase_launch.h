@@ -1,5 +1,5 @@
 // The one piece of the IPC schedules that is device code: launching the phase
-// step (phase_step.h, run by phase_kernel.cuh). Split out so that the schedules (allreduce_ipc.cpp)
+// step (phase_step.h, run by ipc_phase_kernel.cuh). Split out so that the schedules (ipc_allreduce.cpp)
 // are plain host code.
 #pragma once
 

@@ -1,10 +1,10 @@
 // The protocol's phase step (flags::post, then flags::wait_and_check on every
-// peer), written once over a memory-ordering policy: phase_kernel.cuh runs it
+// peer), written once over a memory-ordering policy: ipc_phase_kernel.cuh runs it
 // as a one-thread kernel (DeviceMemory), and the host emulation
 // (tests/cpp/cuda_host_emulation) runs the very same code over host atomics.
 // Beyond flag_protocol.h's interface the policy has load_u32 and cas_u32 (the
 // status word), store_release_u32 (its host mirror) and trap(fmt, rank, cause)
-// (a captured kernel's failure, fused_one_shot.h): device_memory_order.cuh.
+// (a captured kernel's failure, ipc_fused_one_shot.h): device_memory_order.cuh.
 #pragma once
 
 #include <cstdint>

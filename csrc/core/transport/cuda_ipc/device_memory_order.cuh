@@ -44,7 +44,7 @@ struct DeviceMemory {
   __device__ static void store_release_u32(uint32_t* p, uint32_t v) {
     asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
   }
-  // A captured kernel's failure (fused_one_shot.h, graph_trap): its replays
+  // A captured kernel's failure (ipc_fused_one_shot.h, graph_trap): its replays
   // never return to the host, so the line and the trap are how the failure
   // surfaces: the next synchronize raises a CUDA error, as after a
   // device-side assert. The fence first, so the status, mirror and abort word

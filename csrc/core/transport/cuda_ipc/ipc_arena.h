@@ -14,7 +14,7 @@
 // The p2p region (send/recv, p2p_ring.h) is apart from the collective slots so
 // that point-to-point traffic on its own streams never touches a slot a
 // collective is using. The graph region (the all_reduce that CUDA graphs can
-// capture, fused_one_shot.h) is apart for the same reason: a replayed kernel's
+// capture, ipc_fused_one_shot.h) is apart for the same reason: a replayed kernel's
 // pointers were fixed at capture, so it cannot take its turn in the eager
 // slots' rotation.
 //
@@ -99,7 +99,7 @@ FASTPAR_HD char* p2p_chunk_of(void* base, size_t slot_bytes, int dst, uint64_t s
          (size_t(dst) * kP2PChunks + k) * kP2PChunkBytes;
 }
 
-// Blocks of the fused one-shot kernels (fused_one_shot.h): their per-block
+// Blocks of the fused one-shot kernels (ipc_fused_one_shot.h): their per-block
 // flags have room for this many.
 constexpr int kFusedMaxBlocks = 16;
 

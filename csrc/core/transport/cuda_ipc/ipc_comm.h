@@ -64,10 +64,10 @@ struct IpcComm {
   uint64_t seq = 0;     // last phase posted (the protocol's phase number)
   uint64_t rounds = 0;  // slot rounds started; slot = rounds % flags::kSlots
   // One-shot calls that fit one slot run as one fused kernel
-  // (fused_one_shot.h). Must be equal on every rank (a mix fails with a
+  // (ipc_fused_one_shot.h). Must be equal on every rank (a mix fails with a
   // descriptor mismatch); the unfused path stays for comparison and tests.
   bool fused_one_shot = true;
-  // Bytes per block of the fused kernel (fused_one_shot.h; equal on every
+  // Bytes per block of the fused kernel (ipc_fused_one_shot.h; equal on every
   // rank; the host emulation lowers it so that small calls get many blocks).
   int64_t fused_bytes_per_block = 16 * 1024;
   // Point-to-point chunk numbers (p2p_ring.h), counted at enqueue time:

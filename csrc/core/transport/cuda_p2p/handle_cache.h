@@ -4,8 +4,7 @@
 // are two driver calls on the host path of every call that orders streams on
 // several devices (list ops spanning GPUs, the ring's per-rank events, the
 // c10d backend's completion events), where the budget is a few microseconds
-// (issue 9: "no per-call event creation where a cached one serves"; torch's
-// NCCL process group caches its events for the same reason).
+// (torch's NCCL process group caches its events for the same reason).
 //
 // One process-wide free list of disable-timing events per device. An event
 // is taken for one call and given back when the call no longer records it:

@@ -1,0 +1,54 @@
+"""benchmarks/readme_table.py on synthetic CSVs: a row is shown only when its
+command ran (runs.csv) and its CSV exists, with that command beside it; the
+run's date, commit and machine head the table; the GPU line counts the
+targets of a gpu_check summary."""
+import csv
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+import readme_table  # noqa: E402
+
+
+def write(path, rows):
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+
+def test_only_rows_that_ran_with_their_commands(tmp_path):
+    write(tmp_path / "latency.csv", [
+        {"path": "gloo", "bytes": 4096, "ranks": 2, "us_per_call": 1200.0},
+        {"path": "fastpar direct", "bytes": 4096, "ranks": 2, "us_per_call": 1.25},
+        {"path": "fastpar", "bytes": 4096, "ranks": 2, "us_per_call": 4.9}])
+    write(tmp_path / "training.csv", [
+        {"mode": m, "samples_per_s": v, "round": "median"}
+        for m, v in (("no_comm", 1000.0), ("fastpar_ddp", 950.0), ("stock_ddp_gloo", 800.0))])
+    cmd = "python benchmarks/bench_latency.py --csv x.csv"
+    write(tmp_path / "runs.csv", [
+        {"row": "latency", "command": cmd, "date_utc": "2026-11-27 18:00", "commit": "abc1234",
+         "uncommitted_changes": "no", "machine": "Some CPU, 2 CPUs", "seconds": 30},
+        # ran, but its CSV is gone: no claim
+        {"row": "lists", "command": "python x", "date_utc": "2026-11-27 18:00", "commit": "abc1234",
+         "uncommitted_changes": "no", "machine": "Some CPU, 2 CPUs", "seconds": 30}])
+    text = readme_table.table(str(tmp_path))
+    lines = text.splitlines()
+    assert "Run on 2026-11-27 on commit abc1234, Some CPU, 2 CPUs" in lines[0]
+    rows = [line for line in lines if line.startswith("| ") and "---" not in line][1:]
+    assert len(rows) == 1, rows  # training has a CSV but no run record; lists has no CSV
+    assert "direct call 1.25 us, `dist.all_reduce` 4.90 us, gloo 1200 us" in rows[0]
+    assert f"`{cmd}`" in rows[0]
+
+
+def test_gpu_line_counts_the_summary(tmp_path):
+    summary = tmp_path / "summary.txt"
+    summary.write_text("date (UTC): 2026-11-26 14:13\nGPUs: 1 x Some GPU\n"
+                       "a target   <= 1.3   1.74  MISSED\n"
+                       "b target   >= 0.9   0.935  met\n"
+                       "c target   <= 2   2.43  MISSED (3 of 4 rows)\n"
+                       "d target   >= 0.9  not measured  -\n")
+    line = readme_table.gpu_line(str(summary))
+    assert "1 of 4 met, 2 missed, 1 not measured (d target)" in line, line
+    assert "1 x Some GPU, 2026-11-26 14:13 UTC" in line
