@@ -3,6 +3,8 @@
 // and the schedule needs the input kept, a leader reduces into a copy.
 #include "hierarchical_engine.h"
 
+#include "inter_host_backend.h"
+
 #include <ATen/core/ivalue.h>
 
 #include <algorithm>
@@ -81,8 +83,8 @@ HierarchicalEngine::HierarchicalEngine(int rank, int size, std::vector<int> host
     : Engine(rank, size),
       host_of_(std::move(host_of)),
       local_(std::move(local)),
-      leaders_(std::move(leaders)),
-      world_(std::move(world)) {
+      leaders_(inter_host(std::move(leaders), rank)),
+      world_(inter_host(std::move(world), rank)) {
   TORCH_CHECK_VALUE(int(host_of_.size()) == size, "fastpar: host_of has ", host_of_.size(),
                     " entries but the group has ", size, " ranks");
   TORCH_CHECK_VALUE(local_ && world_, "fastpar: HierarchicalEngine needs a local and a world backend");
@@ -111,6 +113,9 @@ HierarchicalEngine::HierarchicalEngine(int rank, int size, std::vector<int> host
   for (const auto& rs : host_ranks_)
     for (int r : rs) hosts_contiguous_ = hosts_contiguous_ && r == next++;
 }
+
+c10::intrusive_ptr<c10d::Backend> HierarchicalEngine::leaders() const { return unwrapped(leaders_); }
+c10::intrusive_ptr<c10d::Backend> HierarchicalEngine::world() const { return unwrapped(world_); }
 
 void HierarchicalEngine::setTimeout(std::chrono::milliseconds timeout) {
   local_->setTimeout(timeout);
