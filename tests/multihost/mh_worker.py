@@ -90,7 +90,7 @@ def collectives(expected_hosts: int) -> None:
     say(f"hosts {layout}")
     for dtype in (torch.float32, torch.float64, torch.int64):
         for op in OPS:
-            for n in (1, 1000, 70001):
+            for n in (1, 1000, 70001, (1 << 20) + 3):  # the last in pieces (2 MiB and more)
                 xs = [data(q, n, dtype) for q in range(WORLD)]
                 t = xs[RANK].clone()
                 dist.all_reduce(t, op=op)
