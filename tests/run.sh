@@ -11,5 +11,5 @@ ctest --test-dir build/cpp --output-on-failure
 # The GPU machine builds with an older torch (C++17, an older c10d) than this
 # one: every source must compile against its headers too (downloads them once).
 .venv/bin/python scripts/check_torch_compat.py
-.venv/bin/python -m pytest -q -p no:cacheprovider tests/list_ops tests/c10d tests/wrappers tests/faults tests/tooling \
+.venv/bin/python -m pytest -q -p no:cacheprovider tests/list_ops tests/c10d tests/wrappers tests/faults tests/tooling tests/multihost \
   tests/clients "$@"

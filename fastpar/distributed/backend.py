@@ -3,8 +3,9 @@
 The group gets one fastpar._C.Backend, which checks every call and hands it to
 an engine (docs/architecture.md).
 
-CPU tensors: ranks are grouped by host (socket.gethostname(), or FASTPAR_HOST_ID to fake
-several hosts on one machine in tests). Inside a host the ranks share memory
+CPU tensors: ranks are grouped by host: ranks that see the same /dev/shm, pid
+and IPC namespaces of one kernel (_host_id; FASTPAR_HOST_ID overrides it, to
+fake several hosts on one machine in tests). Inside a host the ranks share memory
 (the backend's shared-memory engine). With several hosts, the lowest rank of
 each host is its leader and the leaders form a gloo group; allreduce, barrier,
 broadcast, reduce, all_gather(_into_tensor) and reduce_scatter(_tensor) run
@@ -46,7 +47,41 @@ SEGMENT_PREFIX: str = _C.SHM_SEGMENT_PREFIX
 
 
 def _host_id() -> str:
-    return os.environ.get("FASTPAR_HOST_ID") or socket.gethostname()
+    """Which ranks share memory: ranks with equal ids form one host.
+
+    FASTPAR_HOST_ID, when set, is the id (tests fake several hosts with it).
+    Otherwise the id names the shared-memory domain itself, never the
+    hostname: containers often share a hostname without sharing /dev/shm
+    (a peer's segment is then not there: shm_open fails at init), and
+    containers of one pod or one machine may share /dev/shm under different
+    hostnames. Ranks are one host when they see the same
+      - kernel (/proc/sys/kernel/random/boot_id: random per boot, so two
+        machines never agree, while containers on one machine do),
+      - /dev/shm (its st_dev and st_ino: a tmpfs mounted for a container has
+        a device number of its own; a bind mount of the same one keeps it),
+        which is where shm_open puts the segments,
+      - pid namespace: a peer's liveness is read from /proc/<its pid>, which
+        means nothing in another pid namespace,
+      - IPC namespace: what CUDA IPC and System V memory are scoped by.
+    Reading these takes no round trip and writes nothing. A probe (each rank
+    creating a file in /dev/shm for the others to look for) would test the
+    same thing with a store round trip more, and a rank killed during the
+    probe would leave its file behind. Where any of them cannot be read (no
+    /proc, no /dev/shm) the hostname is the id, as before."""
+    override = os.environ.get("FASTPAR_HOST_ID")
+    if override:
+        return override
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        ipc = os.stat("/proc/self/ns/ipc").st_ino
+        pid = os.stat("/proc/self/ns/pid").st_ino
+        shm = os.stat("/dev/shm")
+    except OSError:
+        return socket.gethostname()
+    if not boot:
+        return socket.gethostname()
+    return f"boot:{boot}/shm:{shm.st_dev}:{shm.st_ino}/pid:{pid}/ipc:{ipc}"
 
 
 def _millis(timeout) -> int:

@@ -3,6 +3,8 @@
 // and the schedule needs the input kept, a leader reduces into a copy.
 #include "hierarchical_engine.h"
 
+#include "inter_host_backend.h"
+
 #include <ATen/core/ivalue.h>
 
 #include <algorithm>
@@ -81,8 +83,8 @@ HierarchicalEngine::HierarchicalEngine(int rank, int size, std::vector<int> host
     : Engine(rank, size),
       host_of_(std::move(host_of)),
       local_(std::move(local)),
-      leaders_(std::move(leaders)),
-      world_(std::move(world)) {
+      leaders_(inter_host(std::move(leaders), rank)),
+      world_(inter_host(std::move(world), rank)) {
   TORCH_CHECK_VALUE(int(host_of_.size()) == size, "fastpar: host_of has ", host_of_.size(),
                     " entries but the group has ", size, " ranks");
   TORCH_CHECK_VALUE(local_ && world_, "fastpar: HierarchicalEngine needs a local and a world backend");
@@ -112,6 +114,9 @@ HierarchicalEngine::HierarchicalEngine(int rank, int size, std::vector<int> host
     for (int r : rs) hosts_contiguous_ = hosts_contiguous_ && r == next++;
 }
 
+c10::intrusive_ptr<c10d::Backend> HierarchicalEngine::leaders() const { return unwrapped(leaders_); }
+c10::intrusive_ptr<c10d::Backend> HierarchicalEngine::world() const { return unwrapped(world_); }
+
 void HierarchicalEngine::setTimeout(std::chrono::milliseconds timeout) {
   local_->setTimeout(timeout);
   if (leaders_) leaders_->setTimeout(timeout);
@@ -133,18 +138,54 @@ void HierarchicalEngine::abort() {
 }
 
 // local reduce to the leader -> leaders' allreduce -> local broadcast.
+// CPU tensors of 2 MiB or more run it in pieces (at most 8, of at least
+// 1 MiB), pipelined: the leaders' allreduce of piece i runs on gloo's thread
+// while this thread reduces piece i + 1 inside the host, so the shared-memory
+// steps hide behind the link's transfer instead of adding to it (1 Gbit/s
+// links measured 0.65-0.75 of the link rate without, docs/hosts.md). Every
+// rank of a host runs the same order of local steps: reduce 0, then for each
+// i >= 1 reduce i and broadcast i - 1, then broadcast of the last piece.
 c10::intrusive_ptr<c10d::Work> HierarchicalEngine::allreduce(std::vector<at::Tensor>& tensors,
                                                               const c10d::AllreduceOptions& opts) {
   if (!reducible(tensors, opts.reduceOp)) return world_->allreduce(tensors, opts);
   at::Tensor& t = tensors[0];
   ++hier_calls_;
-  std::vector<at::Tensor> v{t};
-  local_->reduce(v, reducing<c10d::ReduceOptions>(step_op(opts.reduceOp), opts.timeout))->wait();
-  if (leads()) {
-    leaders_->allreduce(v, reducing<c10d::AllreduceOptions>(step_op(opts.reduceOp), opts.timeout))->wait();
-    if (is_avg(opts.reduceOp)) divide_sum(t, getSize());
+  constexpr int64_t kMinPiece = int64_t(1) << 20, kMaxPieces = 8;
+  const int64_t bytes = t.numel() * int64_t(t.element_size());
+  const int64_t pieces = t.is_cpu() ? std::min(kMaxPieces, bytes / kMinPiece) : 1;
+  const auto reduce_opts = reducing<c10d::ReduceOptions>(step_op(opts.reduceOp), opts.timeout);
+  const auto allreduce_opts = reducing<c10d::AllreduceOptions>(step_op(opts.reduceOp), opts.timeout);
+  const auto bcast_opts = rooted<c10d::BroadcastOptions>(0, opts.timeout);
+  if (pieces < 2) {
+    std::vector<at::Tensor> v{t};
+    local_->reduce(v, reduce_opts)->wait();
+    if (leads()) {
+      leaders_->allreduce(v, allreduce_opts)->wait();
+      if (is_avg(opts.reduceOp)) divide_sum(t, getSize());
+    }
+    local_->broadcast(v, bcast_opts)->wait();
+    return enqueued_work({t});
   }
-  local_->broadcast(v, rooted<c10d::BroadcastOptions>(0, opts.timeout))->wait();
+  const at::Tensor flat = t.view({-1});
+  const int64_t n = flat.numel(), per = (n + pieces - 1) / pieces;
+  const auto piece = [&](int64_t i) { return flat.narrow(0, i * per, std::min(per, n - i * per)); };
+  std::vector<c10::intrusive_ptr<c10d::Work>> across(pieces);
+  const auto finish = [&](int64_t i) {
+    std::vector<at::Tensor> v{piece(i)};
+    if (leads()) {
+      across[i]->wait();
+      across[i].reset();
+      if (is_avg(opts.reduceOp)) divide_sum(v[0], getSize());
+    }
+    local_->broadcast(v, bcast_opts)->wait();
+  };
+  for (int64_t i = 0; i < pieces; ++i) {
+    std::vector<at::Tensor> v{piece(i)};
+    local_->reduce(v, reduce_opts)->wait();
+    if (leads()) across[i] = leaders_->allreduce(v, allreduce_opts);
+    if (i > 0) finish(i - 1);
+  }
+  finish(pieces - 1);
   return enqueued_work({t});
 }
 

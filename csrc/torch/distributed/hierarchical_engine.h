@@ -26,6 +26,12 @@
 // (then(), DDP comm hooks) run after the GPU has finished the call.
 // isCompleted() says the call was enqueued, not that the GPU has run it.
 //
+// Errors: every call to `leaders` and `world` goes through
+// inter_host_backend.h, so a failure between hosts (gloo's "Connection
+// closed by peer", a timeout) raises DistBackendError naming the op and the
+// rank, with the inter-host backend's message, in the hierarchical schedules
+// and in the calls handed whole to `world` alike.
+//
 // Reductions: AVG runs as SUM and is divided once by the group size, where
 // the final value is formed (integers: truncated toward zero). Tensors cross the leaders as bytes where the
 // step copies (broadcast, all_gather), so every dtype goes through.
@@ -79,8 +85,10 @@ class HierarchicalEngine : public Engine {
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
 
   c10::intrusive_ptr<c10d::Backend> local() const { return local_; }
-  c10::intrusive_ptr<c10d::Backend> leaders() const { return leaders_; }
-  c10::intrusive_ptr<c10d::Backend> world() const { return world_; }
+  // The gloo / NCCL groups themselves (this engine calls them through
+  // inter_host_backend.h, which raises their failures as DistBackendError).
+  c10::intrusive_ptr<c10d::Backend> leaders() const;
+  c10::intrusive_ptr<c10d::Backend> world() const;
   int64_t hierarchical_calls() const { return hier_calls_; }
 
  private:
