@@ -1,7 +1,7 @@
 // The inter-host backends of a HierarchicalEngine (its `leaders` and `world`
 // groups: gloo or NCCL), seen through a wrapper whose failures are
 // torch.distributed.DistBackendError, as the shared-memory engine's are
-// (transport_errors.h). gloo raises a plain RuntimeError for a peer that is
+// (engine.h, run_transport). gloo raises a plain RuntimeError for a peer that is
 // gone ("Connection closed by peer") or a timeout, so without this a caller
 // that catches DistBackendError to tell a failed collective from a bug would
 // see a rank of one host raise DistBackendError (from shared memory) and its
@@ -16,7 +16,7 @@
 #include <utility>
 #include <vector>
 
-#include "c10d_overrides.h"
+#include "engine.h"  // c10d::Backend, FASTPAR_TORCH_AT_LEAST
 
 namespace fastpar {
 namespace distributed {
@@ -90,27 +90,53 @@ class InterHostBackend : public c10d::Backend {
   void shutdown() override { inner_->shutdown(); }
   void abort() override { inner_->abort(); }
 
-  FASTPAR_C10D_ALLREDUCE { return call("all_reduce", [&] { return inner_->allreduce(tensors, opts); }); }
-  FASTPAR_C10D_BROADCAST { return call("broadcast", [&] { return inner_->broadcast(tensors, opts); }); }
-  FASTPAR_C10D_REDUCE { return call("reduce", [&] { return inner_->reduce(tensors, opts); }); }
-  FASTPAR_C10D_ALLGATHER { return call("all_gather", [&] { return inner_->allgather(outputs, inputs, opts); }); }
-  FASTPAR_C10D_ALLGATHER_BASE {
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) override {
+    return call("all_reduce", [&] { return inner_->allreduce(tensors, opts); });
+  }
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) override {
+    return call("broadcast", [&] { return inner_->broadcast(tensors, opts); });
+  }
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override {
+    return call("reduce", [&] { return inner_->reduce(tensors, opts); });
+  }
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts) override {
+    return call("all_gather", [&] { return inner_->allgather(outputs, inputs, opts); });
+  }
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) override {
     return call("all_gather_into_tensor", [&] { return inner_->_allgather_base(output, input, opts); });
   }
-  FASTPAR_C10D_REDUCE_SCATTER_BASE {
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                     const c10d::ReduceScatterOptions& opts) override {
     return call("reduce_scatter_tensor", [&] { return inner_->_reduce_scatter_base(output, input, opts); });
   }
-  FASTPAR_C10D_GATHER { return call("gather", [&] { return inner_->gather(outputs, inputs, opts); }); }
-  FASTPAR_C10D_SCATTER { return call("scatter", [&] { return inner_->scatter(outputs, inputs, opts); }); }
-  FASTPAR_C10D_ALLTOALL_BASE {
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts) override {
+    return call("gather", [&] { return inner_->gather(outputs, inputs, opts); });
+  }
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override {
+    return call("scatter", [&] { return inner_->scatter(outputs, inputs, opts); });
+  }
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input, std::vector<int64_t>& output_split_sizes,
+                                               std::vector<int64_t>& input_split_sizes,
+                                               const c10d::AllToAllOptions& opts) override {
     return call("all_to_all_single", [&] {
       return inner_->alltoall_base(output, input, output_split_sizes, input_split_sizes, opts);
     });
   }
-  FASTPAR_C10D_BARRIER { return call("barrier", [&] { return inner_->barrier(opts); }); }
-  FASTPAR_C10D_SEND { return call("send", [&] { return inner_->send(tensors, dst_rank, tag); }); }
-  FASTPAR_C10D_RECV { return call("recv", [&] { return inner_->recv(tensors, src_rank, tag); }); }
-  FASTPAR_C10D_RECV_ANYSOURCE { return call("recv", [&] { return inner_->recvAnysource(tensors, tag); }); }
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override {
+    return call("barrier", [&] { return inner_->barrier(opts); });
+  }
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) override {
+    return call("send", [&] { return inner_->send(tensors, dst_rank, tag); });
+  }
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) override {
+    return call("recv", [&] { return inner_->recv(tensors, src_rank, tag); });
+  }
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override {
+    return call("recv", [&] { return inner_->recvAnysource(tensors, tag); });
+  }
 
  private:
   template <class F>
