@@ -42,7 +42,8 @@ SANITIZE = ["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined", "
 
 
 @pytest.mark.parametrize("program", ["kernels_and_ring_test", "ipc_schedules_test", "ipc_collectives_test", "ipc_p2p_test",
-                                     "ipc_endpoint_test", "ipc_fused_test", "ipc_enqueue_failure_test"])
+                                     "ipc_endpoint_test", "ipc_fused_test", "ipc_enqueue_failure_test",
+                                     "ipc_fused_two_shot_test", "stream_ops_test"])
 def test_cuda_code_on_host(program, tmp_path):
     cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
     if not cxx:
