@@ -132,6 +132,8 @@ class CudaEngine : public Engine {
     return set >= 0 ? set : cuda_ipc::default_one_shot_max_bytes(getSize());
   }
   bool blocking_wait() const { return blocking_wait_; }
+  // FASTPAR_CUDA_IPC_TWO_SHOT: "fused" or "steps".
+  const char* ipc_two_shot() const { return fused_two_shot_ ? "fused" : "steps"; }
   c10::intrusive_ptr<c10d::Backend> fallback() const { return fallback_; }
 
  private:
@@ -214,6 +216,7 @@ class CudaEngine : public Engine {
   int64_t max_ipc_bytes_;
   int64_t slot_bytes_;
   bool blocking_wait_;
+  bool fused_two_shot_;
   // Registered buffers' bookkeeping; shared with the tensors' deleters.
   std::shared_ptr<RegisteredArena> registered_;
 
