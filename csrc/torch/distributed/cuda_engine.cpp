@@ -191,6 +191,14 @@ void CudaEngine::connect(int device) {
   if (!set_up_) set_up(device);
 }
 
+void CudaEngine::set_ipc_two_shot(const std::string& form) {
+  TORCH_CHECK_VALUE(form == "fused" || form == "steps", "fastpar: ipc_two_shot is '", form,
+                    "' but must be 'fused' or 'steps'");
+  std::lock_guard<std::mutex> g(mu_);
+  fused_two_shot_ = form == "fused";
+  if (auto link = std::atomic_load(&link_)) link->ep->comm().fused_two_shot = fused_two_shot_;
+}
+
 void CudaEngine::set_one_shot_max_bytes(int64_t bytes) {
   TORCH_CHECK_VALUE(bytes >= -1, "fastpar: one_shot_max_bytes is ", bytes, " but must be >= 0, or -1 for the default");
   one_shot_max_bytes_ = bytes;
@@ -403,6 +411,7 @@ fastpar._C.Backend, which hands it the checked calls on CUDA tensors.)")
       .def_property_readonly("one_shot_max_bytes", &CudaEngine::one_shot_max_bytes)
       .def_property_readonly("blocking_wait", &CudaEngine::blocking_wait)
       .def_property_readonly("ipc_two_shot", &CudaEngine::ipc_two_shot)
+      .def("_set_ipc_two_shot", &CudaEngine::set_ipc_two_shot, py::arg("form"))
       .def_property_readonly("fallback", &CudaEngine::fallback);
 }
 
