@@ -81,3 +81,32 @@ inline cudaError_t launch_ring_finish(DType dt, ReduceOp op, const void* prev_ac
 }  // namespace cuda_kernels
 }  // namespace fastpar
 
+#include "csrc/core/executors/cuda_p2p/ring_one_gpu.h"
+
+namespace fastpar {
+namespace cuda_p2p {
+
+// The one-launch ring (ring_one_gpu.cu): the same body, thread by thread over
+// the emulated grid.
+inline std::atomic<int64_t> g_rotated_ring_launches{0};
+
+inline cudaError_t launch_rotated_ring(DType dt, ReduceOp op, const RotatedRingArgs& a, cudaStream_t) {
+  if (a.n < 1 || a.n > cuda_kernels::kMaxReducePtrs || a.count <= 0 || a.segment < 1 || a.align < 1)
+    return cudaErrorInvalidValue;
+  if (fake_cuda::launch_refused()) return cudaGetLastError();
+  ++g_rotated_ring_launches;
+  fake_cuda::stream_ops.bytes += 2 * int64_t(a.n) * a.count * dtype_size(dt);  // every entry read and written once
+  FASTPAR_DISPATCH_DTYPE(dt, [&] {
+    FASTPAR_DISPATCH_OP(op, [&] {
+      cuda_kernels::run_grid([&] {
+        rotated_ring<scalar_t, kOp>(a, int64_t(blockIdx.x) * blockDim.x + threadIdx.x,
+                                    int64_t(gridDim.x) * blockDim.x);
+      });
+    });
+  });
+  return cudaGetLastError();
+}
+
+}  // namespace cuda_p2p
+}  // namespace fastpar
+
