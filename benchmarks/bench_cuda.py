@@ -343,8 +343,26 @@ def ipc_worker(args) -> None:
         finally:
             engine._set_one_shot_max_bytes(-1)
 
+    def two_shot_steps(size):
+        """The step-by-step two-shot (FASTPAR_CUDA_IPC_TWO_SHOT=steps: 2mn + 1
+        stream operations a call) beside the fused kernel (one) that the
+        "fastpar" rows run: both forms in the same run."""
+        engine = fd.get_fastpar_backend().cuda_engine
+        engine._set_ipc_two_shot("steps")
+        try:
+            return plain(None, size)
+        finally:
+            engine._set_ipc_two_shot("fused")
+
+    # The "fastpar" rows run the fused two-shot (one kernel a call), whatever
+    # the default: the new schedule is measured against the old in this run.
+    fd.get_fastpar_backend().cuda_engine._set_ipc_two_shot("fused")
+
     for name, group in groups:
         series(name, args.ipc_sizes, lambda size: plain(group, size))
+    # the sizes that run two-shot (above the one-shot limit), in its other form
+    one_shot_hi = fd.get_fastpar_backend().cuda_engine.one_shot_max_bytes
+    series("fastpar two-shot steps", [s for s in args.ipc_sizes if s > one_shot_hi], two_shot_steps)
     if n == 2:  # 3 and 4 ranks are measured against 2 on the plain all_reduce only (the time it takes)
         series("fastpar direct", [s for s in args.ipc_sizes if s <= 256 * KiB], direct)
         # the sizes 2 ranks now run one-shot and ran two-shot before
@@ -411,6 +429,10 @@ def synthetic_rows(args) -> list:
         for size in args.ipc_sizes:
             rows.append(gs.ipc_row("fastpar", "shared cuda:0", n, size, (n - 1) * (10e-6 + size / 500e9),
                                    9e-6 if size <= 256 * KiB else None))
+            if size > 256 * KiB:  # the step-by-step two-shot: 2mn + 1 operations of ~8 us
+                m = -(-size // (8 * MiB))
+                rows.append(gs.ipc_row("fastpar two-shot steps", "shared cuda:0", n, size,
+                                       (2 * m * n + 1) * 8e-6 + size / 500e9))
             if n > 2:
                 continue
             if size <= 256 * KiB:

@@ -127,6 +127,19 @@ def targets(rows: List[Dict]) -> List[Dict]:
     registered_vs_plain = [r["us"] / plain[(r["placement"], r["ranks"], r["bytes"])] for r in ipc
                            if r["backend"] == "fastpar registered"
                            and (r["placement"], r["ranks"], r["bytes"]) in plain]
+    # The fused two-shot (one kernel a call) against the step-by-step one
+    # (2mn + 1 stream operations) of the same size, ranks and placement.
+    steps = {(r["placement"], r["ranks"], r["bytes"]): r["us"] for r in ipc if r["backend"] == "fastpar two-shot steps"}
+    fused_vs_steps = [plain[k] / us for k, us in steps.items() if k in plain]
+
+    def of_ceiling_k(ranks):
+        """k ranks' plain all_reduce from 8 MiB against its traffic floor,
+        (5k - 2) N bytes of HBM traffic (copy-in, publish, reduce, copy-out),
+        at the rate of a copy measured in the same k-rank run."""
+        rate = ref.get(("copy_GBps", one, ranks), nan)
+        return [(5 * ranks - 2) * r["bytes"] / (rate * 1e9) / (r["us"] * 1e-6)
+                for b, r in fastpar_on_one(ranks).items() if b >= 8 * MiB]
+
     return [
         _target("list allreduce 4 KiB, k=2, host per call, in launches", "<= 1.3",
                 [host.get(("direct", 2), nan) / launch_lists], "lower", 1.3),
@@ -144,6 +157,12 @@ def targets(rows: List[Dict]) -> List[Dict]:
                 [of_ceiling(r, 8) for b, r in two.items() if b >= 8 * MiB], "higher", 0.8),
         _target("2 ranks on one GPU from 8 MiB, of the ceiling (4N), registered (worst)", ">= 0.8",
                 [of_ceiling(r, 4) for b, r in two_reg.items() if b >= 8 * MiB], "higher", 0.8),
+        _target("3 ranks on one GPU from 8 MiB, of the ceiling (13N = (5k-2)N at the copy's rate), plain (worst)",
+                ">= 0.8", of_ceiling_k(3), "higher", 0.8),
+        _target("4 ranks on one GPU from 8 MiB, of the ceiling (18N = (5k-2)N at the copy's rate), plain (worst)",
+                ">= 0.8", of_ceiling_k(4), "higher", 0.8),
+        _target("fused two-shot / step-by-step two-shot time, same run (worst)", "<= 1",
+                fused_vs_steps, "lower", 1),
         _target("3 ranks on one GPU, time / 2 ranks' from 256 KiB (worst)", "<= 2", vs_two(3), "lower", 2),
         _target("4 ranks on one GPU, time / 2 ranks' from 256 KiB (worst)", "<= 2", vs_two(4), "lower", 2),
         _target("ring / direct GB/s from 1 MiB, one GPU (worst)", ">= 0.5", ring_vs_direct, "higher", 0.5),

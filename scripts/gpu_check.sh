@@ -55,6 +55,8 @@ elif [ -x .venv/bin/python ]; then PY=.venv/bin/python
 else PY=python3
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+# The fused two-shot kernel is not the default until it has run here: the GPU tests run it.
+export FASTPAR_CUDA_IPC_TWO_SHOT=${FASTPAR_CUDA_IPC_TWO_SHOT:-fused}
 FAILED=()
 STARTED_MPS=0
 # shellcheck source=gpu_check_phases.sh

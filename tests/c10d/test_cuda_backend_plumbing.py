@@ -35,6 +35,7 @@ def test_defaults_and_state():
     assert cb.shares_gpu is False and cb.mps == "" and cb.dead_peer == -1
     assert cb.max_ipc_bytes == 8 << 20
     assert cb.blocking_wait is False
+    assert cb.ipc_two_shot == "steps"
     assert isinstance(cb.fallback, dist.ProcessGroupGloo)
     assert cb.ipc_calls == 0 and cb.fallback_calls == 0
 
@@ -42,8 +43,10 @@ def test_defaults_and_state():
 def test_knobs_from_the_environment(monkeypatch):
     monkeypatch.setenv("FASTPAR_CUDA_IPC_MAX_BYTES", "0")
     monkeypatch.setenv("FASTPAR_BLOCKING_WAIT", "1")
+    monkeypatch.setenv("FASTPAR_CUDA_IPC_TWO_SHOT", "fused")
     cb = make()
     assert cb.max_ipc_bytes == 0 and cb.blocking_wait is True
+    assert cb.ipc_two_shot == "fused"
 
 
 @pytest.mark.parametrize("name,value,words", [
@@ -51,6 +54,7 @@ def test_knobs_from_the_environment(monkeypatch):
     ("FASTPAR_CUDA_IPC_MAX_BYTES", "-1", "FASTPAR_CUDA_IPC_MAX_BYTES is '-1'"),
     ("FASTPAR_CUDA_IPC_SLOT_BYTES", "100", "FASTPAR_CUDA_IPC_SLOT_BYTES is '100' but must be a byte count (decimal digits) >= 4096"),
     ("FASTPAR_BLOCKING_WAIT", "yes", "FASTPAR_BLOCKING_WAIT is 'yes' but must be 0 or 1"),
+    ("FASTPAR_CUDA_IPC_TWO_SHOT", "fast", "FASTPAR_CUDA_IPC_TWO_SHOT is 'fast' but must be 'fused' or 'steps'"),
 ])
 def test_bad_knobs_are_refused_by_name(monkeypatch, name, value, words):
     monkeypatch.setenv(name, value)

@@ -85,6 +85,31 @@ def test_gpu_targets_are_in_launches_and_copies_of_the_same_run():
     assert lines["4 ranks on one GPU, time / 2 ranks' from 256 KiB (worst)"]["measured"] == "not measured"
 
 
+def test_fused_two_shot_targets_use_the_k_rank_floor_and_the_same_runs_steps():
+    """k ranks' plain all_reduce against (5k-2)N bytes at the copy rate of
+    the k-rank run; the fused two-shot against the step-by-step one of the
+    same size, ranks and placement."""
+    one = "shared cuda:0"
+    rows = [gs.ref_row("copy_GBps", one, 3, 3000.0), gs.ref_row("copy_GBps", one, 4, 2000.0),
+            gs.ipc_row("fastpar", one, 3, 32 * MiB, 200e-6), gs.ipc_row("fastpar", one, 4, 32 * MiB, 400e-6),
+            gs.ipc_row("fastpar", one, 4, MiB, 30e-6),
+            gs.ipc_row("fastpar two-shot steps", one, 3, 32 * MiB, 400e-6),
+            gs.ipc_row("fastpar two-shot steps", one, 4, 32 * MiB, 500e-6)]
+    lines = {t["target"]: t for t in gs.targets(rows)}
+    three = lines["3 ranks on one GPU from 8 MiB, of the ceiling (13N = (5k-2)N at the copy's rate), plain (worst)"]
+    assert three["measured"] == pytest.approx(13 * 32 * MiB / 3000e9 / 200e-6)
+    four = lines["4 ranks on one GPU from 8 MiB, of the ceiling (18N = (5k-2)N at the copy's rate), plain (worst)"]
+    assert four["measured"] == pytest.approx(18 * 32 * MiB / 2000e9 / 400e-6)  # the 1 MiB row is below 8 MiB
+    fused = lines["fused two-shot / step-by-step two-shot time, same run (worst)"]
+    assert fused["measured"] == pytest.approx(0.8) and fused["status"] == "met"
+
+
+def test_dry_run_has_both_two_shot_forms(tmp_path):
+    rows = bench_cuda.main(["--dry-run", "--quick", "--out", str(tmp_path)])
+    backends = {r["backend"] for r in rows if r["part"] == "ipc"}
+    assert {"fastpar", "fastpar two-shot steps"} <= backends
+
+
 def test_ranks_are_a_list_of_counts():
     assert bench_cuda.parse_args([]).ranks == [2, 3, 4]
     assert bench_cuda.parse_args(["--ranks", "2"]).ranks == [2]

@@ -26,6 +26,10 @@ not:
     and send/recv): the rank's communicator fails for good and its peers'
     calls end with kPeerAborted instead of waiting for the timeout; an error
     other code left on the thread is not taken for a launch failure.
+  * the fused two-shot all_reduce kernel bit for bit against the step-by-step
+    two-shot, with its failures (ipc_fused_two_shot_test), and the stream
+    operations and bytes of every IPC collective and the list ring per call,
+    pinned (stream_ops_test).
 Streams, events, peer access, IPC mappings and the PTX memory-ordering policy
 still need real GPUs: list_ops/test_cuda.py, the cuda shapes of the c10d tests,
 c10d/test_cuda_ipc.py. This runs outside ctest: it needs a C++20 compiler
@@ -42,7 +46,8 @@ SANITIZE = ["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined", "
 
 
 @pytest.mark.parametrize("program", ["kernels_and_ring_test", "ipc_schedules_test", "ipc_collectives_test", "ipc_p2p_test",
-                                     "ipc_endpoint_test", "ipc_fused_test", "ipc_enqueue_failure_test"])
+                                     "ipc_endpoint_test", "ipc_fused_test", "ipc_enqueue_failure_test",
+                                     "ipc_fused_two_shot_test", "stream_ops_test"])
 def test_cuda_code_on_host(program, tmp_path):
     cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
     if not cxx:

@@ -46,8 +46,8 @@ inline const char* coll_name(Coll c) {
 
 // aux values that name a schedule instead of an arena offset (offsets are far
 // smaller), so ranks that would run different schedules disagree on aux.
-// kAuxFused and kAuxGraphed are CUDA IPC's single-kernel allreduces
-// (ipc_fused_one_shot.h), whose flags differ from the phase protocol's: they must
+// kAuxFused, kAuxGraphed and kAuxFusedTwoShot are CUDA IPC's single-kernel
+// allreduces (ipc_fused_one_shot.h, ipc_fused_two_shot.h), whose flags differ from the phase protocol's: they must
 // never meet a phase.
 constexpr int64_t kAuxOneShot = int64_t(1) << 62;
 constexpr int64_t kAuxTwoShot = kAuxOneShot + 1;
@@ -55,6 +55,7 @@ constexpr int64_t kAuxFused = kAuxOneShot + 2;
 constexpr int64_t kAuxGraphed = kAuxOneShot + 3;
 // registered_empty's agreement from a rank whose registered arena had no room.
 constexpr int64_t kAuxNoFit = kAuxOneShot + 4;
+constexpr int64_t kAuxFusedTwoShot = kAuxOneShot + 5;
 
 // Descriptor dtypes from here up are torch dtypes fastpar has no element
 // math for (kForeignDType + the ScalarType code): the copy collectives still
@@ -93,6 +94,7 @@ inline std::string describe(const flags::OpDesc& d) {
   else if (d.aux == kAuxTwoShot) s += ", schedule=two_shot";
   else if (d.aux == kAuxFused) s += ", schedule=fused_one_shot";
   else if (d.aux == kAuxGraphed) s += ", schedule=graphed";
+  else if (d.aux == kAuxFusedTwoShot) s += ", schedule=fused_two_shot";
   else if (d.aux == kAuxNoFit) s += ", registered arena full";
   else if (d.aux >= 0) s += ", registered offset=" + std::to_string(d.aux);
   return s + ")";

@@ -52,6 +52,7 @@ CudaEngine::CudaEngine(c10::intrusive_ptr<c10d::Store> store, int rank, int size
       max_ipc_bytes_(knobs.ipc_max_bytes),
       slot_bytes_(knobs.ipc_slot_bytes),
       blocking_wait_(knobs.blocking_wait),
+      fused_two_shot_(knobs.ipc_fused_two_shot),
       registered_(std::make_shared<RegisteredArena>(knobs.registered_bytes)) {
   TORCH_CHECK_VALUE(fallback_, "fastpar.CudaEngine: fallback is None but a backend for CUDA tensors is required");
 }
@@ -178,6 +179,7 @@ void CudaEngine::set_up(int device) {
     auto link = std::make_shared<IpcLink>();
     link->ep = std::move(rv.endpoint);
     link->ep->comm().gpu_sharers = rv.ranks_on_my_gpu;  // the data kernels' grids share the GPU
+    link->ep->comm().fused_two_shot = fused_two_shot_;
     link->watch(std::move(rv.pids), getRank());
     std::atomic_store(&link_, std::move(link));
   }
@@ -186,6 +188,14 @@ void CudaEngine::set_up(int device) {
 void CudaEngine::connect(int device) {
   std::lock_guard<std::mutex> g(mu_);
   if (!set_up_) set_up(device);
+}
+
+void CudaEngine::set_ipc_two_shot(const std::string& form) {
+  TORCH_CHECK_VALUE(form == "fused" || form == "steps", "fastpar: ipc_two_shot is '", form,
+                    "' but must be 'fused' or 'steps'");
+  std::lock_guard<std::mutex> g(mu_);
+  fused_two_shot_ = form == "fused";
+  if (auto link = std::atomic_load(&link_)) link->ep->comm().fused_two_shot = fused_two_shot_;
 }
 
 void CudaEngine::set_one_shot_max_bytes(int64_t bytes) {
@@ -402,6 +412,8 @@ fastpar._C.Backend, which hands it the checked calls on CUDA tensors.)")
       .def("_set_one_shot_max_bytes", &CudaEngine::set_one_shot_max_bytes, py::arg("bytes"))
       .def_property_readonly("one_shot_max_bytes", &CudaEngine::one_shot_max_bytes)
       .def_property_readonly("blocking_wait", &CudaEngine::blocking_wait)
+      .def_property_readonly("ipc_two_shot", &CudaEngine::ipc_two_shot)
+      .def("_set_ipc_two_shot", &CudaEngine::set_ipc_two_shot, py::arg("form"))
       .def_property_readonly("fallback", &CudaEngine::fallback);
 }
 

@@ -155,6 +155,10 @@ class CudaEngine : public Engine {
     return set >= 0 ? set : cuda_ipc::default_one_shot_max_bytes(getSize());
   }
   bool blocking_wait() const { return blocking_wait_; }
+  // FASTPAR_CUDA_IPC_TWO_SHOT: "fused" or "steps". The setter (benchmarks:
+  // both forms in one run) must be called by every rank between the same calls.
+  const char* ipc_two_shot() const { return fused_two_shot_ ? "fused" : "steps"; }
+  void set_ipc_two_shot(const std::string& form);
   c10::intrusive_ptr<c10d::Backend> fallback() const { return fallback_; }
 
  private:
@@ -238,6 +242,7 @@ class CudaEngine : public Engine {
   int64_t max_ipc_bytes_;
   int64_t slot_bytes_;
   bool blocking_wait_;
+  bool fused_two_shot_;
   // Registered buffers' bookkeeping; shared with the tensors' deleters.
   std::shared_ptr<RegisteredArena> registered_;
 

@@ -59,9 +59,14 @@ void apply_cpu_isa_knob() {
 }
 
 CudaKnobs cuda_knobs() {
+  const char* t = std::getenv("FASTPAR_CUDA_IPC_TWO_SHOT");
+  const std::string two_shot = t ? t : "";
+  TORCH_CHECK_VALUE(two_shot.empty() || two_shot == "fused" || two_shot == "steps",
+                    "fastpar: FASTPAR_CUDA_IPC_TWO_SHOT is '", two_shot, "' but must be 'fused' or 'steps'");
   return CudaKnobs{env_bytes("FASTPAR_CUDA_IPC_MAX_BYTES", cuda_ipc::kDefaultMaxIpcBytes, 0),
                    env_bytes("FASTPAR_CUDA_IPC_SLOT_BYTES", cuda_ipc::kDefaultSlotBytes, 4096),
-                   env_bytes("FASTPAR_CUDA_IPC_REGISTERED_BYTES", 0, 0), env_flag("FASTPAR_BLOCKING_WAIT")};
+                   env_bytes("FASTPAR_CUDA_IPC_REGISTERED_BYTES", 0, 0), env_flag("FASTPAR_BLOCKING_WAIT"),
+                   two_shot == "fused"};
 }
 
 }  // namespace distributed

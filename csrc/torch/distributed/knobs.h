@@ -24,6 +24,7 @@ struct CudaKnobs {
   int64_t ipc_slot_bytes;   // FASTPAR_CUDA_IPC_SLOT_BYTES
   int64_t registered_bytes; // FASTPAR_CUDA_IPC_REGISTERED_BYTES
   bool blocking_wait;       // FASTPAR_BLOCKING_WAIT
+  bool ipc_fused_two_shot;  // FASTPAR_CUDA_IPC_TWO_SHOT: "steps" (default until the fused kernel has run on a GPU) or "fused" (one kernel a call)
 };
 CudaKnobs cuda_knobs();
 

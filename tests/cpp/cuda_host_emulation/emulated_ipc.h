@@ -5,6 +5,7 @@
 // communicator view per rank.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -17,6 +18,7 @@
 #include "emulated_launchers.h"
 #include "csrc/core/executors/cuda_ipc/ipc_allreduce.h"
 #include "csrc/core/executors/cuda_ipc/ipc_fused_one_shot.h"
+#include "csrc/core/executors/cuda_ipc/ipc_fused_two_shot.h"
 #include "csrc/core/executors/cuda_ipc/phase_launch.h"
 #include "csrc/core/executors/cuda_ipc/phase_step.h"
 
@@ -91,6 +93,8 @@ cudaError_t launch_fused_one_shot(DType dt, ReduceOp op, const FusedArgs& a, cud
   if (a.nblocks < 1 || a.nblocks > kFusedMaxBlocks) return cudaErrorInvalidValue;
   if (fake_cuda::launch_refused()) return cudaGetLastError();
   ++g_fused_launches;
+  // Copy-in (read + write), then n slots read and the output written.
+  fake_cuda::stream_ops.bytes += a.count * dtype_size(dt) * (2 + a.contributions + 1);
   FASTPAR_DISPATCH_DTYPE(dt, [&] {
     FASTPAR_DISPATCH_OP(op, [&] {
       run_blocks(a.nblocks, [&](int b) {
@@ -113,6 +117,7 @@ cudaError_t launch_fused_graph(DType dt, ReduceOp op, const GraphArgs& a, cudaSt
   if (a.f.nblocks < 1 || a.f.nblocks > kFusedMaxBlocks) return cudaErrorInvalidValue;
   if (fake_cuda::launch_refused()) return cudaGetLastError();
   ++g_graph_launches;
+  fake_cuda::stream_ops.bytes += a.f.count * dtype_size(dt) * (2 + a.f.contributions + 1);
   FASTPAR_DISPATCH_DTYPE(dt, [&] {
     FASTPAR_DISPATCH_OP(op, [&] {
       run_blocks(a.f.nblocks, [&](int b) {
@@ -126,6 +131,58 @@ cudaError_t launch_fused_graph(DType dt, ReduceOp op, const GraphArgs& a, cudaSt
     });
   });
   return cudaGetLastError();  // as ipc_fused_one_shot.cu: a stale error too
+}
+
+// The fused two-shot kernel (ipc_fused_two_shot.cu): two_shot_block itself,
+// every block on a thread of its own (run_blocks), its kEmulatedThreads
+// "threads" one after the other between the block's flag steps.
+inline std::atomic<int> g_two_shot_launches{0};
+
+struct HostBlock {
+  template <class F>
+  bool leader(F f) {
+    return f();
+  }
+  template <class F>
+  void threads(F f) {
+    for (int t = 0; t < kEmulatedThreads; ++t) f(t, kEmulatedThreads);
+  }
+};
+
+// What the kernel reads plus writes: per chunk, the publish and the copy-out
+// of every other shard (each read once, written once) and the reduction of
+// this rank's (n sources read, 2 destinations written): (5n - 2) / n of the
+// data per rank when the shards are equal.
+template <typename T>
+int64_t two_shot_bytes(const TwoShotArgs& a) {
+  const int n = a.phase.size;
+  int64_t bytes = 0;
+  for (int64_t k = 0; k < a.chunks; ++k) {
+    for (int q = 0; q < n; ++q) {
+      int64_t sb, se;
+      two_shot_shard<T>(a, k, q, &sb, &se);
+      bytes += (se - sb) * int64_t(sizeof(T)) * (q == a.phase.rank ? n + 2 : 4);
+    }
+  }
+  return bytes;
+}
+
+cudaError_t launch_fused_two_shot(DType dt, ReduceOp op, const TwoShotArgs& a, cudaStream_t) {
+  if (a.nblocks < 1 || a.nblocks > kTwoShotMaxBlocks || a.phase.size > kMaxIpcRanks || a.chunks < 1)
+    return cudaErrorInvalidValue;
+  if (fake_cuda::launch_refused()) return cudaGetLastError();
+  ++g_two_shot_launches;
+  FASTPAR_DISPATCH_DTYPE(dt, [&] {
+    fake_cuda::stream_ops.bytes += two_shot_bytes<scalar_t>(a);
+    FASTPAR_DISPATCH_OP(op, [&] {
+      run_blocks(a.nblocks, [&](int b) {
+        HostBlock blk;
+        if (two_shot_rank_bound(a.phase.size) == 4) two_shot_block<HostMemory, scalar_t, kOp, 4>(a, b, blk);
+        else two_shot_block<HostMemory, scalar_t, kOp, kMaxIpcRanks>(a, b, blk);
+      });
+    });
+  });
+  return cudaGetLastError();  // as the real launcher: a stale error too
 }
 
 }  // namespace cuda_ipc
@@ -148,10 +205,13 @@ struct Arenas {
 // Whether comm_for's communicators run the fused one-shot (the default, as
 // the front ends) or the three-launch schedule.
 inline bool g_fused_one_shot = true;
+// Likewise for two-shot: the fused kernel (the default) or the step-by-step schedule.
+inline bool g_fused_two_shot = true;
 
 inline fastpar::cuda_ipc::IpcComm comm_for(const Arenas& a, int rank, size_t slot_bytes) {
   fastpar::cuda_ipc::IpcComm c;
   c.fused_one_shot = g_fused_one_shot;
+  c.fused_two_shot = g_fused_two_shot;
   c.fused_bytes_per_block = 64;  // small calls still get several blocks (up to kFusedMaxBlocks)
   c.rank = rank;
   c.size = int(a.bases.size());

@@ -32,6 +32,7 @@ inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 
 inline cudaError_t launch_reduce(DType dt, ReduceOp op, const ReduceLaunch& a, cudaStream_t) {
   if (a.count == 0) return cudaSuccess;
   if (fake_cuda::launch_refused()) return cudaGetLastError();
+  fake_cuda::stream_ops.bytes += a.count * dtype_size(dt) * (a.nsrc + a.ndst);
   bool vec = true;
   for (int s = 0; s < a.nsrc; ++s) vec = vec && aligned16(a.srcs[s]);
   for (int d = 0; d < a.ndst; ++d) vec = vec && aligned16(a.dsts[d]);
@@ -49,10 +50,13 @@ template <bool kFinish>
 inline cudaError_t launch_ring(DType dt, ReduceOp op, const void* prev_acc, const void* prev_data, const void* mine,
                         void* out, int64_t count, int contributions) {
   if (count == 0) return cudaSuccess;
+  ++fake_cuda::stream_ops.launches;
   const bool vec = aligned16(prev_acc ? prev_acc : prev_data) && aligned16(mine) && aligned16(out);
   FASTPAR_DISPATCH_DTYPE(dt, [&] {
     FASTPAR_DISPATCH_OP(op, [&] {
       using A = acc_t<scalar_t>;
+      const int64_t es = sizeof(scalar_t), acc = sizeof(A);
+      fake_cuda::stream_ops.bytes += count * ((prev_acc ? acc : es) + es + (kFinish ? es : acc));
       run_grid([&] {
         ring_step_kernel<scalar_t, kOp, kFinish>(
             static_cast<const A*>(prev_acc), static_cast<const scalar_t*>(prev_data),
@@ -75,5 +79,34 @@ inline cudaError_t launch_ring_finish(DType dt, ReduceOp op, const void* prev_ac
 }
 
 }  // namespace cuda_kernels
+}  // namespace fastpar
+
+#include "csrc/core/executors/cuda_p2p/ring_one_gpu.h"
+
+namespace fastpar {
+namespace cuda_p2p {
+
+// The one-launch ring (ring_one_gpu.cu): the same body, thread by thread over
+// the emulated grid.
+inline std::atomic<int64_t> g_rotated_ring_launches{0};
+
+inline cudaError_t launch_rotated_ring(DType dt, ReduceOp op, const RotatedRingArgs& a, cudaStream_t) {
+  if (a.n < 1 || a.n > cuda_kernels::kMaxReducePtrs || a.count <= 0 || a.segment < 1 || a.align < 1)
+    return cudaErrorInvalidValue;
+  if (fake_cuda::launch_refused()) return cudaGetLastError();
+  ++g_rotated_ring_launches;
+  fake_cuda::stream_ops.bytes += 2 * int64_t(a.n) * a.count * dtype_size(dt);  // every entry read and written once
+  FASTPAR_DISPATCH_DTYPE(dt, [&] {
+    FASTPAR_DISPATCH_OP(op, [&] {
+      cuda_kernels::run_grid([&] {
+        rotated_ring<scalar_t, kOp>(a, int64_t(blockIdx.x) * blockDim.x + threadIdx.x,
+                                    int64_t(gridDim.x) * blockDim.x);
+      });
+    });
+  });
+  return cudaGetLastError();
+}
+
+}  // namespace cuda_p2p
 }  // namespace fastpar
 

@@ -39,9 +39,13 @@ namespace {
 constexpr cudaError_t kRefused = cudaErrorLaunchOutOfResources;
 const uint32_t kAborted = uint32_t(flags::WaitStatus::kPeerAborted);
 
-enum class Sched { kTwoShot, kFused, kUnfused };
+// kTwoShot: the step-by-step two-shot (a launch per step); kFusedTwoShot: its one-kernel form.
+enum class Sched { kTwoShot, kFused, kUnfused, kFusedTwoShot };
 const char* sched_name(Sched s) {
-  return s == Sched::kTwoShot ? "two-shot" : s == Sched::kFused ? "fused one-shot" : "three-launch one-shot";
+  return s == Sched::kTwoShot         ? "two-shot"
+         : s == Sched::kFused         ? "fused one-shot"
+         : s == Sched::kFusedTwoShot  ? "fused two-shot"
+                                      : "three-launch one-shot";
 }
 
 // Small integers: every sum is exact in float32, whatever the order.
@@ -54,6 +58,7 @@ struct Rank {
   uint32_t mirror = 0;
   Rank(const Arenas& a, int r, size_t slot_bytes, Sched s) : c(comm_for(a, r, slot_bytes)) {
     c.fused_one_shot = s == Sched::kFused;
+    c.fused_two_shot = s == Sched::kFusedTwoShot;
     c.host_abort = &abort_word;
     c.host_abort_host = &abort_word;
     c.host_status = &mirror;
@@ -62,7 +67,7 @@ struct Rank {
 
 cudaError_t allreduce(cuda_ipc::IpcComm& c, Sched s, std::vector<float>& buf) {
   const int64_t n = int64_t(buf.size());
-  return s == Sched::kTwoShot ? cuda_ipc::allreduce_two_shot(c, DType::F32, ReduceOp::SUM, buf.data(), buf.data(), n, nullptr)
+  return s == Sched::kTwoShot || s == Sched::kFusedTwoShot ? cuda_ipc::allreduce_two_shot(c, DType::F32, ReduceOp::SUM, buf.data(), buf.data(), n, nullptr)
                               : cuda_ipc::allreduce_one_shot(c, DType::F32, ReduceOp::SUM, buf.data(), buf.data(), n, nullptr);
 }
 
@@ -169,7 +174,10 @@ void check_allreduce(int n, Sched s, int64_t count, size_t slot_bytes) {
   const int64_t launches = run_allreduce(n, s, count, slot_bytes, bad, 0);
   char what[160];
   std::snprintf(what, sizeof(what), "%s n=%d: %ld launches per call", sched_name(s), n, long(launches));
-  expect(s == Sched::kFused ? launches == 1 : s == Sched::kUnfused ? launches == 3 : launches > 3, what);
+  expect(s == Sched::kFused || s == Sched::kFusedTwoShot ? launches == 1
+         : s == Sched::kUnfused                          ? launches == 3
+                                                         : launches > 3,
+         what);
   for (int64_t k = 1; k <= launches; ++k) run_allreduce(n, s, count, slot_bytes, bad, k);
 }
 
@@ -253,6 +261,7 @@ int main() {
   cuda_kernels::g_threads = 3;
   for (int n = 2; n <= 3; ++n) {
     check_allreduce(n, Sched::kTwoShot, 1000, 512);  // 4000 bytes: several chunks
+    check_allreduce(n, Sched::kFusedTwoShot, 1000, 512);
     check_allreduce(n, Sched::kFused, 100, 512);
     check_allreduce(n, Sched::kUnfused, 100, 512);
   }

@@ -11,8 +11,9 @@
 //     and the failure reaches the host-mapped status mirror;
 //   * one-shot calls that fit a slot run as the fused kernel (ipc_fused_one_shot.h:
 //     per-block flags, descriptor on block 0, blocks at once: emulated_ipc.h),
-//     and the three-launch schedule (fused_one_shot = false) still passes the
-//     same checks;
+//     two-shot calls as the fused two-shot kernel (ipc_fused_two_shot.h), and
+//     the step-by-step schedules (fused_one_shot = fused_two_shot = false)
+//     still pass the same checks;
 //   * the graphed all_reduce (what CUDA graph capture records) replayed with
 //     the very same arguments: every replay a new call with the right bits,
 //     sizes (so block counts) changing between calls, eager calls in between,
@@ -194,7 +195,9 @@ void check_mismatch(int n) {
     std::snprintf(what, sizeof(what), "mismatch: rank %d of %d host status mirror %u != status %u", r, n,
                   mirror[size_t(r)], status[size_t(r)]);
     expect(mirror[size_t(r)] == status[size_t(r)], what);
-    check_record(record[size_t(r)], s, r, n, r != 0 ? kAuxTwoShot : emulated::g_fused_one_shot ? kAuxFused : kAuxOneShot,
+    check_record(record[size_t(r)], s, r, n,
+                 r != 0 ? (emulated::g_fused_two_shot ? kAuxFusedTwoShot : kAuxTwoShot)
+                        : emulated::g_fused_one_shot ? kAuxFused : kAuxOneShot,
                  "mismatch");
   }
 }
@@ -370,14 +373,18 @@ int main() {
   // One-shot calls that fit a slot ran as the fused kernel (per-block flags,
   // blocks at once); the three-launch schedule stays covered too.
   expect(cuda_ipc::g_fused_launches > 0, "the fused one-shot ran");
+  expect(cuda_ipc::g_two_shot_launches > 0, "the fused two-shot ran");
   emulated::g_fused_one_shot = false;
-  const int fused_before = cuda_ipc::g_fused_launches;
+  emulated::g_fused_two_shot = false;
+  const int fused_before = cuda_ipc::g_fused_launches, two_shot_before = cuda_ipc::g_two_shot_launches;
   for (int n = 2; n <= 4; ++n) {
-    check_sequence(n, 4096);
+    for (size_t slot_bytes : {size_t(256), size_t(4096)}) check_sequence(n, slot_bytes);
     check_mismatch(n);
   }
   expect(cuda_ipc::g_fused_launches == fused_before, "fused_one_shot = false runs the three-launch schedule");
+  expect(cuda_ipc::g_two_shot_launches == two_shot_before, "fused_two_shot = false runs the step-by-step schedule");
   emulated::g_fused_one_shot = true;
+  emulated::g_fused_two_shot = true;
   cuda_ipc::take_traps();
   for (int n = 1; n <= 4; ++n) check_graphed(n);
   expect(cuda_ipc::g_graph_launches > 0, "the graphed kernel ran");

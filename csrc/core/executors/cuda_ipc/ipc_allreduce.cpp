@@ -9,6 +9,7 @@
 
 #include "../../algorithms/allreduce_slots.h"
 #include "ipc_fused_one_shot.h"
+#include "ipc_fused_two_shot.h"
 #include "ipc_steps.h"
 
 namespace fastpar {
@@ -47,6 +48,36 @@ cudaError_t allreduce_one_shot(IpcComm& c, DType dt, ReduceOp op, const void* in
 cudaError_t allreduce_two_shot(IpcComm& c, DType dt, ReduceOp op, const void* in, void* out, int64_t count,
                                cudaStream_t stream) {
   if (count < 0) return cudaErrorInvalidValue;
+  if (c.fused_two_shot) {
+    // One launch for the whole call (ipc_fused_two_shot.h), numbered as the
+    // step-by-step schedule: m chunks take m slot rounds and m + 1 phases.
+    return run_schedule(c, stream, [&](IpcSteps& s) {
+      const int n = c.size;
+      const int64_t es = dtype_size(dt);
+      const int64_t chunk = std::max<int64_t>(1, int64_t(c.slot_bytes) / es);
+      const int64_t m = std::max<int64_t>(1, (count + chunk - 1) / chunk);
+      TwoShotArgs a{};
+      a.phase = ipc_steps::phase_args(c, CollCall{Coll::kAllreduce, count, dt, -1, int(op), kAuxFusedTwoShot});
+      c.seq += uint64_t(m);  // phases desc.seq .. desc.seq + m
+      a.self_blocks = two_shot_flags_of(c.bases[c.rank]);
+      for (int q = 0; q < n; ++q) {
+        a.peer_blocks[q] = two_shot_flags_of(c.bases[q]);
+        a.slot0[q] = slot_of(c.bases[q], c.slot_bytes, 0);
+      }
+      a.slot_stride = int64_t(slot_stride(c.slot_bytes));
+      a.first_slot = s.next_round();
+      for (int64_t k = 1; k < m; ++k) s.next_round();
+      a.in = in;
+      a.out = out;
+      a.count = count;
+      a.chunk = chunk;
+      a.chunks = m;
+      a.contributions = n;
+      a.nblocks = two_shot_blocks(count, es, n, chunk, c.fused_bytes_per_block);
+      const cudaError_t e = launch_fused_two_shot(dt, op, a, stream);
+      if (e != cudaSuccess) throw EnqueueFailed{e};
+    });
+  }
   return run_schedule(c, stream, [&](IpcSteps& s) {
     fastpar::allreduce_two_shot(s, CollCall{Coll::kAllreduce, count, dt, -1, int(op), kAuxTwoShot},
                                 static_cast<const char*>(in), static_cast<char*>(out), count, dtype_size(dt),

@@ -59,15 +59,16 @@ struct PhasePoll {
 // aborted" instead of the mismatch, with a mirror that may disagree with the
 // word. So only the winner writes the record and then the mirror (released
 // after the record); losers raise the abort word only. Returns the status
-// that stands.
+// that stands. `mine`: this rank's descriptor of the failed phase where it is
+// not a.desc (the fused two-shot's later phases), null otherwise.
 template <class Mem>
 FASTPAR_HD uint32_t record_failure(const PhaseArgs& a, flags::WaitStatus s, int peer = -1,
-                                   const flags::OpDesc* theirs = nullptr) {
+                                   const flags::OpDesc* theirs = nullptr, const flags::OpDesc* mine = nullptr) {
   const uint32_t first = Mem::cas_u32(a.status, 0u, uint32_t(s));
   if (first == 0) {
     MismatchRecord* m = a.host_mismatch;
     if (s == flags::WaitStatus::kMismatch && m != nullptr && theirs != nullptr) {
-      m->mine = a.desc;
+      m->mine = mine != nullptr ? *mine : a.desc;
       m->theirs = *theirs;
       Mem::store_release(&m->peer_plus_one, uint64_t(peer) + 1);
     }

@@ -11,6 +11,7 @@
 
 #include "../../kernels/cuda_reduce_launch.h"
 #include "ipc_fused_one_shot.h"
+#include "ipc_fused_two_shot.h"
 #include "p2p_ring.h"
 #include "phase_launch.h"
 
@@ -25,7 +26,8 @@ inline cudaError_t preload_ipc_kernels(const char** what) {
   } loads[] = {{"reduce", cuda_kernels::preload_reduce_kernels},
                {"phase", preload_phase_kernel},
                {"point-to-point", preload_p2p_kernel},
-               {"fused one-shot", preload_fused_kernels}};
+               {"fused one-shot", preload_fused_kernels},
+               {"fused two-shot", preload_fused_two_shot_kernels}};
   for (const auto& l : loads) {
     const cudaError_t err = l.load();
     if (err != cudaSuccess) {

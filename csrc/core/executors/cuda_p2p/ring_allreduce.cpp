@@ -7,6 +7,7 @@
 #include "../../transport/cuda_p2p/cuda_try.h"
 #include "../../transport/cuda_p2p/handle_cache.h"
 #include "../../transport/cuda_p2p/peer_copy.h"
+#include "ring_one_gpu.h"
 
 namespace fastpar {
 namespace cuda_p2p {
@@ -64,38 +65,29 @@ cudaError_t run_step(const RingOptions& opt, const std::vector<RingRank>& ranks,
   return cudaErrorInvalidValue;
 }
 
-// The ring's result computed segment by segment, for ranks that share one
-// stream (one GPU) and n <= kMaxReducePtrs. The schedule folds segment j of a
-// window starting from rank j's data, then ranks j+1, ..., j+n-1 (mod n), in
-// the accumulator type, and finalizes once: exactly what reduce_kernel does
-// with its sources in that rotated order. So one launch per segment, writing
-// all n ranks, gives the schedule's bits (and the CPU ring's) with n launches
-// per window instead of 2(n-1) launches and copies per rank, and no
-// accumulator buffers. Every destination is also a source at the same offset,
-// which the kernel allows (each element is read from every source first).
+// The ring's result for ranks that share one stream (one GPU) and n <=
+// kMaxReducePtrs: ONE launch of the rotated ring kernel (ring_one_gpu.h),
+// which folds segment j of every window starting from rank j's data, then
+// ranks j+1, ..., j+n-1 (mod n), in the accumulator type, and finalizes once,
+// writing all n ranks: the schedule's bits (and the CPU ring's) with no
+// accumulator buffers and no events, where one reduce launch per segment took
+// n launches per window.
 cudaError_t ring_by_segments(const RingOptions& opt, const std::vector<RingRank>& ranks) {
   const int n = int(ranks.size());
   const int64_t ts = dtype_size(opt.dtype);
-  const int64_t window = opt.segment_elems * n;
-  FASTPAR_CUDA_TRY(cudaSetDevice(ranks[0].device));
-  for (int64_t w = 0; w < num_windows(opt.count, window); ++w) {
-    const int64_t wbegin = w * window;
-    const int64_t wend = std::min(opt.count, wbegin + window);
-    for (int j = 0; j < n; ++j) {
-      const Range seg = split_range(wbegin, wend, n, j, opt.align);
-      if (seg.size() == 0) continue;
-      cuda_kernels::ReduceLaunch a;
-      for (int i = 0; i < n; ++i) {
-        a.srcs[i] = at_elem(ranks[size_t(ring_mod(j + i, n))].data, seg.begin, ts);
-        a.dsts[i] = at_elem(ranks[size_t(i)].data, seg.begin, ts);
-      }
-      a.nsrc = a.ndst = n;
-      a.count = seg.size();
-      a.contributions = n;
-      FASTPAR_CUDA_TRY(cuda_kernels::launch_reduce(opt.dtype, opt.op, a, ranks[0].stream));
-    }
+  RotatedRingArgs a{};
+  bool vec = (opt.align * ts) % 16 == 0 && (opt.segment_elems * n * ts) % 16 == 0;
+  for (int i = 0; i < n; ++i) {
+    a.data[i] = ranks[size_t(i)].data;
+    vec = vec && (reinterpret_cast<uintptr_t>(a.data[i]) & 15u) == 0;
   }
-  return cudaSuccess;
+  a.n = n;
+  a.count = opt.count;
+  a.segment = opt.segment_elems;
+  a.align = opt.align;
+  a.vec = vec;
+  FASTPAR_CUDA_TRY(cudaSetDevice(ranks[0].device));
+  return launch_rotated_ring(opt.dtype, opt.op, a, ranks[0].stream);
 }
 
 }  // namespace

@@ -19,8 +19,9 @@
 // apart and windows pipeline through the ring.
 //
 // All ranks on one stream (one GPU): no events; with n <= 8 ranks the result
-// is computed segment by segment with reduce_kernel (same bits, see
-// ring_by_segments in the .cpp), else the schedule runs in stream order.
+// is computed by one launch of the rotated ring kernel (same bits, see
+// ring_one_gpu.h and ring_by_segments in the .cpp), else the schedule runs in
+// stream order.
 //
 // The caller orders the streams after whatever produced the data before the
 // call and orders its consumers after every stream at the end (the ops layer's
@@ -43,7 +44,7 @@ struct RingRank {
   void* data;           // `count` elements, reduced in place
   // min(window, count) accumulator elements on `device`; unused (may be
   // nullptr) when every rank shares one stream and n <= kMaxReducePtrs: that
-  // case runs one reduce launch per segment (ring_by_segments).
+  // case runs one launch of the rotated ring kernel (ring_by_segments).
   void* acc;
   // min(window, count) accumulator elements on `device` when this device has no
   // peer access to rank r-1's device (the partial is first copied here with

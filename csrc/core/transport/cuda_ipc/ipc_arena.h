@@ -1,7 +1,8 @@
 // Layout of one rank's IPC arena: a single cudaMalloc allocation that the rank
 // exports with cudaIpcGetMemHandle and every peer process maps.
 //
-//   [ flags::ControlBlock | status word | pad ]  kHeaderBytes
+//   [ flags::ControlBlock | status word | pad ]  kHeaderBytes: 512, then the
+//   [ fused two-shot's block flags ]             kTwoShotMaxBlocks cache lines
 //   [ data slot 0 ]                              slot_bytes (rounded to 512)
 //   [ data slot 1 ]                              (flags::kSlots rotating slots)
 //   [ P2PControl | pad ]                         kP2PControlBytes
@@ -47,7 +48,12 @@ constexpr int64_t kDefaultSlotBytes = int64_t(8) << 20;
 
 
 constexpr int kMaxIpcRanks = 8;  // = the reduce kernel's source limit: one per GPU of a node
-constexpr size_t kHeaderBytes = 512;
+// Blocks of the fused two-shot kernel (executors/cuda_ipc/ipc_fused_two_shot.h):
+// one flag per block, each on a cache line of its own (written by one block,
+// spun on by the same block of every peer), after the header's first 512 bytes.
+constexpr int kTwoShotMaxBlocks = 128;
+constexpr size_t kTwoShotFlagsOffset = 512;
+constexpr size_t kHeaderBytes = kTwoShotFlagsOffset + size_t(kTwoShotMaxBlocks) * 64;
 constexpr size_t kSlotAlign = 512;  // keeps every slot 16-byte aligned for the uint4 path
 
 static_assert(sizeof(flags::ControlBlock) + sizeof(uint32_t) <= kHeaderBytes, "header overflows");

@@ -67,6 +67,10 @@ struct IpcComm {
   // (ipc_fused_one_shot.h). Must be equal on every rank (a mix fails with a
   // descriptor mismatch); the unfused path stays for comparison and tests.
   bool fused_one_shot = true;
+  // Two-shot calls run as one fused kernel, every size (ipc_fused_two_shot.h);
+  // false: the step-by-step schedule (2mn + 1 stream operations for m chunks).
+  // Equal on every rank, as fused_one_shot (a mix fails with a mismatch).
+  bool fused_two_shot = true;
   // Bytes per block of the fused kernel (ipc_fused_one_shot.h; equal on every
   // rank; the host emulation lowers it so that small calls get many blocks).
   int64_t fused_bytes_per_block = 16 * 1024;

@@ -62,8 +62,26 @@ inline thread_local cudaError_t last_error = cudaSuccess;
 // through cudaGetLastError, the kernel never running.
 inline thread_local int64_t launches = 0;
 inline thread_local int64_t fail_launch_at = 0;
+// What the calling thread (a rank) enqueued on streams: each one costs a
+// host-side launch or copy call and a slot in the stream, several
+// microseconds on a GPU whatever its size, so a schedule's operation count
+// per call is its latency floor (stream_ops_test asserts the counts).
+// `bytes` is what the enqueued kernels and copies read plus write in device
+// memory, as the emulated launchers compute it from their arguments (flags
+// and descriptors not counted).
+struct StreamOps {
+  int64_t launches = 0;   // kernels
+  int64_t memcpys = 0;    // cudaMemcpyAsync / cudaMemcpyPeerAsync
+  int64_t event_ops = 0;  // cudaEventRecord / cudaStreamWaitEvent
+  int64_t bytes = 0;
+  int64_t total() const { return launches + memcpys + event_ops; }
+};
+inline thread_local StreamOps stream_ops;
 inline bool launch_refused() {
-  if (++launches != fail_launch_at) return false;
+  if (++launches != fail_launch_at) {
+    ++stream_ops.launches;
+    return false;
+  }
   last_error = cudaErrorLaunchOutOfResources;
   return true;
 }
@@ -112,20 +130,26 @@ inline cudaError_t cudaEventDestroy(cudaEvent_t e) {
 }
 inline cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) {
   ++fake_cuda::event_calls;
+  ++fake_cuda::stream_ops.event_ops;
   return cudaSuccess;
 }
 inline cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned) {
   ++fake_cuda::event_calls;
+  ++fake_cuda::stream_ops.event_ops;
   return cudaSuccess;
 }
 inline cudaError_t cudaMemcpyAsync(void* d, const void* s, size_t b, cudaMemcpyKind, cudaStream_t) {
   std::memmove(d, s, b);
   ++fake_cuda::copies;
+  ++fake_cuda::stream_ops.memcpys;
+  fake_cuda::stream_ops.bytes += 2 * int64_t(b);
   return cudaSuccess;
 }
 inline cudaError_t cudaMemcpyPeerAsync(void* d, int, const void* s, int, size_t b, cudaStream_t) {
   std::memmove(d, s, b);
   ++fake_cuda::copies;
+  ++fake_cuda::stream_ops.memcpys;
+  fake_cuda::stream_ops.bytes += 2 * int64_t(b);
   return cudaSuccess;
 }
 inline cudaError_t cudaDeviceGetAttribute(int* v, cudaDeviceAttr, int) {

@@ -1,0 +1,441 @@
+// The pipelined two-shot allreduce (core/algorithms/allreduce_slots.h,
+// allreduce_two_shot) as ONE kernel per call, whatever the size: where the
+// step-by-step schedule (IpcSteps) enqueues 2mn + 1 stream operations for m
+// slot-sized chunks and n ranks (a copy kernel per peer shard, a one-thread
+// phase kernel per phase), this kernel walks the same chunks and phases
+// itself. NCCL's runRing, TensorRT-LLM's two-shot kernel and vLLM's one-shot
+// do the same (a persistent kernel, flags between ranks inside it); the
+// protocol below is the phase protocol of flag_protocol.h cut per block.
+//
+// Per-block slices. Chunk k's shard q is split_range(chunk, n, q) as the
+// schedule cuts a full chunk, and block b owns slice b of every shard of
+// every chunk (two_shot_cut: the shard cut in nblocks pieces of whole 16-byte
+// packs; a shorter last chunk keeps the full chunks' cut). nblocks depends only on the count, dtype, rank count and
+// IpcComm::fused_bytes_per_block, which every rank has alike, so slice b is
+// the same elements on every rank. Per chunk, block b of rank r
+//   publish   copies slice b of its input's shards q != r into its slot;
+//   barrier   posts phase p on its block flag and waits for block b of every
+//             peer to post p;
+//   reduce    reduces slice b of shard r from every rank (its own input, the
+//             peers' slots) in rank order into its slot and its output;
+//   copy-out  one phase later, copies slice b of every other shard q from
+//             rank q's slot (q's reduced shard) into its output.
+// Every byte block b reads from a peer was written by block b of that peer
+// before it posted the phase block b waited for, so block b only waits for
+// block b: no grid-wide barrier, and blocks of one rank never wait for each
+// other (a grid barrier would also deadlock where ranks share a GPU and not
+// every block of every rank is resident). The pipeline is the schedule's:
+// after phase P(k), copy out chunk k-1, reduce chunk k, publish chunk k+1
+// (three rotating slots), so m chunks take m + 1 phases and every output
+// element gets the schedule's bits (identical to allreduce_two_shot's).
+//
+// Memory ordering, per flag:
+//   * block flag b (this rank's, written by thread 0 of block b with
+//     st.release.sys after __syncthreads()): the block's slot writes (publish,
+//     reduce) happen before it, so a peer's block b that acquires it
+//     (ld.acquire.sys, then __syncthreads() before its threads read) sees them;
+//   * slot reuse: block b rewrites a slot region (its slice) only after
+//     waiting for a phase that block b of every peer posts after its last read
+//     of that region: the protocol's rotation argument (flag_protocol.h) holds
+//     per block because region b is only ever read by blocks b. Across calls
+//     (another schedule, another block count) the kernel boundary orders
+//     everything: a later call's flags are posted by a later launch, which
+//     starts after every block of this one ended;
+//   * block 0 also posts the control block's flag and descriptor at every
+//     phase (flags::post) and waits with flags::wait_and_check: the
+//     descriptor check of every phase stays, and a phase kernel or a fused
+//     kernel of another schedule on a peer fails with kMismatch. Other blocks
+//     do not compare descriptors; on a desync they may read a peer's slot
+//     before block 0 has failed (within this rank's own chunk of the slot,
+//     never past it) and the call's output is undefined, as with any failed call.
+// Every wait has the phase protocol's deadline and polls (PhasePoll) the host
+// abort word and every peer's abort word, and this rank's status word, so the
+// other blocks stop as soon as one of them has failed. Failures are recorded as
+// the phase kernel records them (record_failure: status word, host mirror,
+// mismatch record, abort word; the first one wins); a launch that finds the
+// status word set writes nothing.
+//
+// Data moves in 16-byte packs, kUnroll packs per thread in flight in the
+// copies, the n sources of kUnroll packs in the reduction; an exact scalar
+// loop does what is not whole packs or not 16-byte aligned, with the same
+// order and math (reduce_ops.h: fp32 accumulation for half types).
+//
+// Written once over a memory-ordering policy (Mem) and a block policy (Blk:
+// how the block's threads run the data loops and share thread 0's flag
+// results), so the kernel (ipc_fused_two_shot.cu) and the host emulation,
+// which runs every block on a thread of its own, run the same code.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "../../kernels/reduce_ops.h"
+#include "../../transport/cuda_ipc/ipc_arena.h"
+#include "../../transport/flag_protocol.h"
+#include "phase_step.h"
+
+namespace fastpar {
+namespace cuda_ipc {
+
+FASTPAR_HD GraphFlag* two_shot_flags_of(void* base) {
+  return reinterpret_cast<GraphFlag*>(static_cast<char*>(base) + kTwoShotFlagsOffset);
+}
+static_assert(sizeof(GraphFlag) == 64, "one block flag per cache line");
+static_assert(sizeof(flags::ControlBlock) + sizeof(uint32_t) <= 320, "the one-shot's block flags start at 320");
+
+// Blocks of a call of `count` elements of `es` bytes among `n` ranks, each
+// block getting at least `per_block` bytes of a chunk's shard, at most
+// kTwoShotMaxBlocks / n: n ranks sharing one GPU then ask for 128 blocks of
+// 512 threads together, resident at once on an H100 (132 SMs x 2 blocks at
+// <= 64 registers) beside the SMs other kernels hold. A function of what
+// every rank has alike.
+FASTPAR_HD int two_shot_blocks(int64_t count, int64_t es, int n, int64_t chunk, int64_t per_block) {
+  if (per_block < 1) per_block = 1;
+  if (n < 1) n = 1;
+  const int64_t first = count < chunk ? count : chunk;
+  const int64_t shard = (first * es + n - 1) / n;
+  int64_t b = (shard + per_block - 1) / per_block;
+  const int64_t cap = kTwoShotMaxBlocks / n;
+  if (b > cap) b = cap;
+  return int(b < 1 ? 1 : b);
+}
+
+struct TwoShotArgs {
+  PhaseArgs phase;  // desc.seq: the call's first phase; phase j of the call is desc.seq + j
+  GraphFlag* self_blocks;
+  const GraphFlag* peer_blocks[kMaxIpcRanks];
+  char* slot0[kMaxIpcRanks];  // every rank's slot 0; slot i at + i * slot_stride
+  int64_t slot_stride;
+  const void* in;                            // this rank's input (count elements)
+  void* out;                                 // may be `in`
+  int64_t count;
+  int64_t chunk;  // elements per chunk (a slot's worth)
+  int64_t chunks; // m: num_pieces(count, chunk), >= 1
+  int first_slot; // the slot of chunk 0; chunk k's is (first_slot + k) % kSlots
+  int contributions;  // the AVG divisor
+  int nblocks;
+};
+
+// Element range [lo, hi) of block b's slice of chunk k's shard q, and the
+// shard's start (the offset of slot data is index - chunk start).
+struct TwoShotSlice {
+  int64_t lo, hi, chunk_begin;
+};
+
+// The call's cut, the same for every chunk: shards of P elements (P =
+// ring_schedule.h's split_range of a full chunk among n, aligned to 64 bytes
+// as allreduce_slots.h's shard_align, so full chunks get the step-by-step
+// schedule's shards), each cut in nblocks slices of S elements (whole 16-byte
+// packs). A shorter last chunk keeps the cut, clamped to its end, instead of
+// being cut anew: a block's region of a slot must be the same in every chunk
+// of a call, or its rewrite of a slot three chunks later could hit a region
+// a peer's other block is still reading (the wait is only on block b).
+// Shard q, slice b of chunk k: [cb + qP + bS, cb + qP + (b+1)S) clamped to
+// the shard and the chunk. Host and device.
+template <typename T>
+FASTPAR_HD void two_shot_cut(const TwoShotArgs& a, int64_t* shard, int64_t* slice) {
+  constexpr int64_t V = 16 / int64_t(sizeof(T));
+  const int64_t align = 64 / int64_t(sizeof(T)) > 1 ? 64 / int64_t(sizeof(T)) : 1;
+  const int n = a.phase.size;
+  const int64_t full = a.count < a.chunk ? a.count : a.chunk;
+  int64_t per = (full + n - 1) / n;
+  per = (per + align - 1) / align * align;
+  *shard = per;
+  const int64_t units = (per + V - 1) / V;
+  *slice = (units + a.nblocks - 1) / a.nblocks * V;
+}
+
+template <typename T>
+FASTPAR_HD void two_shot_shard(const TwoShotArgs& a, int64_t k, int q, int64_t* begin, int64_t* end) {
+  int64_t P, S;
+  two_shot_cut<T>(a, &P, &S);
+  const int64_t cb = k * a.chunk;
+  const int64_t ce = cb + a.chunk < a.count ? cb + a.chunk : a.count;
+  const int64_t b = cb + P * q, e = b + P;
+  *begin = b < ce ? b : ce;
+  *end = e < ce ? e : ce;
+}
+
+template <typename T>
+FASTPAR_HD TwoShotSlice two_shot_slice(const TwoShotArgs& a, int64_t k, int q, int b) {
+  int64_t P, S;
+  two_shot_cut<T>(a, &P, &S);
+  const int64_t cb = k * a.chunk;
+  int64_t sb, se;
+  two_shot_shard<T>(a, k, q, &sb, &se);
+  const int64_t start = cb + P * q + S * b;
+  const int64_t lo = start < se ? start : se, hi = start + S < se ? start + S : se;
+  return {lo, hi, cb};
+}
+
+FASTPAR_HD int two_shot_slot(const TwoShotArgs& a, int64_t k) { return int((a.first_slot + k) % flags::kSlots); }
+
+// Rank q's slot of chunk k (base + stride: no runtime index into a 2-D
+// parameter array, which would copy it to local memory).
+template <typename T>
+FASTPAR_HD T* two_shot_slot_ptr(const TwoShotArgs& a, int q, int64_t k) {
+  return reinterpret_cast<T*>(a.slot0[q] + two_shot_slot(a, k) * a.slot_stride);
+}
+
+FASTPAR_HD bool two_shot_aligned(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+#if defined(__CUDA_ARCH__)
+#define FASTPAR_TS_UNROLL _Pragma("unroll")
+#else
+#define FASTPAR_TS_UNROLL
+#endif
+
+// Packs in flight per thread in the copies (copy_packs): 4 x 16 bytes, so a
+// warp has 2 KiB of loads outstanding instead of 512 bytes.
+constexpr int kTwoShotCopyUnroll = 4;
+
+// dst[0, n) = src[0, n) (T elements), thread t of nt: kTwoShotCopyUnroll
+// packs loaded before any is stored, then the rest pack by pack, then the
+// scalar tail. The buffers never overlap (a slot and a user buffer).
+template <typename T>
+FASTPAR_HD void two_shot_copy(T* dst, const T* src, int64_t n, int t, int nt) {
+  constexpr int64_t V = 16 / int64_t(sizeof(T));
+  constexpr int U = kTwoShotCopyUnroll;
+  int64_t tail = 0;
+  if (two_shot_aligned(dst) && two_shot_aligned(src)) {
+    const int64_t packs = n / V;
+    const uint4* s = reinterpret_cast<const uint4*>(src);
+    uint4* d = reinterpret_cast<uint4*>(dst);
+    int64_t v = t;
+    for (; v + int64_t(U - 1) * nt < packs; v += int64_t(U) * nt) {
+      uint4 x[U];
+      FASTPAR_TS_UNROLL
+      for (int u = 0; u < U; ++u) x[u] = s[v + int64_t(u) * nt];
+      FASTPAR_TS_UNROLL
+      for (int u = 0; u < U; ++u) d[v + int64_t(u) * nt] = x[u];
+    }
+    for (; v < packs; v += nt) d[v] = s[v];
+    tail = packs * V;
+  }
+  for (int64_t i = tail + t; i < n; i += nt) dst[i] = src[i];
+}
+
+// Block b's publish of chunk k: slice b of the input's shards q != rank into
+// this rank's slot of chunk k.
+template <typename T>
+FASTPAR_HD void two_shot_publish(const TwoShotArgs& a, int64_t k, int b, int t, int nt) {
+  const int r = a.phase.rank;
+  T* slot = two_shot_slot_ptr<T>(a, r, k);
+  const T* in = static_cast<const T*>(a.in);
+  for (int q = 0; q < a.phase.size; ++q) {
+    if (q == r) continue;
+    const TwoShotSlice s = two_shot_slice<T>(a, k, q, b);
+    two_shot_copy<T>(slot + (s.lo - s.chunk_begin), in + s.lo, s.hi - s.lo, t, nt);
+  }
+}
+
+// Block b's copy-out of chunk k: slice b of every other rank's reduced shard,
+// from that rank's slot of chunk k, into the output.
+template <typename T>
+FASTPAR_HD void two_shot_copy_out(const TwoShotArgs& a, int64_t k, int b, int t, int nt) {
+  const int r = a.phase.rank;
+  T* out = static_cast<T*>(a.out);
+  for (int q = 0; q < a.phase.size; ++q) {
+    if (q == r) continue;
+    const TwoShotSlice s = two_shot_slice<T>(a, k, q, b);
+    two_shot_copy<T>(out + s.lo, two_shot_slot_ptr<const T>(a, q, k) + (s.lo - s.chunk_begin), s.hi - s.lo,
+                     t, nt);
+  }
+}
+
+// One output pack (or element, V = 1 with `scalar`) of the reduction: the
+// sources' values for it in x[0..n), combined in rank order in the
+// accumulator type (reduce_ops.h, as reduce_kernel: the same bits).
+template <typename T, ReduceOp OP, int NMAX>
+struct TwoShotReduce {
+  using A = acc_t<T>;
+  static constexpr int V = 16 / int(sizeof(T));
+  union Pack {
+    uint4 w;
+    T e[V];
+  };
+
+  // Slice [lo, hi) of shard `rank` of chunk k: sources are this rank's input
+  // and the peers' slots, destinations this rank's slot and the output.
+  // U packs per thread per iteration, each with its n source loads issued
+  // before any combine, so U * n loads are in flight.
+  template <int U>
+  static FASTPAR_HD void run(const TwoShotArgs& a, int64_t k, int b, int t, int nt) {
+    const int n = a.phase.size, r = a.phase.rank;
+    const TwoShotSlice s = two_shot_slice<T>(a, k, r, b);
+    const int64_t len = s.hi - s.lo, off = s.lo - s.chunk_begin;
+    const T* src[NMAX];
+    FASTPAR_TS_UNROLL
+    for (int q = 0; q < NMAX; ++q)
+      src[q] = q >= n ? nullptr : q == r ? static_cast<const T*>(a.in) + s.lo
+                                         : two_shot_slot_ptr<const T>(a, q, k) + off;
+    T* d0 = two_shot_slot_ptr<T>(a, r, k) + off;
+    T* d1 = static_cast<T*>(a.out) + s.lo;
+    bool vec = two_shot_aligned(d0) && two_shot_aligned(d1);
+    FASTPAR_TS_UNROLL
+    for (int q = 0; q < NMAX; ++q)
+      if (q < n) vec = vec && two_shot_aligned(src[q]);
+    int64_t tail = 0;
+    if (vec) {
+      const int64_t packs = len / V;
+      int64_t v = t;
+      for (; v + int64_t(U - 1) * nt < packs; v += int64_t(U) * nt) {
+        Pack x[U][NMAX];
+        FASTPAR_TS_UNROLL
+        for (int u = 0; u < U; ++u) {
+          FASTPAR_TS_UNROLL
+          for (int q = 0; q < NMAX; ++q)
+            if (q < n) x[u][q].w = reinterpret_cast<const uint4*>(src[q])[v + int64_t(u) * nt];
+        }
+        FASTPAR_TS_UNROLL
+        for (int u = 0; u < U; ++u) {
+          Pack y;
+          FASTPAR_TS_UNROLL
+          for (int e = 0; e < V; ++e) {
+            A acc = load_acc(x[u][0].e[e]);
+            FASTPAR_TS_UNROLL
+            for (int q = 1; q < NMAX; ++q)
+              if (q < n) acc = combine<OP>(acc, load_acc(x[u][q].e[e]));
+            y.e[e] = store_acc<T>(finalize<OP>(acc, a.contributions));
+          }
+          reinterpret_cast<uint4*>(d0)[v + int64_t(u) * nt] = y.w;
+          reinterpret_cast<uint4*>(d1)[v + int64_t(u) * nt] = y.w;
+        }
+      }
+      for (; v < packs; v += nt) {
+        Pack x[NMAX];
+        FASTPAR_TS_UNROLL
+        for (int q = 0; q < NMAX; ++q)
+          if (q < n) x[q].w = reinterpret_cast<const uint4*>(src[q])[v];
+        Pack y;
+        FASTPAR_TS_UNROLL
+        for (int e = 0; e < V; ++e) {
+          A acc = load_acc(x[0].e[e]);
+          FASTPAR_TS_UNROLL
+          for (int q = 1; q < NMAX; ++q)
+            if (q < n) acc = combine<OP>(acc, load_acc(x[q].e[e]));
+          y.e[e] = store_acc<T>(finalize<OP>(acc, a.contributions));
+        }
+        reinterpret_cast<uint4*>(d0)[v] = y.w;
+        reinterpret_cast<uint4*>(d1)[v] = y.w;
+      }
+      tail = packs * V;
+    }
+    for (int64_t i = tail + t; i < len; i += nt) {
+      T x[NMAX];
+      FASTPAR_TS_UNROLL
+      for (int q = 0; q < NMAX; ++q)
+        if (q < n) x[q] = src[q][i];
+      A acc = load_acc(x[0]);
+      FASTPAR_TS_UNROLL
+      for (int q = 1; q < NMAX; ++q)
+        if (q < n) acc = combine<OP>(acc, load_acc(x[q]));
+      const T y = store_acc<T>(finalize<OP>(acc, a.contributions));
+      d0[i] = y;
+      d1[i] = y;
+    }
+  }
+};
+
+// The rank bound a call's kernel is compiled for (two_shot_block's NMAX):
+// up to 4 ranks, 2 packs per thread in flight in the reduction (2n >= 4
+// loads); more ranks, 1 pack (n >= 5 loads). Both in one kernel would share
+// one register allocation and spill (ptxas); apart, each fits 128 registers.
+FASTPAR_HD int two_shot_rank_bound(int n) { return n <= 4 ? 4 : kMaxIpcRanks; }
+
+// PhasePoll plus this rank's status word: once a block of this rank has
+// failed (recorded), the others stop waiting too.
+template <class Mem>
+struct TwoShotPoll {
+  const PhaseArgs* a;
+  FASTPAR_HD flags::WaitStatus operator()() const {
+    const uint32_t own = Mem::load_u32(a->status);
+    if (own != 0) return flags::WaitStatus(int(own));
+    return PhasePoll<Mem>{a}();
+  }
+};
+
+// Thread 0 of block b, phase j of the call (after the block's writes of the
+// phase: the caller synchronizes the block first). Returns the failure, if
+// any, recorded.
+template <class Mem>
+FASTPAR_HD flags::WaitStatus two_shot_barrier(const TwoShotArgs& a, int b, int64_t j) {
+  const PhaseArgs& p = a.phase;
+  flags::OpDesc mine = p.desc;
+  mine.seq = p.desc.seq + uint64_t(j);
+  // Another block of this rank failed: stop before posting a phase whose
+  // data that block never wrote.
+  const uint32_t own = Mem::load_u32(p.status);
+  if (own != 0) return flags::WaitStatus(int(own));
+  Mem::store_release(&a.self_blocks[b].value, mine.seq);
+  if (b == 0) flags::post<Mem>(p.self, mine);
+  const uint64_t deadline = flags::deadline_after(Mem::now_ns(), p.timeout_ns);
+  const TwoShotPoll<Mem> poll{&p};
+  flags::WaitStatus s = flags::WaitStatus::kOk;
+  flags::OpDesc theirs{};
+  int q = 0;
+  for (; q < p.size && s == flags::WaitStatus::kOk; ++q) {
+    if (q == p.rank) continue;
+    if (b == 0) {
+      s = flags::wait_and_check<Mem>(p.peers[q], mine, deadline, poll, &theirs);
+    } else {
+      for (;;) {  // fused_wait_flag, with TwoShotPoll
+        int i = 0;
+        for (; i < flags::kPollSpins; ++i) {
+          if (Mem::load_acquire(&a.peer_blocks[q][b].value) >= mine.seq) break;
+          Mem::pause();
+        }
+        if (i < flags::kPollSpins) break;
+        s = poll();
+        if (s != flags::WaitStatus::kOk) break;
+        if (Mem::now_ns() > deadline) {
+          if (Mem::load_acquire(&a.peer_blocks[q][b].value) < mine.seq) s = flags::WaitStatus::kTimeout;
+          break;
+        }
+      }
+    }
+  }
+  if (s != flags::WaitStatus::kOk) record_failure<Mem>(p, s, q - 1, &theirs, &mine);
+  return s;
+}
+
+// The whole call for block b. Blk supplies
+//   bool leader(f): the block's threads synchronized, f() run by thread 0,
+//                   its result seen by every thread (synchronized again);
+//   void threads(f): f(t, nt) for each thread t of the block's nt.
+// On the GPU leader() is __syncthreads(), thread 0, shared memory,
+// __syncthreads(): the block's writes happen before thread 0's release, and
+// thread 0's acquire before the block's reads.
+template <class Mem, typename T, ReduceOp OP, int NMAX, class Blk>
+FASTPAR_HD void two_shot_block(const TwoShotArgs& a, int b, Blk& blk) {
+  static_assert(NMAX == 4 || NMAX == kMaxIpcRanks, "two_shot_rank_bound's values");
+  const bool earlier = blk.leader([&] {
+    const uint32_t s = Mem::load_u32(a.phase.status);
+    if (s != 0 && b == 0) flags::abort_rank<Mem>(a.phase.self, s);  // tell the peers, as phase_step
+    return s != 0;
+  });
+  if (earlier) return;  // an earlier call failed here: write nothing
+  blk.threads([&](int t, int nt) { two_shot_publish<T>(a, 0, b, t, nt); });
+  for (int64_t k = 0; k < a.chunks; ++k) {
+    if (blk.leader([&] { return two_shot_barrier<Mem>(a, b, k) != flags::WaitStatus::kOk; })) return;
+    blk.threads([&](int t, int nt) {
+      if (k > 0) two_shot_copy_out<T>(a, k - 1, b, t, nt);
+      TwoShotReduce<T, OP, NMAX>::template run<NMAX <= 4 ? 2 : 1>(a, k, b, t, nt);
+      if (k + 1 < a.chunks) two_shot_publish<T>(a, k + 1, b, t, nt);
+    });
+  }
+  if (blk.leader([&] { return two_shot_barrier<Mem>(a, b, a.chunks) != flags::WaitStatus::kOk; })) return;
+  blk.threads([&](int t, int nt) { two_shot_copy_out<T>(a, a.chunks - 1, b, t, nt); });
+}
+
+// Enqueues the kernel (ipc_fused_two_shot.cu): a.nblocks blocks.
+cudaError_t launch_fused_two_shot(DType dt, ReduceOp op, const TwoShotArgs& a, cudaStream_t stream);
+
+// Loads every instance of the kernel now (preload_kernels.h).
+cudaError_t preload_fused_two_shot_kernels();
+
+#undef FASTPAR_TS_UNROLL
+
+}  // namespace cuda_ipc
+}  // namespace fastpar

@@ -1,0 +1,119 @@
+"""What nvcc makes of the fused two-shot all_reduce kernel
+(csrc/core/executors/cuda_ipc/ipc_fused_two_shot.cu), read from its cubin for
+sm_90 (H100) with cuobjdump, without a GPU:
+  * registers: the kernel is launched as blocks of kTwoShotThreads threads,
+    kTwoShotMinBlocksPerSm of them per SM, and the grids of every rank sharing
+    one GPU (kTwoShotMaxBlocks blocks together) must be resident at once,
+    since block b of each rank waits for block b of the others. That holds
+    only if the registers per thread fit the SM's 65536 at that many blocks,
+    and kTwoShotMaxBlocks fits an H100's 132 SMs;
+  * loads: the copy and reduce loops move 16-byte packs (LDG.E.128) with at
+    least 4 of them issued before the first store that follows, so a thread
+    has 64 bytes of loads in flight rather than one 16-byte round trip.
+The file is compiled with -DFASTPAR_SASS_PROBE (float32 and bfloat16 SUM only:
+seconds instead of minutes of nvcc). Skipped without nvcc or cuobjdump, except
+under CI=true, where a missing tool fails."""
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CU = os.path.join(ROOT, "csrc", "core", "executors", "cuda_ipc", "ipc_fused_two_shot.cu")
+ARENA = os.path.join(ROOT, "csrc", "core", "transport", "cuda_ipc", "ipc_arena.h")
+SM90_REGISTERS_PER_SM = 65536
+H100_SMS = 132
+
+
+def _missing(what):
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{what} is needed under CI=true")
+    pytest.skip(f"{what} not found: the SASS checks need the CUDA toolkit")
+
+
+def _cuobjdump(nvcc):
+    found = shutil.which("cuobjdump")
+    if found:
+        return found
+    # nvcc may be a wrapper on PATH: look beside the real one, then in the
+    # copy that triton wheels carry.
+    real = os.path.realpath(nvcc)
+    candidates = [os.path.join(os.path.dirname(real), "cuobjdump"), "/usr/local/cuda/bin/cuobjdump"]
+    for site in sys.path:
+        candidates += glob.glob(os.path.join(site, "triton", "backends", "nvidia", "bin", "cuobjdump"))
+    return next((c for c in candidates if os.path.isfile(c) and os.access(c, os.X_OK)), None)
+
+
+def _constant(path, name):
+    m = re.search(rf"constexpr\s+(?:int|size_t)\s+{name}\s*=\s*(\d+)\s*;", open(path).read())
+    assert m, f"{name} not found in {path}"
+    return int(m.group(1))
+
+
+@pytest.fixture(scope="module")
+def cubin(tmp_path_factory):
+    nvcc = shutil.which("nvcc")
+    if not nvcc:
+        _missing("nvcc")
+    tool = _cuobjdump(nvcc)
+    if not tool:
+        _missing("cuobjdump")
+    out = str(tmp_path_factory.mktemp("sass") / "two_shot.cubin")
+    build = subprocess.run([nvcc, "-std=c++17", "-arch=sm_90", "-cubin", "-DFASTPAR_SASS_PROBE", "-I",
+                            os.path.join(ROOT, "csrc"), CU, "-o", out], capture_output=True, text=True, timeout=600)
+    assert build.returncode == 0, build.stderr[-4000:]
+    usage = subprocess.run([tool, "-res-usage", out], capture_output=True, text=True, check=True).stdout
+    sass = subprocess.run([tool, "-sass", out], capture_output=True, text=True, check=True).stdout
+    return usage, sass
+
+
+def _functions(text, header):
+    """{mangled name: its lines} for every block of `text` that starts with `header`."""
+    out, name = {}, None
+    for line in text.splitlines():
+        m = re.match(rf"\s*{header}\s*:?\s*(\S+?):?\s*$", line)
+        if m:
+            name = m.group(1)
+            out[name] = []
+        elif name:
+            out[name].append(line)
+    return out
+
+
+def test_registers_fit_the_launch_shape(cubin):
+    usage, _ = cubin
+    threads = _constant(CU, "kTwoShotThreads")
+    per_sm = _constant(CU, "kTwoShotMinBlocksPerSm")
+    max_blocks = _constant(ARENA, "kTwoShotMaxBlocks")
+    kernels = {k: v for k, v in _functions(usage, "Function").items() if "fused_two_shot_kernel" in k}
+    # float32 and bfloat16 SUM, rank bounds 4 and 8
+    assert len(kernels) == 4, list(kernels)
+    for name, lines in kernels.items():
+        regs = int(re.search(r"REG:(\d+)", "\n".join(lines)).group(1))
+        assert regs * threads * per_sm <= SM90_REGISTERS_PER_SM, (
+            f"{name} uses {regs} registers a thread: {per_sm} blocks of {threads} threads need "
+            f"{regs * threads * per_sm} > {SM90_REGISTERS_PER_SM} per SM")
+    # Every rank's grid resident at once even when all ranks share one H100.
+    assert max_blocks <= H100_SMS * per_sm, (max_blocks, H100_SMS, per_sm)
+
+
+def test_loops_keep_four_16_byte_loads_in_flight(cubin):
+    _, sass = cubin
+    kernels = {k: v for k, v in _functions(sass, "Function").items() if "fused_two_shot_kernel" in k}
+    assert len(kernels) == 4, list(kernels)
+    for name, lines in kernels.items():
+        wide = [l for l in lines if re.search(r"\bLDG\.E\.128\b|\bLD\.E\.128\b", l)]
+        assert wide, f"{name}: no 16-byte loads (LDG.E.128)"
+        run = best = 0
+        for line in lines:
+            if re.search(r"\b(LDG|LD)\.E\.128\b", line):
+                run += 1
+                best = max(best, run)
+            elif re.search(r"\b(STG|ST)\.E", line):
+                run = 0
+        assert best >= 4, f"{name}: at most {best} 16-byte loads issued before a store"
+        assert any(re.search(r"\bSTG\.E\.128\b", l) for l in lines), f"{name}: no 16-byte stores"
