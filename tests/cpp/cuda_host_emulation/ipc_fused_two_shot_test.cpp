@@ -180,6 +180,12 @@ void check_failure(int n, Peer peer) {
   for (auto& t : threads) t.join();
   char what[200];
   const char* name[] = {"step-by-step peer", "other count", "absent peer", "host abort"};
+  if (peer == Peer::kStepByStep || peer == Peer::kOtherCount) {
+    std::snprintf(what, sizeof(what), "%s n=%d: some rank saw the mismatch", name[int(peer)], n);
+    expect(std::any_of(status.begin(), status.end(),
+                       [](auto v) { return flags::WaitStatus(v) == flags::WaitStatus::kMismatch; }),
+           what);
+  }
   for (int r = 0; r < n; ++r) {
     if ((peer == Peer::kAbsent || peer == Peer::kHostAbort) && r != 0) continue;
     const auto s = flags::WaitStatus(status[size_t(r)]);
@@ -187,8 +193,10 @@ void check_failure(int n, Peer peer) {
     switch (peer) {
       case Peer::kStepByStep:
       case Peer::kOtherCount:
+        // A rank sees the mismatch itself or the abort of a peer that saw it
+        // first (which, with 3 or more ranks, may be rank 0's lot): a race
+        // every outcome of which is right, as long as someone saw it (below).
         expect(s == flags::WaitStatus::kMismatch || s == flags::WaitStatus::kPeerAborted, what);
-        if (r == 0) expect(s == flags::WaitStatus::kMismatch, what);
         break;
       case Peer::kAbsent: expect(s == flags::WaitStatus::kTimeout, what); break;
       case Peer::kHostAbort: expect(s == flags::WaitStatus::kPeerDead, what); break;
@@ -206,7 +214,7 @@ void check_failure(int n, Peer peer) {
       expect(m.peer_plus_one > 0 && !flags::same_call(m.mine, m.theirs) &&
                  m.mine.aux == (mine_fused ? kAuxFusedTwoShot : kAuxTwoShot),
              what);
-      if (r == 0)
+      if (mine_fused)
         expect(describe(m.mine).find("schedule=fused_two_shot") != std::string::npos, "the record names the schedule");
     }
   }
