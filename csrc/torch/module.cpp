@@ -33,6 +33,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     fastpar::ops::tuning().ring_segment_bytes = b;
   });
   m.def("_get_ring_segment_bytes", [] { return fastpar::ops::tuning().ring_segment_bytes; });
+  // The one-GPU list ring in one launch (true) or one launch per segment.
+  m.def("_set_ring_one_launch", [](bool on) { fastpar::ops::tuning().ring_one_launch = on; });
+  m.def("_get_ring_one_launch", [] { return fastpar::ops::tuning().ring_one_launch; });
   // The CPU reduce loops' instruction set (docs/measurements.md): the one in
   // use (FASTPAR_CPU_ISA or the best supported) and the best this CPU has.
   fastpar::distributed::apply_cpu_isa_knob();

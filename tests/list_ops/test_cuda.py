@@ -156,14 +156,22 @@ def assert_bitwise(actual, expected):
     )
 
 
-@pytest.fixture
-def small_ring_segments():
+@pytest.fixture(params=[False, True], ids=["launch_per_segment", "one_launch"])
+def small_ring_segments(request):
     """64-byte ring segments: a few hundred elements already cross many
-    windows, the multi-window path; restored afterwards."""
-    old = fastpar._C._get_ring_segment_bytes()
+    windows, the multi-window path; each ring test runs in both one-GPU forms
+    (one launch per segment, the default; one launch a call); restored afterwards."""
+    old = fastpar._C._get_ring_segment_bytes(), fastpar._C._get_ring_one_launch()
     fastpar._C._set_ring_segment_bytes(64)
+    fastpar._C._set_ring_one_launch(request.param)
     yield
-    fastpar._C._set_ring_segment_bytes(old)
+    fastpar._C._set_ring_segment_bytes(old[0])
+    fastpar._C._set_ring_one_launch(old[1])
+
+
+def test_ring_one_launch_is_opt_in():
+    # The one-launch form has run in the host emulation only: off by default.
+    assert fastpar._C._get_ring_one_launch() is False
 
 
 # ------------------------------------------------------------------ the build

@@ -220,7 +220,7 @@ void allreduce_ring(at::TensorList tensors, DType dt, ReduceOp rop) {
     temps.push_back(acc);
     if (staging.defined()) temps.push_back(staging);
   }
-  const cuda_p2p::RingOptions opt{dt, rop, count, seg, line_elems(tensors[0])};
+  const cuda_p2p::RingOptions opt{dt, rop, count, seg, line_elems(tensors[0]), tuning().ring_one_launch};
   C10_CUDA_CHECK(cuda_p2p::ring_allreduce(opt, ranks));
   ss.join();
 }

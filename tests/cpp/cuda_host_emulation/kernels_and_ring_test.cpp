@@ -211,17 +211,24 @@ void check_ring_executor() {
             // cuda_ops.cpp passes no accumulator on one device with n <= 8.
             ranks.push_back({one_device ? 0 : r, nullptr, gpu[size_t(r)].data(), one_device && n <= 8 ? nullptr : a, st});
           }
-          const int64_t events_before = fake_cuda::event_calls;
-          const cudaError_t err = cuda_p2p::ring_allreduce({dtype_of<T>(), OP, count, seg, align}, ranks);
-          ++checks;
-          if (err != cudaSuccess && ++failures <= 20) std::fprintf(stderr, "ring_allreduce returned %d\n", int(err));
-          ++checks;
-          if (staging_mask < 0 && fake_cuda::event_calls != events_before && ++failures <= 20)
-            std::fprintf(stderr, "one-stream ring made %ld event calls\n", long(fake_cuda::event_calls - events_before));
-          for (int r = 0; r < n; ++r) {
-            std::snprintf(what, sizeof(what), "ring %s %s n=%d count=%ld segment_bytes=%ld staging=%d rank=%d",
-                          dtype_name(dtype_of<T>()), op_name(OP), n, long(count), long(segment_bytes), staging_mask, r);
-            expect_equal(gpu[size_t(r)].data(), cpu[size_t(r)].data(), size_t(count) * size_t(ts), what);
+          const std::vector<std::vector<T>> input = gpu;
+          // On one device both forms (one launch; one launch per segment).
+          for (int form = 0; form < (staging_mask < 0 ? 2 : 1); ++form) {
+            for (int r = 0; r < n; ++r) std::copy(input[size_t(r)].begin(), input[size_t(r)].end(), gpu[size_t(r)].begin());
+            const int64_t events_before = fake_cuda::event_calls;
+            const cudaError_t err =
+                cuda_p2p::ring_allreduce({dtype_of<T>(), OP, count, seg, align, form == 0}, ranks);
+            ++checks;
+            if (err != cudaSuccess && ++failures <= 20) std::fprintf(stderr, "ring_allreduce returned %d\n", int(err));
+            ++checks;
+            if (staging_mask < 0 && fake_cuda::event_calls != events_before && ++failures <= 20)
+              std::fprintf(stderr, "one-stream ring made %ld event calls\n", long(fake_cuda::event_calls - events_before));
+            for (int r = 0; r < n; ++r) {
+              std::snprintf(what, sizeof(what), "ring %s %s n=%d count=%ld segment_bytes=%ld staging=%d form=%s rank=%d",
+                            dtype_name(dtype_of<T>()), op_name(OP), n, long(count), long(segment_bytes), staging_mask,
+                            form == 0 ? "one launch" : "per segment", r);
+              expect_equal(gpu[size_t(r)].data(), cpu[size_t(r)].data(), size_t(count) * size_t(ts), what);
+            }
           }
         }
 }

@@ -65,14 +65,44 @@ cudaError_t run_step(const RingOptions& opt, const std::vector<RingRank>& ranks,
   return cudaErrorInvalidValue;
 }
 
-// The ring's result for ranks that share one stream (one GPU) and n <=
-// kMaxReducePtrs: ONE launch of the rotated ring kernel (ring_one_gpu.h),
-// which folds segment j of every window starting from rank j's data, then
-// ranks j+1, ..., j+n-1 (mod n), in the accumulator type, and finalizes once,
-// writing all n ranks: the schedule's bits (and the CPU ring's) with no
-// accumulator buffers and no events, where one reduce launch per segment took
-// n launches per window.
-cudaError_t ring_by_segments(const RingOptions& opt, const std::vector<RingRank>& ranks) {
+// The ring's result computed segment by segment, for ranks that share one
+// stream (one GPU) and n <= kMaxReducePtrs. The schedule folds segment j of a
+// window starting from rank j's data, then ranks j+1, ..., j+n-1 (mod n), in
+// the accumulator type, and finalizes once: exactly what reduce_kernel does
+// with its sources in that rotated order. So one launch per segment, writing
+// all n ranks, gives the schedule's bits (and the CPU ring's) with n launches
+// per window instead of 2(n-1) launches and copies per rank, and no
+// accumulator buffers. Every destination is also a source at the same offset,
+// which the kernel allows (each element is read from every source first).
+cudaError_t ring_launch_per_segment(const RingOptions& opt, const std::vector<RingRank>& ranks) {
+  const int n = int(ranks.size());
+  const int64_t ts = dtype_size(opt.dtype);
+  const int64_t window = opt.segment_elems * n;
+  FASTPAR_CUDA_TRY(cudaSetDevice(ranks[0].device));
+  for (int64_t w = 0; w < num_windows(opt.count, window); ++w) {
+    const int64_t wbegin = w * window;
+    const int64_t wend = std::min(opt.count, wbegin + window);
+    for (int j = 0; j < n; ++j) {
+      const Range seg = split_range(wbegin, wend, n, j, opt.align);
+      if (seg.size() == 0) continue;
+      cuda_kernels::ReduceLaunch a;
+      for (int i = 0; i < n; ++i) {
+        a.srcs[i] = at_elem(ranks[size_t(ring_mod(j + i, n))].data, seg.begin, ts);
+        a.dsts[i] = at_elem(ranks[size_t(i)].data, seg.begin, ts);
+      }
+      a.nsrc = a.ndst = n;
+      a.count = seg.size();
+      a.contributions = n;
+      FASTPAR_CUDA_TRY(cuda_kernels::launch_reduce(opt.dtype, opt.op, a, ranks[0].stream));
+    }
+  }
+  return cudaSuccess;
+}
+
+// The same result in ONE launch of the rotated ring kernel (ring_one_gpu.h),
+// which walks every segment of every window with its sources in that rotated
+// order itself: no accumulator buffers, no events, one stream operation.
+cudaError_t ring_one_launch(const RingOptions& opt, const std::vector<RingRank>& ranks) {
   const int n = int(ranks.size());
   const int64_t ts = dtype_size(opt.dtype);
   RotatedRingArgs a{};
@@ -113,7 +143,8 @@ cudaError_t ring_allreduce(const RingOptions& opt, const std::vector<RingRank>& 
   // no events at all; the host emulation test runs exactly this order.
   bool one_stream = true;
   for (const RingRank& r : ranks) one_stream = one_stream && r.stream == ranks[0].stream && r.device == ranks[0].device;
-  if (one_stream && n <= cuda_kernels::kMaxReducePtrs) return ring_by_segments(opt, ranks);
+  if (one_stream && n <= cuda_kernels::kMaxReducePtrs)
+    return opt.one_launch ? ring_one_launch(opt, ranks) : ring_launch_per_segment(opt, ranks);
   // One stream but more ranks than reduce_kernel reads: the schedule itself,
   // in stream order (no events).
   // One event per rank (on its device), from the process-wide cache.

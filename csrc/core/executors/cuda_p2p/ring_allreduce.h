@@ -19,9 +19,9 @@
 // apart and windows pipeline through the ring.
 //
 // All ranks on one stream (one GPU): no events; with n <= 8 ranks the result
-// is computed by one launch of the rotated ring kernel (same bits, see
-// ring_one_gpu.h and ring_by_segments in the .cpp), else the schedule runs in
-// stream order.
+// is computed by one launch of the rotated ring kernel or by one reduce launch
+// per segment (RingOptions::one_launch; same bits, see ring_one_gpu.h and the
+// .cpp), else the schedule runs in stream order.
 //
 // The caller orders the streams after whatever produced the data before the
 // call and orders its consumers after every stream at the end (the ops layer's
@@ -58,6 +58,10 @@ struct RingOptions {
   int64_t count;          // elements per rank
   int64_t segment_elems;  // a window is n segments
   int64_t align;          // segment boundaries are multiples of this many elements
+  // Ranks on one stream (one GPU), n <= kMaxReducePtrs: true, one launch of the
+  // rotated ring kernel (ring_one_gpu.h); false, one reduce launch per segment
+  // (n per window), the form that ran on a GPU first. Same bits either way.
+  bool one_launch = true;
 };
 
 // Bytes of one accumulator element (float for float16/bfloat16).
