@@ -96,19 +96,6 @@ struct FusedArgs {
   int nblocks;
 };
 
-template <class Mem, class Poll>
-FASTPAR_HD flags::WaitStatus fused_wait_flag(const uint64_t* word, uint64_t seq, uint64_t deadline, const Poll& poll) {
-  for (;;) {
-    for (int i = 0; i < flags::kPollSpins; ++i) {
-      if (Mem::load_acquire(word) >= seq) return flags::WaitStatus::kOk;
-      Mem::pause();
-    }
-    const flags::WaitStatus s = poll();  // the host abort word and every peer's abort word
-    if (s != flags::WaitStatus::kOk) return s;
-    if (Mem::now_ns() > deadline) return Mem::load_acquire(word) >= seq ? flags::WaitStatus::kOk : flags::WaitStatus::kTimeout;
-  }
-}
-
 // Thread 0 of block b, once the block's copy-in is done (__syncthreads):
 // arrive, then wait for block b of every peer. Returns the failure, if any,
 // already recorded (status word, mirror, abort word).

@@ -380,20 +380,7 @@ FASTPAR_HD flags::WaitStatus two_shot_barrier(const TwoShotArgs& a, int b, int64
     if (b == 0) {
       s = flags::wait_and_check<Mem>(p.peers[q], mine, deadline, poll, &theirs);
     } else {
-      for (;;) {  // fused_wait_flag, with TwoShotPoll
-        int i = 0;
-        for (; i < flags::kPollSpins; ++i) {
-          if (Mem::load_acquire(&a.peer_blocks[q][b].value) >= mine.seq) break;
-          Mem::pause();
-        }
-        if (i < flags::kPollSpins) break;
-        s = poll();
-        if (s != flags::WaitStatus::kOk) break;
-        if (Mem::now_ns() > deadline) {
-          if (Mem::load_acquire(&a.peer_blocks[q][b].value) < mine.seq) s = flags::WaitStatus::kTimeout;
-          break;
-        }
-      }
+      s = fused_wait_flag<Mem>(&a.peer_blocks[q][b].value, mine.seq, deadline, poll);
     }
   }
   if (s != flags::WaitStatus::kOk) record_failure<Mem>(p, s, q - 1, &theirs, &mine);

@@ -61,6 +61,22 @@ struct PhasePoll {
 // after the record); losers raise the abort word only. Returns the status
 // that stands. `mine`: this rank's descriptor of the failed phase where it is
 // not a.desc (the fused two-shot's later phases), null otherwise.
+// A fused kernel's wait for one peer block's flag to reach `seq`: spins, then
+// asks `poll` (the host abort word, the peers' abort words, and whatever else
+// the kernel must stop for) between rounds, until the deadline.
+template <class Mem, class Poll>
+FASTPAR_HD flags::WaitStatus fused_wait_flag(const uint64_t* word, uint64_t seq, uint64_t deadline, const Poll& poll) {
+  for (;;) {
+    for (int i = 0; i < flags::kPollSpins; ++i) {
+      if (Mem::load_acquire(word) >= seq) return flags::WaitStatus::kOk;
+      Mem::pause();
+    }
+    const flags::WaitStatus s = poll();  // the host abort word and every peer's abort word
+    if (s != flags::WaitStatus::kOk) return s;
+    if (Mem::now_ns() > deadline) return Mem::load_acquire(word) >= seq ? flags::WaitStatus::kOk : flags::WaitStatus::kTimeout;
+  }
+}
+
 template <class Mem>
 FASTPAR_HD uint32_t record_failure(const PhaseArgs& a, flags::WaitStatus s, int peer = -1,
                                    const flags::OpDesc* theirs = nullptr, const flags::OpDesc* mine = nullptr) {
