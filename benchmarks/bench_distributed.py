@@ -6,17 +6,24 @@ fastpar registered buffers.
     python benchmarks/bench_distributed.py --quick         # < 1 min
     python benchmarks/bench_distributed.py --ranks 4 --csv out.csv --plot out.png
     python benchmarks/bench_distributed.py --groups 12 --quick   # run-to-run spread
-    python benchmarks/bench_distributed.py --groups 6 --sizes 1M,16M,64M --no-gloo   # the spread targets
+    python benchmarks/bench_distributed.py --groups 10 --sizes 1M,64M --no-gloo --csv g.csv --plot g.png
+                                        # per group: fastpar beside Open MPI, placement measured
     python benchmarks/bench_distributed.py --dtype bfloat16 --quick
 
 --groups G runs the sweep in G fresh process groups, one after another (new
-processes, new shared-memory segments), and reports min / median / max of
-each point over the groups and fastpar's spread (max / min over the groups)
-at 1, 16 and 64 MiB, plus what each group's ranks saw of the scheduler (CPUs
-they ran on, migrations, involuntary context switches, page faults) and
-fastpar's time over a local copy of the same tensor timed in the same group,
-so a slow group can be told apart from a slow machine (docs/measurements.md,
-"The slow mode of large messages").
+processes, new shared-memory segments), each followed at once by Open MPI's
+MPI_Allreduce on the same sizes (mpirun + mpi4py, when installed; --no-mpi
+leaves it out), and reports min / median / max of each point over the groups
+and each one's spread (max / min over the groups); per group, fastpar's time
+over Open MPI's, the placement the group measured (shm_placement.h: the
+schedule it chose, the probe's near / far times) beside the near and far
+schedules forced, what each group's ranks saw of the scheduler (CPUs they ran
+on, migrations, involuntary context switches, page faults) and fastpar's time
+over a local copy of the same tensor timed in the same group, so a slow group
+can be told apart from a slow machine (docs/measurements.md, "The slow mode
+of large messages"); the targets (fastpar <= 0.8x Open MPI in every group at
+1 and 64 MiB; its spread <= Open MPI's + 0.2), a CSV per point and per group,
+and a plot per size.
 
 time is per call (the slowest rank's mean), algbw = bytes / time,
 busbw = algbw * 2(n-1)/n (the bytes each rank's link must carry in any
@@ -36,6 +43,7 @@ import tempfile
 import time
 
 from launch import add_rank_options, run_or_launch, run_ranks
+from mpi_baseline import mpi_sweep
 
 
 def human(b: int) -> str:
@@ -133,6 +141,7 @@ def worker(args) -> None:
     before = sched_stats()
     cpus = set()
     default_one_shot = int(os.environ.get("FASTPAR_SHM_ONESHOT_MAX_BYTES", -1))
+    default_placement = os.environ.get("FASTPAR_SHM_PLACEMENT", "") or "auto"
     rows = []
     dtype = getattr(torch, args.dtype)
     for nbytes in sizes(args.min_bytes, args.max_bytes, args.quick, args.sizes):
@@ -141,7 +150,8 @@ def worker(args) -> None:
         reg = fd.registered_empty((count,), dtype)
         reg.fill_(1.0)
         # (name, call, group, schedule): schedule forces fastpar's allreduce
-        # algorithm for that entry (0 = auto), to place the auto threshold.
+        # algorithm for that entry (0 = auto), to place the auto threshold, or
+        # its placement ("near" / "far").
         kinds = [("fastpar", lambda: dist.all_reduce(plain), None, 0),
                  ("fastpar_registered", lambda: dist.all_reduce(reg), None, 0)]
         if not args.no_gloo:
@@ -154,6 +164,10 @@ def worker(args) -> None:
             kinds.append(("local_copy", lambda: scratch.copy_(plain), None, 0))
         if args.schedules:
             kinds += [("fastpar_one_shot", kinds[1][1], None, 1), ("fastpar_two_shot", kinds[1][1], None, 2)]
+        if args.placements or args.json:
+            # The two-shot family's near and far schedules forced (shm_placement.h),
+            # beside "fastpar", which runs what the group measured.
+            kinds += [("fastpar_near", kinds[1][1], None, "near"), ("fastpar_far", kinds[1][1], None, "far")]
         if nccl is not None:
             g = torch.ones(count, dtype=torch.float32, device=f"cuda:{rank}")
             kinds.append(("nccl", lambda: dist.all_reduce(g, group=nccl), nccl, 0))
@@ -162,11 +176,19 @@ def worker(args) -> None:
         row = {"bytes": count * dtype.itemsize}
         for _ in range(args.repeats):
             for name, fn, group, algo in kinds:
-                if algo:
+                if isinstance(algo, str):
+                    be._set_shm_placement(algo)
+                elif algo:
                     be._set_allreduce_tuning(1 << 62, algo)
                 t = measure_once(fn, group)
-                if algo:
+                if isinstance(algo, str):
+                    be._set_shm_placement(default_placement)  # auto measures again at the next large call
+                elif algo:
                     be._set_allreduce_tuning(default_one_shot, 0)
+                if name == "fastpar":
+                    pl = fd.placement()
+                    row["placement"] = pl["schedule"] if pl["measured"] else "-"
+                    row["probe_near_us"], row["probe_far_us"] = pl["near_us"], pl["far_us"]
                 row[name] = min(row.get(name, float("inf")), t)
                 cpus.add(sched_stats()["cpu"])
         del reg
@@ -199,8 +221,8 @@ def write_csv(path: str, records: list) -> None:
 
 
 def report(rows, n: int, args) -> None:
-    kinds = [k for k in ("gloo", "fastpar", "fastpar_registered", "fastpar_one_shot", "fastpar_two_shot", "nccl")
-             if k in rows[0]]
+    kinds = [k for k in ("gloo", "fastpar", "fastpar_registered", "fastpar_one_shot", "fastpar_two_shot",
+                         "fastpar_near", "fastpar_far", "nccl") if k in rows[0]]
     factor = 2 * (n - 1) / n
     head = f"{'size':>9} " + " ".join(f"{k + ' us':>20} {'busbw GB/s':>10}" for k in kinds)
     head += (f" {'fastpar/gloo':>12}" if "gloo" in kinds else "") + f" {'reg/plain':>9}"
@@ -250,10 +272,18 @@ def report(rows, n: int, args) -> None:
         print(f"wrote {args.plot}")
 
 
+GROUP_KINDS = ("gloo", "fastpar", "fastpar_near", "fastpar_far", "fastpar_registered", "mpi", "nccl")
+
+
 def report_groups(groups: list, n: int, args) -> None:
-    """min / median / max over fresh groups of each point's time, and each
-    group's scheduler figures."""
-    kinds = [k for k in ("gloo", "fastpar", "fastpar_registered", "nccl") if k in groups[0]["rows"][0]]
+    """min / median / max over fresh groups of each point's time; per group,
+    fastpar against Open MPI measured right after it, the placement the group
+    measured and the schedule it ran, and the ranks' scheduler figures."""
+    for g in groups:  # Open MPI's times into the rows, as one more kind
+        for r in g["rows"]:
+            if g.get("mpi"):
+                r["mpi"] = g["mpi"][r["bytes"]]
+    kinds = [k for k in GROUP_KINDS if all(k in g["rows"][0] for g in groups)]
     print(f"\nallreduce {args.dtype} SUM, {n} ranks, {len(groups)} fresh groups: us per call "
           f"(slowest rank's mean, best of {args.repeats} in each group), min / median / max over groups")
     print(f"{'size':>9} " + " ".join(f"{k:>30}" for k in kinds) + f" {'fastpar max/min':>16}")
@@ -264,28 +294,90 @@ def report_groups(groups: list, n: int, args) -> None:
         for k in kinds:
             ts = sorted(g["rows"][i][k] * 1e6 for g in groups)
             lo, med, hi = ts[0], statistics.median(ts), ts[-1]
-            rec.update({f"{k}_min_us": lo, f"{k}_median_us": med, f"{k}_max_us": hi})
+            rec.update({f"{k}_min_us": lo, f"{k}_median_us": med, f"{k}_max_us": hi, f"{k}_max_over_min": hi / lo})
             line += f"{lo:>9.1f} / {med:>8.1f} / {hi:>8.1f} "
-        rec["fastpar_max_over_min"] = rec["fastpar_max_us"] / rec["fastpar_min_us"]
         line += f"{rec['fastpar_max_over_min']:>16.2f}"
         print(line)
         out.append(rec)
-    spread = {r["bytes"]: r["fastpar_max_over_min"] for r in out if r["bytes"] in (1 << 20, 16 << 20, 64 << 20)}
-    if spread:
-        print(f"fastpar spread (max / min over {len(groups)} fresh groups): "
-              + ", ".join(f"{human(b)} {v:.2f}x" for b, v in sorted(spread.items())) + "  (target <= 1.3x)")
-    print("\nper group, at the largest size: fastpar us, and its time over a local copy of the same tensor "
-          "(every rank at once, measured between the allreduce runs; a group whose allreduce slows while its "
-          "copy does not has a slow path between its cores); each rank's CPUs / migrations / involuntary "
-          "context switches / minor page faults during the sweep")
+    print("\nper group: fastpar's time (its measured schedule, and the probe's near / far us) over Open MPI's, "
+          "and over a local copy of the same tensor (every rank at once, measured between the allreduce runs: "
+          "a group whose allreduce slows while its copy does not has a slow path between its cores)")
+    per_group = []
     for g_i, g in enumerate(groups):
-        ranks = "  ".join(f"r{r}: cpus {s['cpus']} mig {s['migrations']} invol {s['nonvol_switches']} "
-                          f"flt {s['minor_faults']}" for r, s in enumerate(g["ranks"]))
-        last = g["rows"][-1]
-        print(f"  group {g_i:>2}: {last['fastpar'] * 1e6:>10.1f} us  {last['fastpar'] / last['local_copy']:>5.2f}x "
-              f"copy   {ranks}")
+        cells = []
+        for r in g["rows"]:
+            rec = {"group": g_i, "bytes": r["bytes"], "placement": r.get("placement", "-"),
+                   "probe_near_us": r.get("probe_near_us", 0), "probe_far_us": r.get("probe_far_us", 0),
+                   "fastpar_over_copy": r["fastpar"] / r["local_copy"]}
+            for k in kinds:
+                rec[f"{k}_us"] = r[k] * 1e6
+            if "mpi" in kinds:
+                rec["fastpar_over_mpi"] = r["fastpar"] / r["mpi"]
+            per_group.append(rec)
+            ratio = f" {rec['fastpar_over_mpi']:.2f}x MPI" if "mpi" in kinds else ""
+            cells.append(f"{human(r['bytes'])} {r['fastpar'] * 1e6:.0f} us{ratio} {rec['fastpar_over_copy']:.2f}x copy "
+                         f"[{rec['placement']} {rec['probe_near_us']:.0f}/{rec['probe_far_us']:.0f}]")
+        print(f"  group {g_i:>2}: " + "; ".join(cells))
+        print("            " + "  ".join(f"r{r}: cpus {s['cpus']} mig {s['migrations']} invol {s['nonvol_switches']} "
+                                       f"flt {s['minor_faults']}" for r, s in enumerate(g["ranks"])))
+    targets(out, per_group, kinds)
     if args.csv:
         write_csv(args.csv, out)
+        base, ext = os.path.splitext(args.csv)
+        write_csv(f"{base}_per_group{ext or '.csv'}", per_group)
+    if args.plot:
+        plot_groups(per_group, kinds, n, args)
+
+
+def targets(out: list, per_group: list, kinds: list) -> None:
+    """The per-group targets: fastpar at most 0.8x Open MPI's time at 1 and
+    64 MiB in every group, and fastpar's spread over the groups at most Open
+    MPI's plus 0.2."""
+    if "mpi" not in kinds:
+        print("Open MPI: not measured (needs mpirun and mpi4py; --no-mpi skips it)")
+        return
+    for b in (1 << 20, 64 << 20):
+        ratios = [r["fastpar_over_mpi"] for r in per_group if r["bytes"] == b]
+        if not ratios:
+            continue
+        worst = max(ratios)
+        print(f"{human(b)}: fastpar / Open MPI per group {min(ratios):.2f}-{worst:.2f} "
+              f"({'met' if worst <= 0.8 else 'missed'}: target <= 0.8 in every group)")
+    for rec in out:
+        if rec["bytes"] in (1 << 20, 64 << 20):
+            f, m = rec["fastpar_max_over_min"], rec["mpi_max_over_min"]
+            print(f"{human(rec['bytes'])}: spread (max / min over groups) fastpar {f:.2f}, Open MPI {m:.2f} "
+                  f"({'met' if f <= m + 0.2 else 'missed'}: target fastpar <= Open MPI + 0.2)")
+
+
+def plot_groups(per_group: list, kinds: list, n: int, args) -> None:
+    """One panel per size: each kind's time in each group (a group's slow
+    mode shows as a column that rises for some kinds and not others)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not importable: skipping the plot (pip install matplotlib)")
+        return
+    sizes_ = sorted({r["bytes"] for r in per_group})
+    fig, axes = plt.subplots(1, len(sizes_), figsize=(5 * len(sizes_), 4.5), squeeze=False)
+    for ax, b in zip(axes[0], sizes_):
+        rows = [r for r in per_group if r["bytes"] == b]
+        for k in kinds:
+            ax.plot([r["group"] for r in rows], [r[f"{k}_us"] for r in rows], marker="o", label=k)
+        ax.set_yscale("log")
+        ax.set_xticks([r["group"] for r in rows])
+        ax.set_xlabel("fresh group")
+        ax.set_ylabel("us per call")
+        ax.set_title(f"{human(b)}, {n} ranks")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(f"allreduce {args.dtype}: fastpar (measured placement, near, far) beside Open MPI per fresh group",
+                 y=1.02)
+    fig.savefig(args.plot, dpi=110, bbox_inches="tight")
+    print(f"wrote {args.plot}")
 
 
 # ------------------------------------------------------------------ launcher
@@ -310,6 +402,10 @@ def main() -> None:
     p.add_argument("--schedules", action="store_true",
                    help="also time fastpar's one-shot and two-shot schedules forced (one-shot only up to "
                         "FASTPAR_SHM_SLOT_BYTES)")
+    p.add_argument("--placements", action="store_true",
+                   help="also time fastpar's near and far schedules forced (FASTPAR_SHM_PLACEMENT); "
+                        "--groups always does")
+    p.add_argument("--no-mpi", action="store_true", help="--groups: leave Open MPI out")
     p.add_argument("--groups", type=int, default=1,
                    help="run the sweep in this many fresh process groups and report min / median / max")
     p.add_argument("--json", default=None, help=argparse.SUPPRESS)  # one group's raw results (set by --groups)
@@ -325,6 +421,11 @@ def main() -> None:
                 run_ranks(__file__, sys.argv[1:] + ["--json", path], args.ranks)
                 with open(path) as f:
                     groups.append(json.load(f))
+                if not args.no_mpi:
+                    # Open MPI on the same sizes, in the same minutes as this group
+                    groups[-1]["mpi"] = mpi_sweep([r["bytes"] for r in groups[-1]["rows"]], args.ranks,
+                                                  repeats=args.repeats, budget_s=0.05 if args.quick else 0.25,
+                                                  max_iters=args.max_iters)
         report_groups(groups, args.ranks, args)
         return
     run_or_launch(p, args, worker, __file__)

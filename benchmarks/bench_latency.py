@@ -34,8 +34,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import shutil
-import subprocess
 import sys
 import time
 
@@ -134,48 +132,14 @@ def report(rows: dict, args) -> None:
         print("Open MPI: not measured (needs mpirun and mpi4py; --no-mpi skips it)")
 
 
-def mpi_worker(args) -> None:
-    """One rank under mpirun: prints the slowest rank's best us per MPI_Allreduce."""
-    import numpy as np
-    from mpi4py import MPI
-
-    comm = MPI.COMM_WORLD
-    buf = np.ones(max(1, args.bytes // 4), dtype=np.float32)
-    best = float("inf")
-    for _ in range(args.repeats):
-        for _ in range(max(10, args.iters // 10)):
-            comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
-        comm.Barrier()
-        t0 = time.perf_counter()
-        for _ in range(args.iters):
-            comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
-        best = min(best, comm.allreduce((time.perf_counter() - t0) / args.iters, op=MPI.MAX))
-    if comm.Get_rank() == 0:
-        print(f"MPI_US {best * 1e6:.4f}", flush=True)
-
-
 def measure_mpi(args):
     """us per call of Open MPI's allreduce, or None where it is not installed."""
-    mpirun = shutil.which("mpirun")
-    if args.no_mpi or not mpirun:
+    if args.no_mpi:
         return None
-    try:
-        import mpi4py  # noqa: F401
-    except ImportError:
-        return None
-    # --oversubscribe only where needed: it also switches Open MPI to yielding
-    # while it waits, which would handicap it. By default it binds ranks to cores.
-    over = ["--oversubscribe"] if args.ranks > (os.cpu_count() or 1) else []
-    cmd = [mpirun, "--allow-run-as-root", *over, "-n", str(args.ranks), sys.executable,
-           os.path.abspath(__file__), "--mpi-worker", "--bytes", str(args.bytes), "--iters", str(args.iters),
-           "--repeats", str(args.repeats)]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"})
-    for line in out.stdout.splitlines():
-        if line.startswith("MPI_US "):
-            return float(line.split()[1])
-    print(f"Open MPI run failed (rc {out.returncode}): {out.stderr[-400:]}", file=sys.stderr)
-    return None
+    from mpi_baseline import mpi_sweep
+
+    got = mpi_sweep([args.bytes], args.ranks, repeats=args.repeats, budget_s=1.0, max_iters=args.iters)
+    return None if got is None else got[args.bytes] * 1e6
 
 
 def main() -> None:
@@ -186,11 +150,8 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--no-mpi", action="store_true", help="skip the Open MPI baseline")
     p.add_argument("--csv", default=None, help="write the table to this CSV file (path, bytes, us_per_call)")
-    p.add_argument("--mpi-worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--mpi-us", type=float, default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
-    if args.mpi_worker:
-        return mpi_worker(args)
     if args.rank < 0 and args.mpi_us is None:
         us = measure_mpi(args)
         if us is not None:

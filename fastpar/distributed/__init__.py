@@ -29,6 +29,7 @@ from .backend import (
     create_backend,
     cuda_supported,
     get_fastpar_backend,
+    placement,
     register,
     registered_empty,
 )
@@ -36,6 +37,6 @@ from .direct import all_gather_into_tensor, all_reduce, broadcast
 
 __all__ = ["SEGMENT_PREFIX", "all_gather_into_tensor", "all_reduce", "broadcast", "core_binding", "create_backend",
            "cuda_supported",
-           "get_fastpar_backend", "register", "registered_empty"]
+           "get_fastpar_backend", "placement", "register", "registered_empty"]
 
 register()

@@ -175,6 +175,25 @@ def core_binding() -> list[int] | None:
     return None if _binding is None else list(_binding)
 
 
+def placement(group=None) -> dict:
+    """How `group`'s CPU all_reduce moves data between its ranks on this host.
+
+    Large all_reduce calls (the two-shot schedules) run "near" (slots written
+    with ordinary stores, read from the writer's cache) or "far" (streaming
+    stores: read from memory; for ranks on different dies or sockets). With
+    FASTPAR_SHM_PLACEMENT=auto (the default) the group measures both at its
+    first large call and again when its calls' rate drifts; "near" / "far"
+    force one. Keys: mode (the knob), schedule (what large calls run now),
+    measured, near_us / far_us (the latest probe: the slowest rank's time to
+    pass 1 MiB through a slot each way), probes, checks (drift agreements),
+    large_calls, cpus (core_binding()). Not collective; the same on every rank
+    of the group.
+    """
+    d = get_fastpar_backend(group)._shm_placement()
+    d["cpus"] = core_binding()
+    return d
+
+
 def _gloo(store, rank: int, size: int, timeout: datetime.timedelta):
     return dist.ProcessGroupGloo(store, rank, size, timeout)
 

@@ -1,8 +1,9 @@
 // The CPU reduce loop: fixed order, in-place aliasing, fp32 accumulation for
 // 16-bit floats, AVG as a division (on integers NCCL's: the wrapped sum
 // divided by n, truncated toward zero), non-temporal stores on aligned and
-// misaligned destinations.
+// misaligned destinations; stream_copy at every alignment.
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -12,6 +13,21 @@
 using namespace fastpar;
 
 int main() {
+  // stream_copy: the bytes of memcpy for every head / tail split, and nothing
+  // written outside [dst, dst + bytes).
+  for (int64_t dst_off = 0; dst_off < 16; ++dst_off)
+    for (int64_t src_off : {0, 3, 8})
+      for (int64_t bytes : {0, 1, 15, 16, 17, 31, 64, 100, 4096 + 7}) {
+        std::vector<unsigned char> src(size_t(bytes + 32));
+        for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<unsigned char>(i * 7 + 1);
+        alignas(64) static unsigned char aligned[4096 + 128];
+        unsigned char* d = aligned + dst_off;
+        std::memset(aligned, 0xAB, sizeof(aligned));
+        stream_copy(d, src.data() + src_off, bytes);
+        CHECK(std::memcmp(d, src.data() + src_off, size_t(bytes)) == 0);
+        CHECK(dst_off == 0 || aligned[dst_off - 1] == 0xAB);
+        CHECK(d[bytes] == 0xAB);
+      }
   // In place, 3 sources, every block/tail length around kCpuBlock, both store paths.
   for (bool streaming : {false, true}) {
     for (int64_t count : {int64_t(0), int64_t(1), kCpuBlock - 1, kCpuBlock, kCpuBlock + 1, 3 * kCpuBlock + 5}) {

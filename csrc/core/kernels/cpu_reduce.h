@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "cpu_reduce_simd.h"
 #include "reduce_ops.h"
@@ -55,6 +56,27 @@ inline void stream_store_fence() {
 #if defined(__SSE2__)
   _mm_sfence();  // non-temporal stores are weakly ordered: publish before returning
 #endif
+}
+
+// memcpy with non-temporal stores for any alignment (ordinary stores for the
+// bytes before dst's first 16-byte boundary and after its last), fenced: the
+// far-placement allreduce publishes its slots this way so that a peer reads
+// them from memory instead of from this core's cache (shm_placement.h).
+inline void stream_copy(void* dst, const void* src, int64_t bytes) {
+  char* d = static_cast<char*>(dst);
+  const char* s = static_cast<const char*>(src);
+#if defined(__SSE2__)
+  const int64_t head = std::min<int64_t>(bytes, int64_t((16 - (reinterpret_cast<uintptr_t>(d) & 15)) & 15));
+  std::memcpy(d, s, size_t(head));
+  d += head, s += head, bytes -= head;
+  auto* dv = reinterpret_cast<__m128i*>(d);
+  const auto* sv = reinterpret_cast<const __m128i*>(s);
+  const int64_t vecs = bytes / 16;
+  for (int64_t i = 0; i < vecs; ++i) _mm_stream_si128(dv + i, _mm_loadu_si128(sv + i));
+  d += vecs * 16, s += vecs * 16, bytes -= vecs * 16;
+#endif
+  std::memcpy(d, s, size_t(bytes));
+  stream_store_fence();
 }
 
 // Writes one finished block (`out`, already in T) to every destination.

@@ -476,6 +476,31 @@ to be constructed by hand).)")
            py::arg("input"), py::call_guard<py::gil_scoped_release>())
       .def("_set_allreduce_tuning", &Backend::set_allreduce_tuning, py::arg("one_shot_max_bytes"),
            py::arg("algo"))
+      .def("_shm_placement",
+           [](Backend& b) {
+             const cpu_shm::PlacementReport r = b.shm().placement();
+             py::dict d;
+             d["mode"] = cpu_shm::placement_mode_name(r.mode);
+             d["schedule"] = r.far ? "far" : "near";
+             d["measured"] = r.measured;
+             d["near_us"] = r.last.near_us;
+             d["far_us"] = r.last.far_us;
+             d["probes"] = r.probes;
+             d["checks"] = r.checks;
+             d["large_calls"] = r.large_calls;
+             return d;
+           })
+      .def(
+          "_set_shm_placement",
+          [](Backend& b, const std::string& mode) {
+            try {
+              b.shm().set_placement(cpu_shm::parse_placement_mode(mode, "mode"));
+            } catch (const std::invalid_argument& e) {
+              TORCH_CHECK_VALUE(false, e.what());
+            }
+          },
+          py::arg("mode"))
+      .def("_mark_shm_placement_drifted", [](Backend& b) { b.shm().mark_placement_drifted(); })
       .def_property_readonly("hierarchical", &Backend::hierarchical)
       .def_property_readonly("local_size", &Backend::local_size)
       .def_property_readonly("hierarchical_calls", &Backend::hierarchical_calls)

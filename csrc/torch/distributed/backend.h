@@ -134,6 +134,8 @@ class Backend : public c10d::Backend {
   int64_t hierarchical_calls() const;
   c10::intrusive_ptr<Engine> cuda_engine() const { return cuda_; }
   void set_allreduce_tuning(int64_t one_shot_max_bytes, int algo);
+  // This host's shared-memory engine's placement (shm_placement.h).
+  ShmEngine& shm() { return *shm_; }
 
  private:
   // The engine for tensors like `t` (named `name` in `op`'s errors).

@@ -46,6 +46,12 @@ ShmKnobs shm_knobs(std::chrono::milliseconds timeout) {
   else
     TORCH_CHECK_VALUE(s.empty() || s == "auto", "fastpar: FASTPAR_SHM_ALLREDUCE is '", s,
                       "' but must be 'auto', 'one_shot' or 'two_shot'");
+  const char* pl = std::getenv("FASTPAR_SHM_PLACEMENT");
+  try {
+    t.placement = cpu_shm::parse_placement_mode(pl ? pl : "", "FASTPAR_SHM_PLACEMENT");
+  } catch (const std::invalid_argument& e) {
+    TORCH_CHECK_VALUE(false, e.what());
+  }
   return k;
 }
 

@@ -126,7 +126,7 @@ char* ptr(const at::Tensor& t) { return static_cast<char*>(t.data_ptr()); }
 
 ShmEngine::ShmEngine(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::vector<int> global_ranks,
                      const cpu_shm::ShmOptions& options, const cpu_shm::ShmTuning& tuning)
-    : Engine(rank, size), tuning_(tuning), timeout_(options.timeout) {
+    : Engine(rank, size), tuning_(tuning), placement_(tuning.placement), timeout_(options.timeout) {
   cpu_shm::Rendezvous rv;
   rv.set = [store](const std::string& k, const std::string& v) {
     store->set(k, std::vector<uint8_t>(v.begin(), v.end()));
@@ -153,7 +153,7 @@ std::unique_lock<std::mutex> ShmEngine::start(std::chrono::milliseconds t) {
 void ShmEngine::allreduce_now(const at::Tensor& t, ReduceOp op, std::chrono::milliseconds timeout) {
   auto g = start(timeout);
   const Reduction r = reduction(t, op);
-  FASTPAR_RUN(cpu_shm::allreduce(*comm_, tuning_, t.data_ptr(), t.data_ptr(), r.count, r.dtype, r.op));
+  FASTPAR_RUN(cpu_shm::allreduce(*comm_, tuning_, placement_, t.data_ptr(), t.data_ptr(), r.count, r.dtype, r.op));
 }
 
 c10::intrusive_ptr<c10d::Work> ShmEngine::allreduce(std::vector<at::Tensor>& tensors,
@@ -161,7 +161,7 @@ c10::intrusive_ptr<c10d::Work> ShmEngine::allreduce(std::vector<at::Tensor>& ten
   const at::Tensor& t = tensors[0];
   auto g = start(opts.timeout);
   const Reduction r = reduction(t, ReduceOp(int(opts.reduceOp.op_)));
-  FASTPAR_RUN(cpu_shm::allreduce(*comm_, tuning_, t.data_ptr(), t.data_ptr(), r.count, r.dtype, r.op));
+  FASTPAR_RUN(cpu_shm::allreduce(*comm_, tuning_, placement_, t.data_ptr(), t.data_ptr(), r.count, r.dtype, r.op));
   return recycle(spare_allreduce_, c10d::OpType::ALLREDUCE, tensors);
 }
 
@@ -292,6 +292,21 @@ void ShmEngine::set_allreduce_tuning(int64_t one_shot_max_bytes, int algo) {
   std::lock_guard<std::mutex> g(mu_);
   tuning_.one_shot_max_bytes = one_shot_max_bytes;
   tuning_.algo = cpu_shm::AllreduceAlgo(algo);
+}
+
+cpu_shm::PlacementReport ShmEngine::placement() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return placement_.report();
+}
+
+void ShmEngine::set_placement(cpu_shm::PlacementMode mode) {
+  std::lock_guard<std::mutex> g(mu_);
+  placement_.set_mode(mode);
+}
+
+void ShmEngine::mark_placement_drifted() {
+  std::lock_guard<std::mutex> g(mu_);
+  placement_.mark_drifted();
 }
 
 }  // namespace distributed

@@ -71,6 +71,12 @@ class ShmEngine : public Engine {
   bool is_registered(const at::Tensor& t) const override;
   // Benchmarks flip schedules at run time (every rank must set the same).
   void set_allreduce_tuning(int64_t one_shot_max_bytes, int algo);
+  // The placement the two-shot allreduce measured and runs for (shm_placement.h);
+  // set_placement forces or releases it (every rank the same), mark_drifted is
+  // the tests' way to make this rank report drift.
+  cpu_shm::PlacementReport placement() const;
+  void set_placement(cpu_shm::PlacementMode mode);
+  void mark_placement_drifted();
 
  private:
   // Serializes calls and sets the call's timeout on the communicator.
@@ -79,8 +85,9 @@ class ShmEngine : public Engine {
   std::shared_ptr<cpu_shm::ShmComm> comm_;
   std::shared_ptr<cpu_shm::ShmP2P> p2p_;  // point to point over comm_'s segments
   cpu_shm::ShmTuning tuning_;
+  cpu_shm::Placement placement_;  // guarded by mu_
   std::chrono::milliseconds timeout_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   // The Work allreduce returned last, handed out again (refilled) when its
   // caller has dropped it: dist.all_reduce drops it after wait(), so the hot
   // path allocates no Work. Guarded by mu_.

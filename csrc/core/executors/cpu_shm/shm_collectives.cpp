@@ -10,6 +10,7 @@
 #include "../../algorithms/copy_collectives_slots.h"
 #include "../../algorithms/reduce_slots.h"
 #include "../../kernels/cpu_reduce.h"
+#include "../../transport/cpu_shm/host_memory.h"
 
 namespace fastpar {
 namespace cpu_shm {
@@ -17,26 +18,28 @@ namespace cpu_shm {
 namespace {
 
 // The Reducer of the slot schedules on the CPU: the element math of
-// cpu_reduce.h for one dtype and op, on the calling thread.
+// cpu_reduce.h for one dtype and op, on the calling thread. `streaming`: the
+// results go out with non-temporal stores (the far schedule, shm_placement.h).
 template <typename T, ReduceOp OP>
 struct CpuReducer {
+  bool streaming;
   void operator()(const void* const* srcs, int nsrc, void* const* dsts, int ndst, int64_t count) const {
     const T* s[kMaxShmRanks];
     T* d[2];
     for (int i = 0; i < nsrc; ++i) s[i] = static_cast<const T*>(srcs[i]);
     for (int i = 0; i < ndst; ++i) d[i] = static_cast<T*>(dsts[i]);
-    cpu_reduce_range<T, OP>(s, nsrc, d, ndst, 0, count, nsrc);
+    cpu_reduce_range<T, OP>(s, nsrc, d, ndst, 0, count, nsrc, streaming);
   }
 };
 
-// Runs `f(CpuReducer<T, OP>{}, sizeof(T))` for runtime dt / op. A bitwise op
-// on floats has no reducer: the front refuses it before any call starts.
+// Runs `f(CpuReducer<T, OP>{streaming}, sizeof(T))` for runtime dt / op. A
+// bitwise op on floats has no reducer: the front refuses it before any call starts.
 template <class F>
-void with_reducer(DType dt, ReduceOp op, F&& f) {
+void with_reducer(DType dt, ReduceOp op, F&& f, bool streaming = false) {
   bool ran = false;
   FASTPAR_DISPATCH_DTYPE(dt, [&] {
     FASTPAR_DISPATCH_CPU_OP(op, [&] {
-      f(CpuReducer<scalar_t, kOp>{}, int64_t(sizeof(scalar_t)));
+      f(CpuReducer<scalar_t, kOp>{streaming}, int64_t(sizeof(scalar_t)));
       ran = true;
     });
   });
@@ -80,7 +83,8 @@ std::atomic<int64_t> registered_calls{0};
 
 int64_t registered_allreduce_calls() { return registered_calls.load(std::memory_order_relaxed); }
 
-void allreduce(ShmComm& c, const ShmTuning& t, const void* in, void* out, int64_t count, DType dt, ReduceOp op) {
+void allreduce(ShmComm& c, const ShmTuning& t, Placement& placement, const void* in, void* out, int64_t count,
+               DType dt, ReduceOp op) {
   const int64_t bytes = count * dtype_size(dt);
   const int64_t reg = (in == out && bytes >= t.registered_min_bytes) ? c.arena_offset(in, bytes) : -1;
   const int64_t one_shot_max = t.one_shot_max_bytes >= 0 ? t.one_shot_max_bytes : default_one_shot_max(c.size());
@@ -95,16 +99,29 @@ void allreduce(ShmComm& c, const ShmTuning& t, const void* in, void* out, int64_
   c.begin(Coll::kAllreduce, c.timeout());
   const char* i = static_cast<const char*>(in);
   char* o = static_cast<char*>(out);
-  with_reducer(dt, op, [&](auto reduce, int64_t es) {
-    if (one_shot) {
-      allreduce_one_shot(c, call, i, o, count, es, reduce);
-    } else if (reg >= 0) {
-      registered_calls.fetch_add(1, std::memory_order_relaxed);
-      allreduce_registered(c, call, reg, count, es, c.slot_bytes() / es, reduce);
-    } else {
-      allreduce_two_shot(c, call, i, o, count, es, reduce);
-    }
-  });
+  if (one_shot) {
+    with_reducer(dt, op, [&](auto reduce, int64_t es) { allreduce_one_shot(c, call, i, o, count, es, reduce); });
+    return;
+  }
+  // The two-shot family: near or far (collective: may probe the placement first).
+  const bool far = placement.choose(c);
+  StreamingSlots streaming(c);
+  const uint64_t t0 = HostMemory::now_ns();
+  with_reducer(
+      dt, op,
+      [&](auto reduce, int64_t es) {
+        if (reg >= 0) {
+          registered_calls.fetch_add(1, std::memory_order_relaxed);
+          if (far) allreduce_registered(streaming, call, reg, count, es, c.slot_bytes() / es, reduce);
+          else allreduce_registered(c, call, reg, count, es, c.slot_bytes() / es, reduce);
+        } else if (far) {
+          allreduce_two_shot(streaming, call, i, o, count, es, reduce);
+        } else {
+          allreduce_two_shot(c, call, i, o, count, es, reduce);
+        }
+      },
+      far);
+  placement.record(bytes, HostMemory::now_ns() - t0);
 }
 
 void reduce(ShmComm& c, const void* in, void* out, int64_t count, DType dt, ReduceOp op, int root) {

@@ -7,6 +7,7 @@
 
 #include "../../kernels/reduce_ops.h"
 #include "../../transport/cpu_shm/shm_comm.h"
+#include "shm_placement.h"
 
 namespace fastpar {
 namespace cpu_shm {
@@ -23,16 +24,22 @@ struct ShmTuning {
   // (allreduce_registered); smaller ones run the copying schedules in place,
   // which measured faster for them (see shm_collectives.cpp).
   int64_t registered_min_bytes;
+  // How the two-shot family crosses between the ranks' caches (shm_placement.h).
+  PlacementMode placement = PlacementMode::kAuto;
 };
 
 // The measured defaults (shm_collectives.cpp); the torch layer overrides them
 // from FASTPAR_SHM_ONESHOT_MAX_BYTES, _REGISTERED_MIN_BYTES and
-// FASTPAR_SHM_ALLREDUCE=auto|one_shot|two_shot (torch/distributed/knobs.h).
+// FASTPAR_SHM_ALLREDUCE=auto|one_shot|two_shot and FASTPAR_SHM_PLACEMENT=auto|near|far
+// (torch/distributed/knobs.h).
 ShmTuning default_shm_tuning();
 
 // In place is allowed (in == out). If `in` lies in this rank's registered arena
 // the registered schedule runs (no copy-in) when the size calls for two-shot.
-void allreduce(ShmComm& c, const ShmTuning& t, const void* in, void* out, int64_t count, DType dt, ReduceOp op);
+// Calls of the two-shot family run near or far as `placement` chooses (it is
+// the communicator's: the same object for every call).
+void allreduce(ShmComm& c, const ShmTuning& t, Placement& placement, const void* in, void* out, int64_t count,
+               DType dt, ReduceOp op);
 // How many allreduce calls of this process took the registered schedule: the
 // tests' proof that a registered buffer skipped the copy-in (the result alone
 // is the same either way).

@@ -1,0 +1,140 @@
+"""The near and far schedules of the CPU all_reduce (shm_placement.h): the
+same bits as each other and as the reference, forced or measured, plain and
+registered tensors; the measurement's report; the drift agreement; the knob."""
+import pytest
+import torch
+import torch.distributed as dist
+
+import fastpar.distributed as fd
+from batched_scenarios import InBatch, batched, scenario_result, shapes
+from dist_harness import assert_ok, scenario
+from reference import DTYPES, exact_data, random_data, reference
+from worker_context import ARGS, RANK, WORLD, check, finish, init, ops_for, same_bits_everywhere
+
+pytestmark = pytest.mark.usefixtures("no_leftover_segments")
+
+# With the batch's 4 KiB slots every size here runs the two-shot family
+# (forced below) over 1 to 40 chunks.
+SIZES = (1, 1000, 40_003)
+
+
+def _run_all(mode: str) -> dict:
+    """Every dtype x op x size, plain and registered, under placement `mode`:
+    results by case, each checked against the reference."""
+    b = fd.get_fastpar_backend()
+    b._set_shm_placement(mode)
+    out = {}
+    seed = 0
+    for dtype in DTYPES:
+        for op in ops_for(dtype):
+            for n in SIZES:
+                seed += 1
+                exact = op != dist.ReduceOp.AVG
+                xs = [(exact_data if exact else random_data)(q, n, dtype, seed) for q in range(WORLD)]
+                t = xs[RANK].clone()
+                dist.all_reduce(t, op=op)
+                what = f"{mode}: all_reduce {dtype} {op} n={n}"
+                check(t, reference(xs, op), what, exact=exact)
+                r = fd.registered_empty((n,), dtype)
+                r.copy_(xs[RANK])
+                dist.all_reduce(r, op=op)
+                assert torch.equal(r, t), f"{what}: registered differs from plain"
+                out[(str(dtype), str(op), n)] = t
+                del r
+    return out
+
+
+@scenario
+def sc_placement_modes():
+    """Near, far and measured give the same bits, on every rank; the report
+    says what ran."""
+    init()
+    b = fd.get_fastpar_backend()
+    b._set_allreduce_tuning(-1, 2)  # two-shot at every size
+    results = {m: _run_all(m) for m in ("near", "far", "auto")}
+    for case, t in results["near"].items():
+        for m in ("far", "auto"):
+            assert torch.equal(results[m][case], t), f"{case}: {m} differs from near"
+    same_bits_everywhere(torch.cat([t.view(torch.uint8).flatten() for t in results["far"].values()]), "far")
+    p = fd.placement()
+    assert p["mode"] == "auto" and p["measured"] and p["probes"] >= 1, p
+    assert p["schedule"] in ("near", "far") and p["near_us"] > 0 and p["far_us"] > 0, p
+    # Every rank took the same decision from the same numbers.
+    got = [None] * WORLD
+    dist.all_gather_object(got, (p["schedule"], p["near_us"], p["far_us"], p["probes"]))
+    assert all(g == got[0] for g in got), got
+    for m in ("near", "far"):
+        b._set_shm_placement(m)
+        assert fd.placement()["schedule"] == m and fd.placement()["mode"] == m
+    finish()
+
+
+@pytest.mark.parametrize("device,layout,world", shapes(cpu_worlds=[2, 3, 4], cuda_layouts=[]))
+@batched(sc_placement_modes)
+def test_near_far_and_measured_give_the_same_bits(request, device, layout, world):
+    assert_ok(scenario_result(request))
+
+
+@scenario
+def sc_placement_drift():
+    """One rank reports drift: at the next check every rank probes again,
+    and all take the same decision."""
+    init()
+    b = fd.get_fastpar_backend()
+    b._set_allreduce_tuning(-1, 2)
+    b._set_shm_placement("auto")
+    t = torch.ones(5000)
+
+    def call():
+        t.fill_(1.0)
+        dist.all_reduce(t)
+        assert torch.all(t == WORLD)
+
+    call()  # the first large call probes
+    p = fd.placement()
+    assert p["probes"] == 1 and p["large_calls"] == 1, p
+    if RANK == int(ARGS[0]):
+        b._mark_shm_placement_drifted()
+    for _ in range(31):  # up to the 32nd large call: the check
+        call()
+    # The forced drift made every rank probe again (and any rank's own
+    # drift, which a loaded machine can cause, would too): every rank the
+    # same count and the same decision.
+    p = fd.placement()
+    assert p["large_calls"] == 32 and p["checks"] == 1 and p["probes"] >= 2, p
+    for _ in range(32):
+        call()
+    p = fd.placement()
+    assert p["checks"] == 2, p
+    got = [None] * WORLD
+    dist.all_gather_object(got, (p["probes"], p["schedule"], p["near_us"], p["far_us"]))
+    assert all(g == got[0] for g in got), got
+    # Small calls (one-shot) neither count nor probe.
+    b._set_allreduce_tuning(-1, 0)
+    dist.all_reduce(torch.ones(4))
+    assert fd.placement()["large_calls"] == 64
+    finish()
+
+
+@pytest.mark.parametrize("device,layout,world", shapes(cpu_worlds=[2, 3], cuda_layouts=[]))
+@batched(lambda p: InBatch(sc_placement_drift, [str(p["world"] - 1)]))
+def test_one_ranks_drift_makes_every_rank_probe_again(request, device, layout, world):
+    assert_ok(scenario_result(request))
+
+
+def test_placement_knob_is_checked_and_forces_the_schedule(monkeypatch):
+    store = dist.HashStore()
+    monkeypatch.setenv("FASTPAR_SHM_PLACEMENT", "spread")
+    with pytest.raises(ValueError, match="FASTPAR_SHM_PLACEMENT is 'spread' but must be 'auto', 'near' or 'far'"):
+        dist.init_process_group("fastpar", store=store, rank=0, world_size=1)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    monkeypatch.setenv("FASTPAR_SHM_PLACEMENT", "far")
+    dist.init_process_group("fastpar", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        p = fd.placement()
+        assert (p["mode"], p["schedule"], p["measured"]) == ("far", "far", False), p
+        with pytest.raises(ValueError, match="mode is 'sideways' but must be 'auto', 'near' or 'far'"):
+            fd.get_fastpar_backend()._set_shm_placement("sideways")
+    finally:
+        dist.destroy_process_group()
