@@ -6,10 +6,15 @@ machine's), 2 packages x 2 L3 domains x 4 CPUs, a machine whose caches are not
 shown (the packages stand in), and no sysfs at all."""
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 
 import pytest
 
+from dist_harness import ROOT
+from fastpar.distributed import topology
 from fastpar.distributed.topology import Topology, parse_cpulist, parse_mode, place, read_topology
 
 
@@ -213,3 +218,35 @@ def test_parse_mode():
     with pytest.raises(ValueError, match="FASTPAR_BIND_CORES is 'bogus'"):
         place([0, 1], 2, "bogus", None)
 
+
+def test_bind_cores_and_report():
+    """In a fresh process (binding changes the whole process's CPUs): with
+    FASTPAR_BIND_CORES=1, local rank 1 of 2 gets place()'s second share of this
+    machine, binding_report() says so, and the threads run there."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 CPUs")
+    code = (
+        "import json, os\n"
+        "import fastpar.distributed as fd\n"
+        "from fastpar.distributed import backend, topology\n"
+        "before = fd.binding_report()\n"
+        "expected = topology.place(os.sched_getaffinity(0), 2, 'compact', topology.read_topology())[1]\n"
+        "backend._bind_cores(1, 2)\n"
+        "print(json.dumps({'before': before, 'expected': expected, 'after': fd.binding_report(),\n"
+        "                  'core_binding': fd.core_binding(), 'affinity': sorted(os.sched_getaffinity(0))}))\n"
+    )
+    env = dict(os.environ, FASTPAR_BIND_CORES="1", PYTHONPATH=os.pathsep.join(
+        [ROOT] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["before"]["bound"] is False and got["before"]["mode"] == "compact"
+    assert got["core_binding"] == got["affinity"] == got["expected"] == got["after"]["cpus"]
+    topo = topology.read_topology()
+    assert got["after"] == {"mode": "compact", "bound": True, "cpus": got["expected"],
+                            **topo.describe(got["expected"]), "domain_source": topo.domain_source}
+
+    env["FASTPAR_BIND_CORES"] = "sometimes"
+    out = subprocess.run([sys.executable, "-c", "from fastpar.distributed import backend; backend._bind_cores(0, 2)"],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "FASTPAR_BIND_CORES is 'sometimes'" in out.stderr, out.stderr
