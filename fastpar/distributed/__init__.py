@@ -25,6 +25,7 @@ collectives as dist.*, synchronous, without torch.distributed's per-call path.
 """
 from .backend import (
     SEGMENT_PREFIX,
+    binding_report,
     core_binding,
     create_backend,
     cuda_supported,
@@ -35,8 +36,8 @@ from .backend import (
 )
 from .direct import all_gather_into_tensor, all_reduce, broadcast
 
-__all__ = ["SEGMENT_PREFIX", "all_gather_into_tensor", "all_reduce", "broadcast", "core_binding", "create_backend",
-           "cuda_supported",
+__all__ = ["SEGMENT_PREFIX", "all_gather_into_tensor", "all_reduce", "binding_report", "broadcast", "core_binding",
+           "create_backend", "cuda_supported",
            "get_fastpar_backend", "placement", "register", "registered_empty"]
 
 register()

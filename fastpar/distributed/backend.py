@@ -42,6 +42,7 @@ import torch.distributed as dist
 from fastpar_autoload import BACKEND_NAME, register  # noqa: F401  (the one registration; re-exported)
 
 from .. import _C
+from . import topology
 
 SEGMENT_PREFIX: str = _C.SHM_SEGMENT_PREFIX
 
@@ -119,20 +120,15 @@ def _exchange_hosts(store, rank: int, size: int, timeout: datetime.timedelta) ->
     return [store.get(k).decode() for k in keys]
 
 
-# The CPUs this process was bound to by _bind_cores, or None.
+# The CPUs this process was bound to by _bind_cores, or None; the mode it ran under.
 _binding: list[int] | None = None
+_binding_mode: str | None = None
 
 
-def _online_cpus() -> set[int]:
-    try:
-        with open("/sys/devices/system/cpu/online") as f:
-            out = set()
-            for part in f.read().strip().split(","):
-                lo, _, hi = part.partition("-")
-                out.update(range(int(lo), int(hi or lo) + 1))
-            return out
-    except (OSError, ValueError):
-        return set(range(os.cpu_count() or 1))
+def _online_cpus(topo: topology.Topology | None = None) -> set[int]:
+    """The online CPUs sysfs shows (of `topo`, else read now); all os.cpu_count() where it shows none."""
+    online = (topo if topo is not None else topology.read_topology()).cpus
+    return set(online) if online else set(range(os.cpu_count() or 1))
 
 
 def _bind_cores(local_index: int, local_size: int) -> None:
@@ -143,36 +139,56 @@ def _bind_cores(local_index: int, local_size: int) -> None:
     share one core while the other runs something else, and every collective
     then waits for time slices: bench_distributed.py --groups measured 2-4x
     slower groups that way (docs/measurements.md, "Run-to-run stability"). So the first
-    fastpar group binds local rank i to the i-th of local_size equal slices of
-    the CPUs it may use, all threads included. FASTPAR_BIND_CORES: "auto"
-    (default: only when the process may use every online CPU, i.e. nobody —
-    taskset, numactl, a launcher — has chosen already, and there are at least
-    as many CPUs as local ranks), "1" (partition whatever CPUs the process
-    has), "0" (never). core_binding() tells what was done."""
-    global _binding
-    mode = os.environ.get("FASTPAR_BIND_CORES", "auto").strip() or "auto"
-    if mode not in ("auto", "0", "1"):
-        raise ValueError(f"FASTPAR_BIND_CORES is {mode!r} but must be 'auto', '0' or '1'")
+    fastpar group binds each local rank to its own CPUs, all threads included,
+    placed by topology.place(): "compact" keeps the ranks in as few L3 domains
+    as they fit in (a cache line between two L3 domains or packages costs 4-5x
+    one inside a domain), "spread" puts them round-robin on the domains (one
+    per package first). FASTPAR_BIND_CORES: "auto" (default: compact, only
+    when the process may use every online CPU, i.e. nobody — taskset, numactl,
+    a launcher — has chosen already, and there are at least as many CPUs as
+    local ranks), "compact" or "1" (partition whatever CPUs the process has),
+    "spread" (the same, spread), "0" (never). core_binding() and
+    binding_report() tell what was done."""
+    global _binding, _binding_mode
+    mode = topology.parse_mode(os.environ.get("FASTPAR_BIND_CORES"))
     if _binding is not None or mode == "0" or local_size < 2 or not hasattr(os, "sched_setaffinity"):
         return
-    mine = os.sched_getaffinity(0)
-    if mode == "auto" and mine != _online_cpus():
+    topo = topology.read_topology()
+    shares = topology.place(os.sched_getaffinity(0), local_size, mode, topo,
+                            online=_online_cpus(topo))
+    if shares is None:
         return
-    cpus = sorted(mine)
-    if len(cpus) < local_size:
-        return
-    share = cpus[local_index * len(cpus) // local_size:(local_index + 1) * len(cpus) // local_size]
+    share = shares[local_index]
     for tid in os.listdir("/proc/self/task"):  # every thread: torch's pools exist already
         try:
             os.sched_setaffinity(int(tid), share)
         except OSError:
             pass  # a thread that has just exited
-    _binding = share
+    _binding, _binding_mode = share, mode
 
 
 def core_binding() -> list[int] | None:
     """The CPUs fastpar bound this process to (see FASTPAR_BIND_CORES), or None."""
     return None if _binding is None else list(_binding)
+
+
+def binding_report() -> dict:
+    """Where this process runs, against the machine's topology:
+    {"mode": the FASTPAR_BIND_CORES mode ("auto", "compact", "spread", "0";
+    the one the binding ran under once bound, else the variable's now),
+    "bound": whether fastpar bound it, "cpus": its CPUs (the binding's, else
+    every CPU it may use), "l3_domains", "packages", "numa_nodes": which of
+    them those CPUs touch (indices into topology.read_topology().domains, package and
+    node ids; None where sysfs does not show them), "domain_source": "l3",
+    "package" (no L3 shown: packages stand in) or None}."""
+    topo = topology.read_topology()
+    if _binding is not None:
+        mode, cpus = _binding_mode, list(_binding)
+    else:
+        mode = topology.parse_mode(os.environ.get("FASTPAR_BIND_CORES"))
+        cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else sorted(_online_cpus())
+    return {"mode": mode, "bound": _binding is not None, "cpus": cpus, **topo.describe(cpus),
+            "domain_source": topo.domain_source}
 
 
 def placement(group=None) -> dict:
@@ -186,11 +202,12 @@ def placement(group=None) -> dict:
     force one. Keys: mode (the knob), schedule (what large calls run now),
     measured, near_us / far_us (the latest probe: the slowest rank's time to
     pass 1 MiB through a slot each way), probes, checks (drift agreements),
-    large_calls, cpus (core_binding()). Not collective; the same on every rank
-    of the group.
+    large_calls, and binding: this rank's binding_report() (its CPUs and the
+    L3 domains, packages and NUMA nodes they touch). Not collective; the
+    same on every rank of the group but for binding.
     """
     d = get_fastpar_backend(group)._shm_placement()
-    d["cpus"] = core_binding()
+    d["binding"] = binding_report()
     return d
 
 
