@@ -16,8 +16,8 @@ MPI_Allreduce on the same sizes (mpirun + mpi4py, when installed; --no-mpi
 leaves it out), and reports min / median / max of each point over the groups
 and each one's spread (max / min over the groups); per group, fastpar's time
 over Open MPI's, the placement the group measured (shm_placement.h: the
-schedule it chose, the probe's near / far times) beside the near and far
-schedules forced, what each group's ranks saw of the scheduler (CPUs they ran
+form each size chose and its trials' times) beside the near and far forms
+forced, what each group's ranks saw of the scheduler (CPUs they ran
 on, migrations, involuntary context switches, page faults) and fastpar's time
 over a local copy of the same tensor timed in the same group, so a slow group
 can be told apart from a slow machine (docs/measurements.md, "The slow mode
@@ -185,10 +185,11 @@ def worker(args) -> None:
                     be._set_shm_placement(default_placement)  # auto measures again at the next large call
                 elif algo:
                     be._set_allreduce_tuning(default_one_shot, 0)
-                if name == "fastpar":
-                    pl = fd.placement()
-                    row["placement"] = pl["schedule"] if pl["measured"] else "-"
-                    row["probe_near_us"], row["probe_far_us"] = pl["near_us"], pl["far_us"]
+                if name == "fastpar":  # the form this size's class chose, and its trials' times
+                    nb = count * dtype.itemsize
+                    k = next((k for k in fd.placement()["classes"] if k["min_bytes"] <= nb < 2 * k["min_bytes"]),
+                             {"schedule": "-", "near_us": 0.0, "far_us": 0.0})
+                    row["placement"], row["trial_near_us"], row["trial_far_us"] = k["schedule"], k["near_us"], k["far_us"]
                 row[name] = min(row.get(name, float("inf")), t)
                 cpus.add(sched_stats()["cpu"])
         del reg
@@ -299,15 +300,16 @@ def report_groups(groups: list, n: int, args) -> None:
         line += f"{rec['fastpar_max_over_min']:>16.2f}"
         print(line)
         out.append(rec)
-    print("\nper group: fastpar's time (its measured schedule, and the probe's near / far us) over Open MPI's, "
-          "and over a local copy of the same tensor (every rank at once, measured between the allreduce runs: "
+    print("\nper group: fastpar's time over Open MPI's [the form its size class chose: its trials' best near / far "
+          "us, the slowest rank's], and over a local copy of the same tensor "
+          "(every rank at once, measured between the allreduce runs: "
           "a group whose allreduce slows while its copy does not has a slow path between its cores)")
     per_group = []
     for g_i, g in enumerate(groups):
         cells = []
         for r in g["rows"]:
             rec = {"group": g_i, "bytes": r["bytes"], "placement": r.get("placement", "-"),
-                   "probe_near_us": r.get("probe_near_us", 0), "probe_far_us": r.get("probe_far_us", 0),
+                   "trial_near_us": r.get("trial_near_us", 0), "trial_far_us": r.get("trial_far_us", 0),
                    "fastpar_over_copy": r["fastpar"] / r["local_copy"]}
             for k in kinds:
                 rec[f"{k}_us"] = r[k] * 1e6
@@ -316,7 +318,7 @@ def report_groups(groups: list, n: int, args) -> None:
             per_group.append(rec)
             ratio = f" {rec['fastpar_over_mpi']:.2f}x MPI" if "mpi" in kinds else ""
             cells.append(f"{human(r['bytes'])} {r['fastpar'] * 1e6:.0f} us{ratio} {rec['fastpar_over_copy']:.2f}x copy "
-                         f"[{rec['placement']} {rec['probe_near_us']:.0f}/{rec['probe_far_us']:.0f}]")
+                         f"[{rec['placement']} {rec['trial_near_us']:.0f}/{rec['trial_far_us']:.0f}]")
         print(f"  group {g_i:>2}: " + "; ".join(cells))
         print("            " + "  ".join(f"r{r}: cpus {s['cpus']} mig {s['migrations']} invol {s['nonvol_switches']} "
                                        f"flt {s['minor_faults']}" for r, s in enumerate(g["ranks"])))

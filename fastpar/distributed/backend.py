@@ -197,14 +197,16 @@ def placement(group=None) -> dict:
     Large all_reduce calls (the two-shot schedules) run "near" (slots written
     with ordinary stores, read from the writer's cache) or "far" (streaming
     stores: read from memory; for ranks on different dies or sockets). With
-    FASTPAR_SHM_PLACEMENT=auto (the default) the group measures both at its
-    first large call and again when its calls' rate drifts; "near" / "far"
-    force one. Keys: mode (the knob), schedule (what large calls run now),
-    measured, near_us / far_us (the latest probe: the slowest rank's time to
-    pass 1 MiB through a slot each way), probes, checks (drift agreements),
-    large_calls, and binding: this rank's binding_report() (its CPUs and the
-    L3 domains, packages and NUMA nodes they touch). Not collective; the
-    same on every rank of the group but for binding.
+    FASTPAR_SHM_PLACEMENT=auto (the default) the group times both forms on
+    the first calls of each size class (a power of two of bytes) and keeps the
+    faster, and measures again when its calls' rate drifts; "near" / "far"
+    force one. Keys: mode (the knob), schedule (the form of the latest large
+    call), classes (per size class seen: min_bytes, schedule "near" / "far" /
+    "measuring", near_us / far_us: the best trial of each form, the slowest
+    rank's once decided, this rank's while measuring), decisions, checks
+    (drift agreements), large_calls, and binding: this rank's
+    binding_report() (its CPUs and the L3 domains, packages and NUMA nodes
+    they touch). Not collective; decided classes read the same on every rank.
     """
     d = get_fastpar_backend(group)._shm_placement()
     d["binding"] = binding_report()

@@ -57,11 +57,14 @@ def sc_placement_modes():
             assert torch.equal(results[m][case], t), f"{case}: {m} differs from near"
     same_bits_everywhere(torch.cat([t.view(torch.uint8).flatten() for t in results["far"].values()]), "far")
     p = fd.placement()
-    assert p["mode"] == "auto" and p["measured"] and p["probes"] >= 1, p
-    assert p["schedule"] in ("near", "far") and p["near_us"] > 0 and p["far_us"] > 0, p
-    # Every rank took the same decision from the same numbers.
+    assert p["mode"] == "auto" and p["decisions"] >= 1 and p["classes"], p
+    for k in p["classes"]:
+        assert k["schedule"] in ("near", "far", "measuring") and k["near_us"] > 0, p
+        assert k["schedule"] == "measuring" or k["far_us"] > 0, p
+    # Every rank took the same decisions from the same numbers.
     got = [None] * WORLD
-    dist.all_gather_object(got, (p["schedule"], p["near_us"], p["far_us"], p["probes"]))
+    decided = [k for k in p["classes"] if k["schedule"] != "measuring"]  # a trial's times are the rank's own
+    dist.all_gather_object(got, (decided, p["decisions"], p["checks"], p["large_calls"]))
     assert all(g == got[0] for g in got), got
     for m in ("near", "far"):
         b._set_shm_placement(m)
@@ -77,7 +80,7 @@ def test_near_far_and_measured_give_the_same_bits(request, device, layout, world
 
 @scenario
 def sc_placement_drift():
-    """One rank reports drift: at the next check every rank probes again,
+    """One rank reports drift: at the next check every rank measures again,
     and all take the same decision."""
     init()
     b = fd.get_fastpar_backend()
@@ -90,26 +93,28 @@ def sc_placement_drift():
         dist.all_reduce(t)
         assert torch.all(t == WORLD)
 
-    call()  # the first large call probes
+    for _ in range(5):  # 4 trials (near, far, near, far), then the decision
+        call()
     p = fd.placement()
-    assert p["probes"] == 1 and p["large_calls"] == 1, p
+    assert p["decisions"] == 1 and p["large_calls"] == 5 and len(p["classes"]) == 1, p
+    assert p["classes"][0]["min_bytes"] == 16384 and p["classes"][0]["schedule"] in ("near", "far"), p
     if RANK == int(ARGS[0]):
         b._mark_shm_placement_drifted()
-    for _ in range(31):  # up to the 32nd large call: the check
+    for _ in range(31):  # the 32nd large call holds the check: trials again, decided at the 36th
         call()
-    # The forced drift made every rank probe again (and any rank's own
+    # The forced drift made every rank measure again (and any rank's own
     # drift, which a loaded machine can cause, would too): every rank the
     # same count and the same decision.
     p = fd.placement()
-    assert p["large_calls"] == 32 and p["checks"] == 1 and p["probes"] >= 2, p
-    for _ in range(32):
+    assert p["large_calls"] == 36 and p["checks"] == 1 and p["decisions"] >= 2, p
+    for _ in range(28):
         call()
     p = fd.placement()
     assert p["checks"] == 2, p
     got = [None] * WORLD
-    dist.all_gather_object(got, (p["probes"], p["schedule"], p["near_us"], p["far_us"]))
+    dist.all_gather_object(got, (p["decisions"], [k for k in p["classes"] if k["schedule"] != "measuring"]))
     assert all(g == got[0] for g in got), got
-    # Small calls (one-shot) neither count nor probe.
+    # Small calls (one-shot) neither count nor measure.
     b._set_allreduce_tuning(-1, 0)
     dist.all_reduce(torch.ones(4))
     assert fd.placement()["large_calls"] == 64
@@ -118,7 +123,7 @@ def sc_placement_drift():
 
 @pytest.mark.parametrize("device,layout,world", shapes(cpu_worlds=[2, 3], cuda_layouts=[]))
 @batched(lambda p: InBatch(sc_placement_drift, [str(p["world"] - 1)]))
-def test_one_ranks_drift_makes_every_rank_probe_again(request, device, layout, world):
+def test_one_ranks_drift_makes_every_rank_measure_again(request, device, layout, world):
     assert_ok(scenario_result(request))
 
 
@@ -133,7 +138,7 @@ def test_placement_knob_is_checked_and_forces_the_schedule(monkeypatch):
     dist.init_process_group("fastpar", store=dist.HashStore(), rank=0, world_size=1)
     try:
         p = fd.placement()
-        assert (p["mode"], p["schedule"], p["measured"]) == ("far", "far", False), p
+        assert (p["mode"], p["schedule"], p["classes"], p["decisions"]) == ("far", "far", [], 0), p
         with pytest.raises(ValueError, match="mode is 'sideways' but must be 'auto', 'near' or 'far'"):
             fd.get_fastpar_backend()._set_shm_placement("sideways")
     finally:

@@ -56,6 +56,8 @@ constexpr int64_t kAuxGraphed = kAuxOneShot + 3;
 // registered_empty's agreement from a rank whose registered arena had no room.
 constexpr int64_t kAuxNoFit = kAuxOneShot + 4;
 constexpr int64_t kAuxFusedTwoShot = kAuxOneShot + 5;
+// The CPU allreduce's placement exchanges (cpu_shm/shm_placement.h).
+constexpr int64_t kAuxPlacement = kAuxOneShot + 6;
 
 // Descriptor dtypes from here up are torch dtypes fastpar has no element
 // math for (kForeignDType + the ScalarType code): the copy collectives still
@@ -96,6 +98,7 @@ inline std::string describe(const flags::OpDesc& d) {
   else if (d.aux == kAuxGraphed) s += ", schedule=graphed";
   else if (d.aux == kAuxFusedTwoShot) s += ", schedule=fused_two_shot";
   else if (d.aux == kAuxNoFit) s += ", registered arena full";
+  else if (d.aux == kAuxPlacement) s += ", placement exchange";
   else if (d.aux >= 0) s += ", registered offset=" + std::to_string(d.aux);
   return s + ")";
 }

@@ -482,10 +482,17 @@ to be constructed by hand).)")
              py::dict d;
              d["mode"] = cpu_shm::placement_mode_name(r.mode);
              d["schedule"] = r.far ? "far" : "near";
-             d["measured"] = r.measured;
-             d["near_us"] = r.last.near_us;
-             d["far_us"] = r.last.far_us;
-             d["probes"] = r.probes;
+             py::list classes;
+             for (const cpu_shm::PlacementClass& k : r.classes) {
+               py::dict e;
+               e["min_bytes"] = k.min_bytes;
+               e["schedule"] = !k.decided ? "measuring" : k.far ? "far" : "near";
+               e["near_us"] = k.near_us;
+               e["far_us"] = k.far_us;
+               classes.append(e);
+             }
+             d["classes"] = classes;
+             d["decisions"] = r.decisions;
              d["checks"] = r.checks;
              d["large_calls"] = r.large_calls;
              return d;

@@ -103,8 +103,8 @@ void allreduce(ShmComm& c, const ShmTuning& t, Placement& placement, const void*
     with_reducer(dt, op, [&](auto reduce, int64_t es) { allreduce_one_shot(c, call, i, o, count, es, reduce); });
     return;
   }
-  // The two-shot family: near or far (collective: may probe the placement first).
-  const bool far = placement.choose(c);
+  // The two-shot family: near or far (collective: may agree on the placement first).
+  const bool far = placement.choose(c, bytes);
   StreamingSlots streaming(c);
   const uint64_t t0 = HostMemory::now_ns();
   with_reducer(
@@ -121,7 +121,7 @@ void allreduce(ShmComm& c, const ShmTuning& t, Placement& placement, const void*
         }
       },
       far);
-  placement.record(bytes, HostMemory::now_ns() - t0);
+  placement.record(HostMemory::now_ns() - t0);
 }
 
 void reduce(ShmComm& c, const void* in, void* out, int64_t count, DType dt, ReduceOp op, int root) {

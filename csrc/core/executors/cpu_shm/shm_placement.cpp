@@ -1,13 +1,10 @@
 #include "shm_placement.h"
 
 #include <algorithm>
-#include <cstring>
-#include <limits>
 #include <stdexcept>
 #include <vector>
 
 #include "../../algorithms/copy_collectives_slots.h"
-#include "../../transport/cpu_shm/host_memory.h"
 
 namespace fastpar {
 namespace cpu_shm {
@@ -30,68 +27,57 @@ const char* placement_mode_name(PlacementMode m) {
 
 namespace {
 
-// The probe's phases carry the allreduce's descriptor with this aux, so a rank
-// that probes while a peer runs the schedule fails as a mismatch, not a hang.
-constexpr int64_t kAuxProbe = kAuxOneShot + 16;
-constexpr int kProbeRounds = 4;  // per way, alternating; the best counts (the first touches pages)
-
-// Every rank's `mine`, in rank order, on every rank (one allgather through the slots).
+// Every rank's `mine`, in rank order, on every rank (one allgather through the
+// slots, with the allreduce's descriptor marked kAuxPlacement: a rank that
+// exchanges while a peer runs the schedule fails as a mismatch, not a hang).
 template <class T>
 std::vector<T> allgather_value(ShmComm& c, const T& mine) {
   const int n = c.size();
   std::vector<T> all(static_cast<size_t>(n));
   std::vector<char*> outs(static_cast<size_t>(n));
   for (int q = 0; q < n; ++q) outs[q] = reinterpret_cast<char*>(&all[q]);
-  gather_slots(c, CollCall{Coll::kAllreduce, -1, DType::U8, -1, -1, kAuxProbe}, reinterpret_cast<const char*>(&mine),
-               outs.data(), int64_t(sizeof(T)), -1);
+  gather_slots(c, CollCall{Coll::kAllreduce, -1, DType::U8, -1, -1, kAuxPlacement},
+               reinterpret_cast<const char*>(&mine), outs.data(), int64_t(sizeof(T)), -1);
   return all;
 }
 
+int class_of(int64_t bytes) { return bytes <= 1 ? 0 : 63 - __builtin_clzll(uint64_t(bytes)); }
+
 }  // namespace
 
-bool Placement::choose(ShmComm& c) {
+bool Placement::choose(ShmComm& c, int64_t bytes) {
   ++large_calls_;
-  if (mode_ != PlacementMode::kAuto) return mode_ == PlacementMode::kFar;
-  if (c.size() < 2) return false;
-  if (!measured_ || (large_calls_ % kCheckEvery == 0 && agree_drift(c))) probe(c);
-  return far_;
+  current_ = -1;
+  current_trial_ = false;
+  if (mode_ != PlacementMode::kAuto || c.size() < 2) return current_far_ = mode_ == PlacementMode::kFar;
+  if (large_calls_ % kCheckEvery == 0 && agree_drift(c)) reset();
+  current_ = std::min(kClasses - 1, class_of(bytes));
+  bytes_ = bytes;
+  Class& k = classes_[current_];
+  if (!k.decided && k.trials < kTrials) {
+    current_trial_ = true;
+    current_far_ = k.trials++ % 2 == 1;
+    return current_far_;
+  }
+  if (!k.decided) decide(c, k);
+  return current_far_ = k.far;
 }
 
-// Each rank publishes kProbeBytes into its slot, one phase, and reads its
-// successor's slot, timing the whole crossing; the ways alternate round by
-// round so that both see the same moment of the machine. Then every rank's
-// best times go to every rank and each takes the same decision from the
-// slowest rank's: far only when the near way is clearly slower.
-void Placement::probe(ShmComm& c) {
-  const int n = c.size(), r = c.rank(), next = (r + 1) % n;
-  const int64_t bytes = std::max<int64_t>(64, std::min(kProbeBytes, c.slot_bytes()) / 64 * 64);
-  std::vector<char> src(static_cast<size_t>(bytes), char(r + 1)), dst(static_cast<size_t>(bytes), 0);
-  const CollCall call{Coll::kAllreduce, -1, DType::U8, -1, -1, kAuxProbe};
-  double best[2] = {std::numeric_limits<double>::infinity(), std::numeric_limits<double>::infinity()};
-  for (int round = 0; round < kProbeRounds; ++round)
-    for (int way = 0; way < 2; ++way) {
-      const int k = c.next_round();
-      const uint64_t t0 = HostMemory::now_ns();
-      if (way == 1) stream_copy(c.slot(r, k), src.data(), bytes);
-      else std::memcpy(c.slot(r, k), src.data(), size_t(bytes));
-      c.phase(call);
-      std::memcpy(dst.data(), c.slot(next, k), size_t(bytes));
-      best[way] = std::min(best[way], double(HostMemory::now_ns() - t0) * 1e-3);
-    }
+// Every rank's best trial of each form to every rank; all take the decision
+// from the slowest rank's times, so all decide alike.
+void Placement::decide(ShmComm& c, Class& k) {
   struct Times {
     double near_us, far_us;
   };
-  const std::vector<Times> all = allgather_value(c, Times{best[0], best[1]});
-  PlacementProbe p;
+  const std::vector<Times> all = allgather_value(c, Times{k.best_us[0], k.best_us[1]});
+  k.agreed_us[0] = k.agreed_us[1] = 0;
   for (const Times& t : all) {
-    p.near_us = std::max(p.near_us, t.near_us);
-    p.far_us = std::max(p.far_us, t.far_us);
+    k.agreed_us[0] = std::max(k.agreed_us[0], t.near_us);
+    k.agreed_us[1] = std::max(k.agreed_us[1], t.far_us);
   }
-  last_ = p;
-  far_ = p.near_us > kFarMargin * p.far_us;
-  measured_ = true;
-  ++probes_;
-  reset_watch();
+  k.far = k.agreed_us[1] > 0 && k.agreed_us[0] > kFarMargin * k.agreed_us[1];
+  k.decided = true;
+  ++decisions_;
 }
 
 bool Placement::agree_drift(ShmComm& c) {
@@ -102,46 +88,56 @@ bool Placement::agree_drift(ShmComm& c) {
   return false;
 }
 
-void Placement::record(int64_t bytes, uint64_t ns) {
-  if (mode_ != PlacementMode::kAuto || !measured_ || bytes <= 0) return;
-  const int cls = std::min(kClasses - 1, 63 - __builtin_clzll(uint64_t(bytes)));
-  Watch& w = watch_[cls];
-  const double rate = double(ns) / double(bytes);
-  if (w.n < kRefCalls) {
-    w.first[w.n++] = rate;
-    if (w.n == kRefCalls) {
+void Placement::record(uint64_t ns) {
+  if (current_ < 0) return;
+  Class& k = classes_[current_];
+  if (current_trial_) {
+    double& best = k.best_us[current_far_ ? 1 : 0];
+    const double us = double(ns) * 1e-3;
+    if (best == 0 || us < best) best = us;
+    return;
+  }
+  const double rate = double(ns) / double(std::max<int64_t>(1, bytes_));
+  if (k.n < kRefCalls) {
+    k.first[k.n++] = rate;
+    if (k.n == kRefCalls) {
       double sorted[kRefCalls];
-      std::copy(w.first, w.first + kRefCalls, sorted);
+      std::copy(k.first, k.first + kRefCalls, sorted);
       std::sort(sorted, sorted + kRefCalls);
-      w.ref = w.mean = sorted[kRefCalls / 2];
+      k.ref = k.mean = sorted[kRefCalls / 2];
     }
     return;
   }
-  w.mean += (rate - w.mean) / 8;  // about the last 8 calls of the class
-  if (w.mean > kDrift * w.ref || w.mean * kDrift < w.ref) drifted_ = true;
+  k.mean += (rate - k.mean) / 8;  // about the class's last 8 calls
+  if (k.mean > kDrift * k.ref || k.mean * kDrift < k.ref) drifted_ = true;
 }
 
-void Placement::mark_drifted() { drifted_ = true; }
-
-void Placement::reset_watch() {
-  for (Watch& w : watch_) w = Watch{};
+void Placement::reset() {
+  for (Class& k : classes_) k = Class{};
   drifted_ = false;
 }
 
 void Placement::set_mode(PlacementMode m) {
   mode_ = m;
-  measured_ = false;
-  far_ = false;
-  reset_watch();
+  reset();
 }
 
 PlacementReport Placement::report() const {
   PlacementReport r;
   r.mode = mode_;
-  r.measured = measured_;
-  r.far = mode_ == PlacementMode::kAuto ? far_ : mode_ == PlacementMode::kFar;
-  r.last = last_;
-  r.probes = probes_;
+  r.far = mode_ == PlacementMode::kAuto ? current_far_ : mode_ == PlacementMode::kFar;
+  for (int i = 0; i < kClasses; ++i) {
+    const Class& k = classes_[i];
+    if (k.trials == 0) continue;
+    PlacementClass pc;
+    pc.min_bytes = int64_t(1) << i;
+    pc.decided = k.decided;
+    pc.far = k.far;
+    pc.near_us = k.decided ? k.agreed_us[0] : k.best_us[0];
+    pc.far_us = k.decided ? k.agreed_us[1] : k.best_us[1];
+    r.classes.push_back(pc);
+  }
+  r.decisions = decisions_;
   r.checks = checks_;
   r.large_calls = large_calls_;
   return r;
