@@ -30,18 +30,38 @@ cudaError_t sm_count(int device, int* sms) {
   return cudaSuccess;
 }
 
-// Blocks for `units` units of work (packs, or elements on the scalar path):
-// up to 4 blocks of 512 threads per SM (a full SM's worth of threads on
-// sm_80/sm_90), divided among the `sharers` ranks whose kernels share this
-// GPU (launch_shape.h).
-cudaError_t grid_for(int64_t units, unsigned* blocks, int sharers = 1) {
+// Blocks of `kernel` resident per SM at kThreads threads, from its registers
+// and shared memory (cudaOccupancyMaxActiveBlocksPerMultiprocessor), asked
+// once per kernel: a full SM's worth of threads is 4 blocks of 512 on
+// sm_80/sm_90, but a kernel at 64 registers per thread fits only 2, and a
+// grid sized for 4 would run in two waves.
+template <class Kernel>
+cudaError_t resident_blocks(Kernel kernel, int* out) {
+  static std::atomic<int> cached{0};  // racing first calls store the same value
+  int b = cached.load(std::memory_order_relaxed);
+  if (b == 0) {
+    const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kernel, kThreads, 0);
+    if (e != cudaSuccess) return e;
+    b = b < 1 ? 1 : b;
+    cached.store(b, std::memory_order_relaxed);
+  }
+  *out = b;
+  return cudaSuccess;
+}
+
+// Blocks of `kernel` for `units` units of work (packs, or elements on the
+// scalar path): at most the blocks resident on every SM, divided among the
+// `sharers` ranks whose kernels share this GPU (launch_shape.h).
+template <class Kernel>
+cudaError_t grid_for(Kernel kernel, int64_t units, unsigned* blocks, int sharers = 1) {
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
-  int sms = 0;
+  int sms = 0, per_sm = 0;
   err = sm_count(device, &sms);
+  if (err == cudaSuccess) err = resident_blocks(kernel, &per_sm);
   if (err != cudaSuccess) return err;
-  *blocks = unsigned(data_kernel_blocks(units, kThreads, sms, 4, sharers));
+  *blocks = unsigned(data_kernel_blocks(units, kThreads, sms, per_sm, sharers));
   return cudaSuccess;
 }
 
@@ -66,7 +86,7 @@ cudaError_t launch_reduce(DType dt, ReduceOp op, const ReduceLaunch& a, cudaStre
     FASTPAR_DISPATCH_OP(op, [&] {
       const ReducePtrs<scalar_t> p = reduce_ptrs<scalar_t>(a);
       unsigned blocks = 0;
-      result = grid_for(work_units<scalar_t>(a.count, vec), &blocks, a.gpu_sharers);
+      result = grid_for(reduce_kernel<scalar_t, kOp>, work_units<scalar_t>(a.count, vec), &blocks, a.gpu_sharers);
       if (result != cudaSuccess) return;
       reduce_kernel<scalar_t, kOp><<<blocks, kThreads, 0, stream>>>(p, a.count, a.contributions, vec);
       result = cudaGetLastError();
@@ -102,7 +122,7 @@ cudaError_t launch_ring(DType dt, ReduceOp op, const void* prev_acc, const void*
     FASTPAR_DISPATCH_OP(op, [&] {
       using A = acc_t<scalar_t>;
       unsigned blocks = 0;
-      result = grid_for(work_units<scalar_t>(count, vec), &blocks);
+      result = grid_for(ring_step_kernel<scalar_t, kOp, kFinish>, work_units<scalar_t>(count, vec), &blocks);
       if (result != cudaSuccess) return;
       ring_step_kernel<scalar_t, kOp, kFinish><<<blocks, kThreads, 0, stream>>>(
           static_cast<const A*>(prev_acc), static_cast<const scalar_t*>(prev_data),

@@ -3,9 +3,10 @@
 // ring steps), as plain host arithmetic so that ctest checks it
 // (tests/cpp/test_launch_shape.cpp).
 //
-// One unit of work per thread up to `blocks_per_sm` blocks per SM (a full
-// SM's worth of threads); beyond that the kernels' grid-stride loops take
-// over, so a block is never launched for less than a thread's share of work.
+// One unit of work per thread up to `blocks_per_sm` blocks per SM (as many as
+// the kernel's registers let be resident at once: the launchers ask the
+// occupancy API); beyond that the kernels' grid-stride loops take over, so a
+// block is never launched for less than a thread's share of work.
 //
 // Ranks sharing one GPU (several processes under MPS) enqueue such kernels at
 // the same moments of a collective, and each rank's phase kernels spin on an
