@@ -9,7 +9,9 @@ needs root; skipped, naming what is missing, elsewhere.
 - faults: a rank of the other host SIGKILLed, a link taken down in the middle
   of a collective, the store's host gone. Every survivor raises
   DistBackendError no later than the group's timeout + 2 s after the fault,
-  and no host's /dev/shm keeps anything.
+  and no host's /dev/shm keeps anything. A leader that fails between hosts
+  aborts its host's shared memory first: its host's other rank raises with
+  it, naming it and its error, not when it exits.
 """
 from __future__ import annotations
 
