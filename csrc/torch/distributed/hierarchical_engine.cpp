@@ -123,6 +123,12 @@ auto HierarchicalEngine::across_hosts(F&& step) -> decltype(step()) {
   };
   try {
     return step();
+  } catch (const c10::ValueError&) {  // about the call, not the link: the group stays usable
+    throw;
+  } catch (const c10::TypeError&) {
+    throw;
+  } catch (const c10::NotImplementedError&) {
+    throw;
   } catch (const c10::Error& e) {
     abort_local(e.what_without_backtrace());
     throw;
