@@ -99,7 +99,7 @@ class HierarchicalEngine : public Engine {
   // Whether this rank leads its host (only leaders take the leaders' steps).
   bool leads() const { return bool(leaders_); }
   // Runs `step`, this leader's call among the leaders or its Work's wait;
-  // if it fails, aborts `local` with the error before it propagates.
+  // if it fails (argument errors aside), aborts `local` with the error before it propagates.
   template <class F>
   auto across_hosts(F&& step) -> decltype(step());
   void all_gather_bytes(const at::Tensor& in, const at::Tensor& out, std::chrono::milliseconds timeout);
