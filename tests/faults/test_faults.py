@@ -505,3 +505,50 @@ def test_fake_hosts_exit(end):
                   args=[end], timeout=60)
     assert_ok(results)
     assert all("hier exit ok" in r.out for r in results)
+
+
+@scenario
+def sc_hier_leader_fails():
+    """2 fake hosts of 2 ranks, all_reduce in a loop; host 1's leader (rank 2)
+    SIGKILLs itself. Each survivor prints when it raised and what, stays
+    ARGS[1] s (so that no rank learns of another's failure from its exit),
+    calls all_reduce once more and prints what that raised, and exits 3."""
+    init(timeout_s=float(ARGS[0]))
+    assert fd.get_fastpar_backend().hierarchical
+    t = torch.ones(1000)
+    try:
+        for i in range(1000):
+            if RANK == 2 and i == 5:
+                os.kill(os.getpid(), signal.SIGKILL)
+            dist.all_reduce(t.fill_(1))
+    except dist.DistBackendError as e:
+        print(f"raised at {time.time():.3f}: {str(e).splitlines()[0]}", file=sys.stderr, flush=True)
+    time.sleep(float(ARGS[1]))
+    try:
+        dist.all_reduce(t)
+    except dist.DistBackendError as e:
+        print(f"again raised: {str(e).splitlines()[0]}", file=sys.stderr, flush=True)
+    sys.exit(3)
+
+
+def test_leader_failing_between_hosts_fails_its_host():
+    # Rank 0 (host 0's leader) fails in gloo when rank 2 dies, and aborts host
+    # 0's shared memory first: rank 1, waiting for it there, raises at once
+    # (not at the 60 s timeout, nor when rank 0 exits 4 s later), naming rank
+    # 0 and its error. Every survivor's group stays failed.
+    linger = 4
+    results = run(sc_hier_leader_fails, 4, per_rank_env=lambda r: {"FASTPAR_HOST_ID": f"host{r // 2}"},
+                  args=[60, linger], timeout=50)
+    every = "\n".join(f"rank {r.rank} rc={r.rc}\n{r.err}" for r in results)
+    assert results[2].rc == -9, every
+    for r in results:
+        if r.rank != 2:
+            assert r.rc == 3 and "raised at" in r.err and "again raised: " in r.err, every
+    raised = {r.rank: re.search(r"raised at ([\d.]+): (.*)", r.err).groups() for r in results if r.rank != 2}
+    assert "fastpar: all_reduce on rank 0 failed between hosts (gloo): " in raised[0][1], every
+    assert re.search(r"rank 0 \(pid \d+\) aborted the communicator: this host's leader failed between hosts: "
+                     r"all_reduce on rank 0 failed between hosts \(gloo\): ", raised[1][1]), every
+    assert float(raised[1][0]) - float(raised[0][0]) < 1.5, every
+    assert "rank 2 (pid" in raised[3][1], every
+    assert "the communicator is unusable after an earlier error: this host's leader failed between hosts" in \
+        results[0].err, every

@@ -247,14 +247,24 @@ def training() -> None:
         del net
 
 
+def describe(e: BaseException) -> str:
+    """An exception's type and the first line of its message, for the test to read."""
+    name = "DistBackendError" if isinstance(e, dist.DistBackendError) else f"{type(e).__module__}.{type(e).__qualname__}"
+    return f"{name} at {time.time():.3f}: {str(e).splitlines()[0][:600] if str(e) else ''}"
+
+
 def fault(kind: str, args: list[str]) -> None:
     """all_reduce of 4 MiB in a loop until it fails; prints how (the exception's
     type) and when (wall clock: the test compares it with the fault's time).
     kind "kill": rank VICTIM SIGKILLs itself at iteration 5, printing the time
-    first. kind "loop": the test makes the fault (link down, host gone)."""
+    first; then (LINGER, seconds) every survivor stays that long after raising
+    (so that none learns of a failed peer from its exit) and calls all_reduce
+    once more, which must raise too. kind "loop": the test makes the fault
+    (link down, host gone)."""
     timeout = float(os.environ.get("FPMH_TIMEOUT", "10"))
     dist.init_process_group("fastpar", timeout=datetime.timedelta(seconds=timeout))
     victim = int(args[0]) if kind == "kill" else -1
+    linger = float(args[1]) if kind == "kill" and len(args) > 1 else 0.0
     t = torch.ones(1 << 20)
     i = 0
     try:
@@ -271,12 +281,16 @@ def fault(kind: str, args: list[str]) -> None:
             i += 1
             if i > 100000:
                 raise AssertionError("no fault came")
-    except dist.DistBackendError as e:
-        print(f"rank {RANK} raised DistBackendError at {time.time():.3f} after {i} calls: "
-              f"{str(e).splitlines()[0][:300]}", flush=True)
-    except Exception as e:  # noqa: BLE001  (the test fails on it, naming the type)
-        print(f"rank {RANK} raised {type(e).__module__}.{type(e).__qualname__} at {time.time():.3f} after {i} "
-              f"calls: {str(e).splitlines()[0][:300] if str(e) else ''}", flush=True)
+    except Exception as e:  # noqa: BLE001  (the test requires DistBackendError, and fails naming another type)
+        print(f"rank {RANK} raised {describe(e)} (after {i} calls)", flush=True)
+    if linger:
+        time.sleep(linger)
+        try:
+            t.fill_(1)
+            dist.all_reduce(t)
+            print(f"rank {RANK} again: no error", flush=True)
+        except Exception as e:  # noqa: BLE001
+            print(f"rank {RANK} again raised {describe(e)}", flush=True)
     print(f"rank {RANK} exiting at {time.time():.3f}", flush=True)
 
 

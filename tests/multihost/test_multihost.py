@@ -9,7 +9,9 @@ needs root; skipped, naming what is missing, elsewhere.
 - faults: a rank of the other host SIGKILLed, a link taken down in the middle
   of a collective, the store's host gone. Every survivor raises
   DistBackendError no later than the group's timeout + 2 s after the fault,
-  and no host's /dev/shm keeps anything.
+  and no host's /dev/shm keeps anything. A leader that fails between hosts
+  aborts its host's shared memory first: its host's other rank raises with
+  it, naming it and its error, not when it exits.
 """
 from __future__ import annotations
 
@@ -145,14 +147,41 @@ def assert_survivors_raised(outs: dict[int, str], fault_time: float) -> None:
     print(f"fault at {fault_time:.3f}\n{every}")  # shown by pytest -rP
 
 
+LINGER_S = 3  # how long the survivors of a kill stay after raising
+
+
+def raised(out: str, again: bool = False) -> tuple[float, str]:
+    """When a rank raised, and the first line of the message (from mh_worker.describe)."""
+    m = re.search(rf"rank \d+ {'again ' if again else ''}raised \S+ at ([\d.]+): (.*)", out)
+    assert m, out
+    return float(m.group(1)), m.group(2)
+
+
 def test_rank_on_other_host_killed():
+    """Host 1's leader (rank 2) SIGKILLed: rank 3 learns it from /proc, host 0's
+    leader (rank 0) from gloo; rank 0 aborts host 0's shared memory before it
+    raises, so rank 1, waiting for it there, raises within moments of it (not
+    when rank 0 exits: every survivor stays LINGER_S s after raising), naming
+    it and its error. A failed group stays failed: the next all_reduce raises."""
     with Hosts(2, rate="1gbit") as hs:
-        procs = launch_direct(hs, [2, 2], ["fault", "kill", "2"])  # rank 2 leads host 1
+        procs = launch_direct(hs, [2, 2], ["fault", "kill", "2", str(LINGER_S)])  # rank 2 leads host 1
         wait_for(procs, "killed at", [2], within=60)
         fault_time = float(re.search(r"killed at ([\d.]+)", "".join(procs[2].lines)).group(1))
         survivors = [0, 1, 3]
-        outs = finish(procs, survivors, within=TIMEOUT_S + 30)
+        outs = finish(procs, survivors, within=TIMEOUT_S + LINGER_S + 30)
         assert_survivors_raised(outs, fault_time)
+        every = "\n".join(f"--- rank {r} ---\n{o}" for r, o in outs.items())
+        t0, m0 = raised(outs[0])
+        t1, m1 = raised(outs[1])
+        assert "all_reduce on rank 0 failed between hosts (gloo): " in m0, every
+        assert t1 - t0 < 1.5, f"rank 1 raised {t1 - t0:.3f} s after its leader, rank 0\n{every}"
+        assert re.search(r"rank 0 \(pid \d+\) aborted the communicator: this host's leader failed between hosts: "
+                         r"all_reduce on rank 0 failed between hosts \(gloo\): ", m1), every
+        for r in survivors:
+            assert f"rank {r} again raised DistBackendError" in outs[r], every
+        assert "the communicator is unusable after an earlier error: this host's leader failed between hosts" in \
+            raised(outs[0], again=True)[1], every
+        print(f"rank 1 raised {t1 - t0:.3f} s after rank 0")
         for h in range(2):
             assert hs.shm_entries(h) == [], f"host {h}'s /dev/shm keeps {hs.shm_entries(h)}"
 

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <optional>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 // Names of c10d that differ between the torch releases fastpar builds against.
@@ -117,6 +118,12 @@ class Engine : public c10d::Backend {
   // memory refuse.
   virtual at::Tensor registered_empty(const std::vector<int64_t>& sizes, at::ScalarType dtype, int device);
   virtual bool is_registered(const at::Tensor& t) const;
+  // Fails this engine for a cause outside it (a HierarchicalEngine's leader
+  // whose step between hosts failed, while the host's other ranks wait for
+  // it in this engine): the peers raise at once with `reason`, and this
+  // rank's later calls raise. Engines that cannot tell their peers do
+  // nothing (the peers raise at their timeout, or when this process exits).
+  virtual void abort_with(const std::string& /*reason*/) {}
 
 #if FASTPAR_TORCH_AT_LEAST(2, 14)  // gather_single / gather_into_tensor are new in torch 2.14
   // gather into one flat tensor on the root: gather into its rows.

@@ -114,6 +114,30 @@ HierarchicalEngine::HierarchicalEngine(int rank, int size, std::vector<int> host
     for (int r : rs) hosts_contiguous_ = hosts_contiguous_ && r == next++;
 }
 
+template <class F>
+auto HierarchicalEngine::across_hosts(F&& step) -> decltype(step()) {
+  const auto abort_local = [&](std::string why) {
+    const std::string prefix = "fastpar: ";
+    if (why.compare(0, prefix.size(), prefix) == 0) why.erase(0, prefix.size());
+    if (auto* e = dynamic_cast<Engine*>(local_.get())) e->abort_with("this host's leader failed between hosts: " + why);
+  };
+  try {
+    return step();
+  } catch (const c10::ValueError&) {  // about the call, not the link: the group stays usable
+    throw;
+  } catch (const c10::TypeError&) {
+    throw;
+  } catch (const c10::NotImplementedError&) {
+    throw;
+  } catch (const c10::Error& e) {
+    abort_local(e.what_without_backtrace());
+    throw;
+  } catch (const std::exception& e) {
+    abort_local(e.what());
+    throw;
+  }
+}
+
 c10::intrusive_ptr<c10d::Backend> HierarchicalEngine::leaders() const { return unwrapped(leaders_); }
 c10::intrusive_ptr<c10d::Backend> HierarchicalEngine::world() const { return unwrapped(world_); }
 
@@ -160,7 +184,7 @@ c10::intrusive_ptr<c10d::Work> HierarchicalEngine::allreduce(std::vector<at::Ten
     std::vector<at::Tensor> v{t};
     local_->reduce(v, reduce_opts)->wait();
     if (leads()) {
-      leaders_->allreduce(v, allreduce_opts)->wait();
+      across_hosts([&] { leaders_->allreduce(v, allreduce_opts)->wait(); });
       if (is_avg(opts.reduceOp)) divide_sum(t, getSize());
     }
     local_->broadcast(v, bcast_opts)->wait();
@@ -173,7 +197,7 @@ c10::intrusive_ptr<c10d::Work> HierarchicalEngine::allreduce(std::vector<at::Ten
   const auto finish = [&](int64_t i) {
     std::vector<at::Tensor> v{piece(i)};
     if (leads()) {
-      across[i]->wait();
+      across_hosts([&] { across[i]->wait(); });
       across[i].reset();
       if (is_avg(opts.reduceOp)) divide_sum(v[0], getSize());
     }
@@ -182,7 +206,7 @@ c10::intrusive_ptr<c10d::Work> HierarchicalEngine::allreduce(std::vector<at::Ten
   for (int64_t i = 0; i < pieces; ++i) {
     std::vector<at::Tensor> v{piece(i)};
     local_->reduce(v, reduce_opts)->wait();
-    if (leads()) across[i] = leaders_->allreduce(v, allreduce_opts);
+    if (leads()) across[i] = across_hosts([&] { return leaders_->allreduce(v, allreduce_opts); });
     if (i > 0) finish(i - 1);
   }
   finish(pieces - 1);
@@ -201,7 +225,7 @@ c10::intrusive_ptr<c10d::Work> HierarchicalEngine::broadcast(std::vector<at::Ten
   auto leaders_step = [&] {
     if (!leads()) return;
     std::vector<at::Tensor> v{bytes_of(t)};
-    leaders_->broadcast(v, rooted<c10d::BroadcastOptions>(root_host, opts.timeout))->wait();
+    across_hosts([&] { leaders_->broadcast(v, rooted<c10d::BroadcastOptions>(root_host, opts.timeout))->wait(); });
   };
   auto local_step = [&](int local_root) {
     local_->broadcast(tensors, rooted<c10d::BroadcastOptions>(local_root, opts.timeout))->wait();
@@ -233,7 +257,9 @@ c10::intrusive_ptr<c10d::Work> HierarchicalEngine::reduce(std::vector<at::Tensor
   ++hier_calls_;
   auto leaders_step = [&](const at::Tensor& buf) {
     std::vector<at::Tensor> v{buf};
-    leaders_->reduce(v, reducing<c10d::ReduceOptions>(step_op(opts.reduceOp), opts.timeout, root_host))->wait();
+    across_hosts([&] {
+      leaders_->reduce(v, reducing<c10d::ReduceOptions>(step_op(opts.reduceOp), opts.timeout, root_host))->wait();
+    });
   };
   auto local_step = [&](const at::Tensor& buf, int local_root) {
     std::vector<at::Tensor> v{buf};
@@ -288,12 +314,12 @@ void HierarchicalEngine::all_gather_bytes(const at::Tensor& in, const at::Tensor
   for (const auto& rs : host_ranks_) even = even && rs.size() == size_t(nl);
   at::Tensor all = hosts_contiguous_ ? out : at::empty_like(out);  // host-major
   if (even) {
-    leaders_->_allgather_base(all, host_block, timed<c10d::AllgatherOptions>(timeout))->wait();
+    across_hosts([&] { leaders_->_allgather_base(all, host_block, timed<c10d::AllgatherOptions>(timeout))->wait(); });
   } else {
     std::vector<int64_t> send(H, nl * B), recv(H);
     for (int h = 0; h < H; ++h) recv[h] = int64_t(host_ranks_[h].size()) * B;
     at::Tensor rep = host_block.repeat({H});
-    leaders_->alltoall_base(all, rep, recv, send, timed<c10d::AllToAllOptions>(timeout))->wait();
+    across_hosts([&] { leaders_->alltoall_base(all, rep, recv, send, timed<c10d::AllToAllOptions>(timeout))->wait(); });
   }
   if (!hosts_contiguous_) {
     int64_t off = 0;
@@ -360,7 +386,9 @@ void HierarchicalEngine::reduce_scatter_flat(const at::Tensor& output, const at:
             .copy_(host_sum.narrow(0, host_ranks_[h][i] * count, count));
   }
   at::Tensor block = at::empty({per_host}, output.options());
-  leaders_->_reduce_scatter_base(block, host_major, reducing<c10d::ReduceScatterOptions>(op, timeout))->wait();
+  across_hosts([&] {
+    leaders_->_reduce_scatter_base(block, host_major, reducing<c10d::ReduceScatterOptions>(op, timeout))->wait();
+  });
   if (avg) divide_sum(block.narrow(0, 0, nl * count), getSize());
   std::vector<std::vector<at::Tensor>> ins(1);
   for (int l = 0; l < nl; ++l) ins[0].push_back(block.narrow(0, l * count, count));
@@ -411,7 +439,7 @@ c10::intrusive_ptr<c10d::Work> HierarchicalEngine::recvAnysource(std::vector<at:
 // again: a rank leaves only after every rank of every host has arrived.
 c10::intrusive_ptr<c10d::Work> HierarchicalEngine::barrier(const c10d::BarrierOptions& opts) {
   local_->barrier(opts)->wait();
-  if (leads()) leaders_->barrier(opts)->wait();
+  if (leads()) across_hosts([&] { leaders_->barrier(opts)->wait(); });
   local_->barrier(opts)->wait();
   return enqueued_work({});
 }

@@ -30,7 +30,11 @@
 // inter_host_backend.h, so a failure between hosts (gloo's "Connection
 // closed by peer", a timeout) raises DistBackendError naming the op and the
 // rank, with the inter-host backend's message, in the hierarchical schedules
-// and in the calls handed whole to `world` alike.
+// and in the calls handed whole to `world` alike. A leader whose step among
+// the leaders fails aborts `local` with that error before raising
+// (Engine::abort_with), so its host's other ranks, which wait for it in
+// `local`, raise at once naming it and the error, not at their timeout or
+// when its process exits; `local` stays failed.
 //
 // Reductions: AVG runs as SUM and is divided once by the group size, where
 // the final value is formed (integers: truncated toward zero). Tensors cross the leaders as bytes where the
@@ -94,6 +98,10 @@ class HierarchicalEngine : public Engine {
  private:
   // Whether this rank leads its host (only leaders take the leaders' steps).
   bool leads() const { return bool(leaders_); }
+  // Runs `step`, this leader's call among the leaders or its Work's wait;
+  // if it fails (argument errors aside), aborts `local` with the error before it propagates.
+  template <class F>
+  auto across_hosts(F&& step) -> decltype(step());
   void all_gather_bytes(const at::Tensor& in, const at::Tensor& out, std::chrono::milliseconds timeout);
   void reduce_scatter_flat(const at::Tensor& output, const at::Tensor& input, const c10d::ReduceOp& op,
                            bool avg, std::chrono::milliseconds timeout);

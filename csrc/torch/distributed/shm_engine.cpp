@@ -144,6 +144,11 @@ ShmEngine::ShmEngine(const c10::intrusive_ptr<c10d::Store>& store, int rank, int
   p2p_ = std::make_shared<cpu_shm::ShmP2P>(comm_);
 }
 
+void ShmEngine::abort_with(const std::string& reason) {
+  std::lock_guard<std::mutex> g(mu_);
+  comm_->abort_with(reason);
+}
+
 std::unique_lock<std::mutex> ShmEngine::start(std::chrono::milliseconds t) {
   std::unique_lock<std::mutex> g(mu_);
   comm_->set_timeout(call_timeout(t, timeout_));

@@ -38,6 +38,8 @@ class ShmEngine : public Engine {
   // destroy_process_group: peers stop counting on this rank (shm_p2p.h,
   // "Peers that go"), even if registered tensors keep the communicator alive.
   void shutdown() override { comm_->leave(); }
+  // Aborts the communicator with `reason` (ShmComm::abort_with).
+  void abort_with(const std::string& reason) override;
 
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts) override;

@@ -318,6 +318,12 @@ void ShmP2P::check_deadlines() {
     return left ? Gone::kLeft : died ? Gone::kDied : Gone::kNo;
   };
   auto pid = [&](int peer) { return " (pid " + std::to_string(comm_->pid(peer)) + ")"; };
+  // " aborted the communicator: <its reason>" when it gave one (ShmComm::abort_with), else the generic words.
+  auto aborted = [&](int peer, const std::string& otherwise) {
+    const std::string why = comm_->peer_abort_reason(peer);
+    return why.empty() ? " failed and aborted the communicator (" + otherwise + ")"
+                       : pid(peer) + " aborted the communicator: " + why;
+  };
   auto check = [&](const P2POp& op, int peer) {
     const std::string me = std::string("fastpar.") + (op.is_send ? "send" : "recv") + " on " + who();
     const std::string p = "rank " + std::to_string(comm_->global_rank(peer));
@@ -325,8 +331,7 @@ void ShmP2P::check_deadlines() {
                               std::to_string(op.bytes) + " bytes moved";
     switch (gone(peer)) {
       case Gone::kAborted:
-        fail(me + ": " + p + " failed and aborted the communicator (see its error; timeout " +
-             std::to_string(op.timeout.count()) + " ms)");
+        fail(me + ": " + p + aborted(peer, "see its error; timeout " + std::to_string(op.timeout.count()) + " ms"));
       case Gone::kLeft:
         fail(me + ": " + p + pid(peer) + " left the group (destroy_process_group) while this rank waited for it (" +
              state + ")");
@@ -363,7 +368,7 @@ void ShmP2P::check_deadlines() {
       const std::string p = "rank " + std::to_string(comm_->global_rank(q));
       switch (gone(q)) {
         case Gone::kAborted:
-          fail(me + ": " + p + " failed and aborted the communicator (see its error)" + what);
+          fail(me + ": " + p + aborted(q, "see its error") + what);
         case Gone::kDied:
           fail(me + ": " + p + pid(q) + " exited without leaving the group" + what);
         case Gone::kLeft:

@@ -5,6 +5,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -29,6 +30,9 @@ struct SegmentHeader {
   int64_t arena_bytes;
   int64_t p2p_chunk_bytes;
   uint64_t left;  // set (release) by the owner in leave(); read by peers
+  // Why the owner aborted (NUL-terminated; empty: no reason given): written
+  // once, before the owner's abort word, which publishes it (abort_self).
+  char abort_reason[ShmComm::kAbortReasonBytes];
 };
 constexpr int64_t kControlOffset = 512;  // ControlBlock after the header, 64-byte aligned
 static_assert(sizeof(SegmentHeader) <= kControlOffset, "header overlaps the control block");
@@ -395,7 +399,7 @@ void ShmComm::begin(Coll op, std::chrono::milliseconds timeout) {
 
 void ShmComm::fail(const std::string& msg) {
   broken_ = msg;
-  if (in_joining_process()) flags::abort_rank<HostMemory>(control(rank_), 1);
+  abort_self();
   throw std::runtime_error(msg);
 }
 
@@ -403,8 +407,29 @@ bool ShmComm::peer_alive(int peer) const { return !watch_[peer] || liveness::pro
 
 bool ShmComm::peer_aborted(int peer) const { return HostMemory::load_acquire(&control(peer)->abort) != 0; }
 
-void ShmComm::abort_self() {
-  if (in_joining_process()) flags::abort_rank<HostMemory>(control(rank_), 1);
+std::string ShmComm::peer_abort_reason(int peer) const {
+  if (!peer_aborted(peer)) return "";  // the acquire that makes the reason visible
+  const auto* h = reinterpret_cast<const SegmentHeader*>(base_[peer]);
+  return printable(std::string(h->abort_reason, strnlen(h->abort_reason, kAbortReasonBytes)), kAbortReasonBytes);
+}
+
+void ShmComm::abort_self(const std::string& reason) {
+  // Only the first abort of this process writes (a peer may be reading the
+  // reason as soon as the word is set), and only the process that joined.
+  if (!in_joining_process() || aborted_.exchange(true)) return;
+  if (!reason.empty()) {
+    auto* h = reinterpret_cast<SegmentHeader*>(base_[rank_]);
+    const size_t n = std::min(reason.size(), kAbortReasonBytes - 1);
+    std::memcpy(h->abort_reason, reason.data(), n);
+    if (n < reason.size()) std::memcpy(h->abort_reason + n - 3, "...", 3);
+    h->abort_reason[n] = '\0';
+  }
+  flags::abort_rank<HostMemory>(control(rank_), 1);
+}
+
+void ShmComm::abort_with(const std::string& reason) {
+  if (broken_.empty()) broken_ = reason;
+  abort_self(reason);
 }
 
 int64_t ShmComm::p2p_block_bytes() const {
@@ -460,13 +485,23 @@ void ShmComm::phase(const CollCall& call) {
              (peer_left(q) ? "left the group (destroy_process_group)" : "exited") +
              " while this rank waited for it (timeout " + std::to_string(current_timeout_.count()) + " ms)");
       case flags::WaitStatus::kPeerAborted: {
+        const int who = aborted >= 0 ? aborted : q;
+        // A rank that aborted for a cause outside this communicator said
+        // which (abort_with): that is the root cause, whichever rank this
+        // one saw abort first (the others aborted because of it).
+        for (int p = 0; p < size_; ++p) {
+          const std::string why = p == rank_ ? "" : peer_abort_reason(p);
+          if (!why.empty())
+            fail(me + ": rank " + std::to_string(global_ranks_[p]) + " (pid " + std::to_string(pids_[p]) +
+                 ") aborted the communicator: " + why);
+        }
         // Name the root cause when it is a dead rank: the aborting rank
         // usually only saw that one die.
         std::string dead;
         for (int p = 0; p < size_; ++p)
           if (p != rank_ && !peer_alive(p))
             dead += " rank " + std::to_string(global_ranks_[p]) + " (pid " + std::to_string(pids_[p]) + ") has exited;";
-        fail(me + ": rank " + std::to_string(global_ranks_[aborted >= 0 ? aborted : q]) +
+        fail(me + ": rank " + std::to_string(global_ranks_[who]) +
              " failed and aborted the communicator (" + (dead.empty() ? "see its error;" : dead) + " timeout " +
              std::to_string(current_timeout_.count()) + " ms)");
       }

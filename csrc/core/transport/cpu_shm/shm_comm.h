@@ -22,6 +22,7 @@
 // address space until then.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <cstdint>
@@ -129,15 +130,29 @@ class ShmComm {
   // For the point-to-point engine, which waits on one peer at a time from any
   // thread: whether `peer` is still running (false only when we can see it
   // has exited), whether it has aborted, its pid; abort_self() marks this rank
-  // failed (thread-safe: one release store) so peers stop waiting on it.
+  // failed (thread-safe) so peers stop waiting on it.
   bool peer_alive(int peer) const;
   bool peer_aborted(int peer) const;
+  // The reason `peer` gave when it aborted (abort_self(reason)), or "" when it
+  // gave none or has not aborted.
+  std::string peer_abort_reason(int peer) const;
   // Whether `peer` has left the communicator (leave(): its group was
   // destroyed, or its ShmComm freed): it will send nothing more, and its
   // exit afterwards is not a failure.
   bool peer_left(int peer) const;
   int64_t pid(int peer) const { return pids_[peer]; }
-  void abort_self();
+  static constexpr size_t kAbortReasonBytes = 384;
+  // The abort word: this rank's first abort stores it (release), after a
+  // `reason` (at most kAbortReasonBytes - 1 bytes kept) written beside it in
+  // this rank's segment header, so a peer that sees the word reads the whole
+  // reason; later aborts change nothing. Peers name the reason in their error.
+  void abort_self(const std::string& reason = "");
+  // Fails this communicator for a cause outside it (a step of the caller's
+  // own that this rank's peers wait on, like a host leader's call between
+  // hosts): aborts this rank with `reason`, so peers waiting on it raise at
+  // once naming it, and every later collective here raises with it. From
+  // the thread that runs the collectives.
+  void abort_with(const std::string& reason);
   // Marks this rank as gone from the communicator (idempotent; the destructor
   // calls it). Peers' receives from any source stop counting on this rank.
   // Only in the process that joined: a forked child (a DataLoader worker)
@@ -168,6 +183,7 @@ class ShmComm {
   std::chrono::milliseconds current_timeout_{0};
   uint64_t deadline_ns_ = 0;
   std::string broken_;  // non-empty once a collective failed
+  std::atomic<bool> aborted_{false};  // this process has stored (or is storing) the abort word
 
   RegisteredArena registered_{opts_.arena_bytes};
 };
