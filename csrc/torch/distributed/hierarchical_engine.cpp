@@ -116,24 +116,16 @@ HierarchicalEngine::HierarchicalEngine(int rank, int size, std::vector<int> host
 
 template <class F>
 auto HierarchicalEngine::across_hosts(F&& step) -> decltype(step()) {
-  const auto abort_local = [&](std::string why) {
-    const std::string prefix = "fastpar: ";
-    if (why.compare(0, prefix.size(), prefix) == 0) why.erase(0, prefix.size());
-    if (auto* e = dynamic_cast<Engine*>(local_.get())) e->abort_with("this host's leader failed between hosts: " + why);
-  };
+  // leaders_ is an InterHostBackend: every failure of its calls and Works
+  // but an argument error (which leaves the group usable) arrives as
+  // DistBackendError (inter_host_backend.h, between_hosts).
   try {
     return step();
-  } catch (const c10::ValueError&) {  // about the call, not the link: the group stays usable
-    throw;
-  } catch (const c10::TypeError&) {
-    throw;
-  } catch (const c10::NotImplementedError&) {
-    throw;
-  } catch (const c10::Error& e) {
-    abort_local(e.what_without_backtrace());
-    throw;
-  } catch (const std::exception& e) {
-    abort_local(e.what());
+  } catch (const c10::DistBackendError& e) {
+    std::string why = e.what_without_backtrace();
+    const std::string prefix = "fastpar: ";
+    if (why.compare(0, prefix.size(), prefix) == 0) why.erase(0, prefix.size());
+    if (auto* l = dynamic_cast<Engine*>(local_.get())) l->abort_with("this host's leader failed between hosts: " + why);
     throw;
   }
 }
