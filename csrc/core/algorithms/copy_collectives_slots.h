@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "../transport/collective_call.h"
 #include "slot_transport.h"
@@ -54,6 +55,18 @@ void gather_slots(Comm& c, const CollCall& call, const char* in, char* const* ou
     if (!all && r != root) continue;
     for (int q = 0; q < n; ++q) c.copy(outs[q] + off, q == r ? in + off : c.slot(q, k), len);
   }
+}
+
+// Every rank's `mine` (a trivially copyable value), in rank order, on every
+// rank: gather_slots to all for one small value, under `call`'s descriptor.
+template <class Comm, class T>
+std::vector<T> allgather_value(Comm& c, const CollCall& call, const T& mine) {
+  const int n = c.size();
+  std::vector<T> all(static_cast<size_t>(n));
+  std::vector<char*> outs(static_cast<size_t>(n));
+  for (int q = 0; q < n; ++q) outs[q] = reinterpret_cast<char*>(&all[q]);
+  gather_slots(c, call, reinterpret_cast<const char*>(&mine), outs.data(), int64_t(sizeof(T)), -1);
+  return all;
 }
 
 // Rank q's out[0, bytes) = the root's ins[q] (`ins` is only read on the

@@ -205,13 +205,10 @@ int64_t register_alloc(ShmComm& c, int64_t bytes) {
     off = kShmFull;
   }
   const int n = c.size();
-  std::vector<int64_t> got(static_cast<size_t>(n), 0);
-  std::vector<char*> outs(static_cast<size_t>(n));
-  for (int q = 0; q < n; ++q) outs[q] = reinterpret_cast<char*>(&got[q]);
+  std::vector<int64_t> got;
   try {
     // count = bytes: ranks asking for different sizes fail as a mismatch.
-    gather_slots(c, CollCall{Coll::kRegister, bytes, DType::U8}, reinterpret_cast<const char*>(&off), outs.data(),
-                 int64_t(sizeof(off)), -1);
+    got = allgather_value(c, CollCall{Coll::kRegister, bytes, DType::U8}, off);
   } catch (...) {
     if (off >= 0) c.arena_free(off);
     throw;

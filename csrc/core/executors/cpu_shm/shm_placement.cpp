@@ -27,19 +27,10 @@ const char* placement_mode_name(PlacementMode m) {
 
 namespace {
 
-// Every rank's `mine`, in rank order, on every rank (one allgather through the
-// slots, with the allreduce's descriptor marked kAuxPlacement: a rank that
-// exchanges while a peer runs the schedule fails as a mismatch, not a hang).
-template <class T>
-std::vector<T> allgather_value(ShmComm& c, const T& mine) {
-  const int n = c.size();
-  std::vector<T> all(static_cast<size_t>(n));
-  std::vector<char*> outs(static_cast<size_t>(n));
-  for (int q = 0; q < n; ++q) outs[q] = reinterpret_cast<char*>(&all[q]);
-  gather_slots(c, CollCall{Coll::kAllreduce, -1, DType::U8, -1, -1, kAuxPlacement},
-               reinterpret_cast<const char*>(&mine), outs.data(), int64_t(sizeof(T)), -1);
-  return all;
-}
+// The allgathers of a decision and a drift check carry the allreduce's
+// descriptor marked kAuxPlacement: a rank that exchanges while a peer runs
+// the schedule fails as a mismatch, not a hang.
+const CollCall kExchange{Coll::kAllreduce, -1, DType::U8, -1, -1, kAuxPlacement};
 
 int class_of(int64_t bytes) { return bytes <= 1 ? 0 : 63 - __builtin_clzll(uint64_t(bytes)); }
 
@@ -69,7 +60,7 @@ void Placement::decide(ShmComm& c, Class& k) {
   struct Times {
     double near_us, far_us;
   };
-  const std::vector<Times> all = allgather_value(c, Times{k.best_us[0], k.best_us[1]});
+  const std::vector<Times> all = allgather_value(c, kExchange, Times{k.best_us[0], k.best_us[1]});
   k.agreed_us[0] = k.agreed_us[1] = 0;
   for (const Times& t : all) {
     k.agreed_us[0] = std::max(k.agreed_us[0], t.near_us);
@@ -83,7 +74,7 @@ void Placement::decide(ShmComm& c, Class& k) {
 bool Placement::agree_drift(ShmComm& c) {
   ++checks_;
   const int64_t mine = drifted_ ? 1 : 0;
-  for (int64_t d : allgather_value(c, mine))
+  for (int64_t d : allgather_value(c, kExchange, mine))
     if (d != 0) return true;
   return false;
 }
