@@ -354,6 +354,30 @@ def ipc_worker(args) -> None:
         finally:
             engine._set_ipc_two_shot("fused")
 
+    def other_collective(op: str, form: str):
+        """broadcast, all_gather_into_tensor or reduce_scatter_tensor (N bytes
+        per rank) in one form (FASTPAR_CUDA_IPC_COLLECTIVES): "fused", one
+        kernel a call, or "steps", a copy kernel per peer region and a phase
+        kernel per slot-sized piece. Both forms are timed in this run."""
+        def measure(size):
+            engine = fd.get_fastpar_backend().cuda_engine
+            engine._set_ipc_collectives(form)
+            try:
+                t = torch.ones(size // 4, device="cuda")
+                if op == "broadcast":
+                    call = lambda: dist.broadcast(t, 0)  # noqa: E731
+                elif op == "all_gather":
+                    out = torch.empty(n * t.numel(), device="cuda")
+                    call = lambda: dist.all_gather_into_tensor(out, t)  # noqa: E731
+                else:
+                    whole = torch.ones(n * t.numel(), device="cuda")
+                    call = lambda: dist.reduce_scatter_tensor(t, whole)  # noqa: E731
+                dist.barrier(group=gloo)
+                return slowest(event_time(call, reps=3, agree=agreed_calls)), None
+            finally:
+                engine._set_ipc_collectives("steps")
+        return measure
+
     # The "fastpar" rows run the fused two-shot (one kernel a call), whatever
     # the default: the new schedule is measured against the old in this run.
     fd.get_fastpar_backend().cuda_engine._set_ipc_two_shot("fused")
@@ -372,6 +396,10 @@ def ipc_worker(args) -> None:
         # The same all_reduce on registered tensors (registered_empty: no
         # copy-in); the registered two-shot runs above the one-shot sizes.
         series("fastpar registered", [s for s in args.ipc_sizes if s > 256 * KiB], registered)
+        # The other collectives, one kernel a call against step by step.
+        for op in ("broadcast", "all_gather", "reduce_scatter"):
+            for form in ("fused", "steps"):
+                series(f"fastpar {op} {form}", [s for s in args.ipc_sizes if s >= MiB], other_collective(op, form))
         # The same all_reduce captured in a CUDA graph (fastpar's graphed kernel):
         # one all_reduce per graph, so host time per replay is per call.
         series("fastpar graph", [s for s in args.ipc_sizes if s <= 256 * KiB], graphed)

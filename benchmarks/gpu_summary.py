@@ -131,6 +131,15 @@ def targets(rows: List[Dict]) -> List[Dict]:
     # (2mn + 1 stream operations) of the same size, ranks and placement.
     steps = {(r["placement"], r["ranks"], r["bytes"]): r["us"] for r in ipc if r["backend"] == "fastpar two-shot steps"}
     fused_vs_steps = [plain[k] / us for k, us in steps.items() if k in plain]
+    # broadcast, all_gather and reduce_scatter as one kernel against step by
+    # step, same size, ranks and placement (bench_cuda.py's "fastpar OP fused"
+    # and "fastpar OP steps" rows).
+    forms = {(r["backend"], r["placement"], r["ranks"], r["bytes"]): r["us"] for r in ipc}
+    other_fused_vs_steps = []
+    for (backend, *where), us in forms.items():
+        base = (backend[:-len("fused")] + "steps", *where)
+        if backend.endswith(" fused") and base in forms:
+            other_fused_vs_steps.append(us / forms[base])
 
     def of_ceiling_k(ranks):
         """k ranks' plain all_reduce from 8 MiB against its traffic floor,
@@ -163,6 +172,8 @@ def targets(rows: List[Dict]) -> List[Dict]:
                 ">= 0.8", of_ceiling_k(4), "higher", 0.8),
         _target("fused two-shot / step-by-step two-shot time, same run (worst)", "<= 1",
                 fused_vs_steps, "lower", 1),
+        _target("fused / step-by-step time of broadcast, all_gather, reduce_scatter from 1 MiB, same run (worst)",
+                "<= 1", other_fused_vs_steps, "lower", 1),
         _target("3 ranks on one GPU, time / 2 ranks' from 256 KiB (worst)", "<= 2", vs_two(3), "lower", 2),
         _target("4 ranks on one GPU, time / 2 ranks' from 256 KiB (worst)", "<= 2", vs_two(4), "lower", 2),
         _target("ring / direct GB/s from 1 MiB, one GPU (worst)", ">= 0.5", ring_vs_direct, "higher", 0.5),

@@ -55,8 +55,9 @@ elif [ -x .venv/bin/python ]; then PY=.venv/bin/python
 else PY=python3
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-# The fused two-shot kernel is not the default until it has run here: the GPU tests run it.
+# The fused kernels are not the default until they have run here: the GPU tests run them.
 export FASTPAR_CUDA_IPC_TWO_SHOT=${FASTPAR_CUDA_IPC_TWO_SHOT:-fused}
+export FASTPAR_CUDA_IPC_COLLECTIVES=${FASTPAR_CUDA_IPC_COLLECTIVES:-fused}
 FAILED=()
 STARTED_MPS=0
 # shellcheck source=gpu_check_phases.sh

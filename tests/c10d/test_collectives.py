@@ -449,7 +449,8 @@ def _registered_cuda():
         msg = str(e)
         assert "collective mismatch" in msg or "aborted" in msg, msg
         if "collective mismatch" in msg:
-            assert "registered offset=" in msg and "schedule=two_shot" in msg, msg
+            # the plain side's two-shot in either form (FASTPAR_CUDA_IPC_TWO_SHOT)
+            assert "registered offset=" in msg and ("schedule=two_shot" in msg or "schedule=fused_two_shot" in msg), msg
     torch.cuda.synchronize()
     dist.destroy_process_group()
     print(f"registered rank {RANK} ok", flush=True)

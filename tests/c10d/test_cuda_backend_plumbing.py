@@ -25,7 +25,8 @@ def make():
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch):
-    for k in ("FASTPAR_CUDA_IPC_MAX_BYTES", "FASTPAR_CUDA_IPC_SLOT_BYTES", "FASTPAR_BLOCKING_WAIT"):
+    for k in ("FASTPAR_CUDA_IPC_MAX_BYTES", "FASTPAR_CUDA_IPC_SLOT_BYTES", "FASTPAR_BLOCKING_WAIT",
+              "FASTPAR_CUDA_IPC_TWO_SHOT", "FASTPAR_CUDA_IPC_COLLECTIVES"):
         monkeypatch.delenv(k, raising=False)
 
 
@@ -44,9 +45,20 @@ def test_knobs_from_the_environment(monkeypatch):
     monkeypatch.setenv("FASTPAR_CUDA_IPC_MAX_BYTES", "0")
     monkeypatch.setenv("FASTPAR_BLOCKING_WAIT", "1")
     monkeypatch.setenv("FASTPAR_CUDA_IPC_TWO_SHOT", "fused")
+    monkeypatch.setenv("FASTPAR_CUDA_IPC_COLLECTIVES", "fused")
     cb = make()
     assert cb.max_ipc_bytes == 0 and cb.blocking_wait is True
-    assert cb.ipc_two_shot == "fused"
+    assert cb.ipc_two_shot == "fused" and cb.ipc_collectives == "fused"
+
+
+def test_fused_forms_default_to_steps_and_are_set_by_name():
+    cb = make()
+    assert cb.ipc_two_shot == "steps" and cb.ipc_collectives == "steps"
+    cb._set_ipc_collectives("fused")
+    assert cb.ipc_collectives == "fused" and cb.ipc_two_shot == "steps"
+    with pytest.raises(ValueError, match="ipc_collectives is 'fast' but must be 'fused' or 'steps'"):
+        cb._set_ipc_collectives("fast")
+    assert cb.ipc_collectives == "fused"
 
 
 @pytest.mark.parametrize("name,value,words", [
@@ -55,6 +67,7 @@ def test_knobs_from_the_environment(monkeypatch):
     ("FASTPAR_CUDA_IPC_SLOT_BYTES", "100", "FASTPAR_CUDA_IPC_SLOT_BYTES is '100' but must be a byte count (decimal digits) >= 4096"),
     ("FASTPAR_BLOCKING_WAIT", "yes", "FASTPAR_BLOCKING_WAIT is 'yes' but must be 0 or 1"),
     ("FASTPAR_CUDA_IPC_TWO_SHOT", "fast", "FASTPAR_CUDA_IPC_TWO_SHOT is 'fast' but must be 'fused' or 'steps'"),
+    ("FASTPAR_CUDA_IPC_COLLECTIVES", "1", "FASTPAR_CUDA_IPC_COLLECTIVES is '1' but must be 'fused' or 'steps'"),
 ])
 def test_bad_knobs_are_refused_by_name(monkeypatch, name, value, words):
     monkeypatch.setenv(name, value)

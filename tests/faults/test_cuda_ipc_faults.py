@@ -198,7 +198,7 @@ def sc_desync():
         if "collective mismatch" in msg:
             # Both calls named, in the CPU path's words (this rank's first).
             mine = {"numel": f"allreduce(count={100 + (RANK == 0) * 4}, dtype=float32",
-                    "root": f"broadcast(count=100, dtype=float32, root={min(RANK, 1)})",
+                    "root": f"broadcast(count=100, dtype=float32, root={min(RANK, 1)}, schedule=",
                     "op": f"allreduce(count={100 * WORLD}" if RANK == 0 else "allgather(count=100"}[variant]
             assert f"rank {RANK} called {mine}" in msg and " but rank " in msg, msg
     try:

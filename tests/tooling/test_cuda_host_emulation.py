@@ -12,9 +12,11 @@ not:
     bfloat16, int8, aligned and odd offsets), the first failure of a rank
     winning over its blocks (status word = host mirror, mismatch record kept),
     and a failed or post-failure replay trapping with its line;
-  * the CUDA IPC broadcast / all_gather / reduce / reduce_scatter schedules,
-    interleaved with allreduce, desynced calls, and the host abort word that
-    the peer watcher raises when a peer process dies;
+  * the CUDA IPC broadcast / all_gather / gather / scatter / all_to_all /
+    reduce / reduce_scatter schedules, step by step and as one kernel per call
+    (ipc_fused_collectives.h), interleaved with allreduce, desynced calls (a
+    mix of the two forms among them), and the host abort word that the peer
+    watcher raises when a peer process dies;
   * the CUDA IPC send/recv rings (ipc_p2p.cpp, p2p_ring.h) with one thread per
     rank, peer and direction: all pairs at once, ring credit, tag and size
     mismatches, a dead peer;

@@ -1,17 +1,19 @@
-"""What nvcc makes of the fused two-shot all_reduce kernel
-(csrc/core/executors/cuda_ipc/ipc_fused_two_shot.cu), read from its cubin for
-sm_90 (H100) with cuobjdump, without a GPU:
-  * registers: the kernel is launched as blocks of kTwoShotThreads threads,
-    kTwoShotMinBlocksPerSm of them per SM, and the grids of every rank sharing
-    one GPU (kTwoShotMaxBlocks blocks together) must be resident at once,
+"""What nvcc makes of the one-kernel collectives: the fused two-shot all_reduce
+(csrc/core/executors/cuda_ipc/ipc_fused_two_shot.cu) and the fused broadcast,
+gather, scatter, all_to_all, reduce and reduce_scatter
+(csrc/core/executors/cuda_ipc/ipc_fused_collectives.cu), read from their
+cubins for sm_90 (H100) with cuobjdump, without a GPU:
+  * registers: each kernel is launched as blocks of a fixed number of threads,
+    a minimum of them per SM (the file's constants), and the grids of every
+    rank sharing one GPU (kTwoShotMaxBlocks blocks together) must be resident at once,
     since block b of each rank waits for block b of the others. That holds
     only if the registers per thread fit the SM's 65536 at that many blocks,
     and kTwoShotMaxBlocks fits an H100's 132 SMs;
   * loads: the copy and reduce loops move 16-byte packs (LDG.E.128) with at
     least 4 of them issued before the first store that follows, so a thread
     has 64 bytes of loads in flight rather than one 16-byte round trip.
-The file is compiled with -DFASTPAR_SASS_PROBE (float32 and bfloat16 SUM only:
-seconds instead of minutes of nvcc). Skipped without nvcc or cuobjdump, except
+Each file is compiled with -DFASTPAR_SASS_PROBE (two instances of each kernel,
+rank bounds 4 and 8: seconds instead of minutes of nvcc). Skipped without nvcc or cuobjdump, except
 under CI=true, where a missing tool fails."""
 import glob
 import os
@@ -23,7 +25,13 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-CU = os.path.join(ROOT, "csrc", "core", "executors", "cuda_ipc", "ipc_fused_two_shot.cu")
+IPC = os.path.join(ROOT, "csrc", "core", "executors", "cuda_ipc")
+# (file, kernel name, its threads-per-block and blocks-per-SM constants)
+KERNELS = {
+    "two_shot": ("ipc_fused_two_shot.cu", "fused_two_shot_kernel", "kTwoShotThreads", "kTwoShotMinBlocksPerSm"),
+    "collectives": ("ipc_fused_collectives.cu", "fused_collective_kernel", "kFusedCollThreads",
+                    "kFusedCollMinBlocksPerSm"),
+}
 ARENA = os.path.join(ROOT, "csrc", "core", "transport", "cuda_ipc", "ipc_arena.h")
 SM90_REGISTERS_PER_SM = 65536
 H100_SMS = 132
@@ -54,21 +62,24 @@ def _constant(path, name):
     return int(m.group(1))
 
 
-@pytest.fixture(scope="module")
-def cubin(tmp_path_factory):
+@pytest.fixture(scope="module", params=sorted(KERNELS))
+def cubin(request, tmp_path_factory):
+    """(kernel spec, resource usage, SASS) of one probe build."""
+    spec = KERNELS[request.param]
+    cu = os.path.join(IPC, spec[0])
     nvcc = shutil.which("nvcc")
     if not nvcc:
         _missing("nvcc")
     tool = _cuobjdump(nvcc)
     if not tool:
         _missing("cuobjdump")
-    out = str(tmp_path_factory.mktemp("sass") / "two_shot.cubin")
+    out = str(tmp_path_factory.mktemp("sass") / f"{request.param}.cubin")
     build = subprocess.run([nvcc, "-std=c++17", "-arch=sm_90", "-cubin", "-DFASTPAR_SASS_PROBE", "-I",
-                            os.path.join(ROOT, "csrc"), CU, "-o", out], capture_output=True, text=True, timeout=600)
+                            os.path.join(ROOT, "csrc"), cu, "-o", out], capture_output=True, text=True, timeout=600)
     assert build.returncode == 0, build.stderr[-4000:]
     usage = subprocess.run([tool, "-res-usage", out], capture_output=True, text=True, check=True).stdout
     sass = subprocess.run([tool, "-sass", out], capture_output=True, text=True, check=True).stdout
-    return usage, sass
+    return spec, usage, sass
 
 
 def _functions(text, header):
@@ -85,12 +96,12 @@ def _functions(text, header):
 
 
 def test_registers_fit_the_launch_shape(cubin):
-    usage, _ = cubin
-    threads = _constant(CU, "kTwoShotThreads")
-    per_sm = _constant(CU, "kTwoShotMinBlocksPerSm")
+    (cu, kernel, threads_name, per_sm_name), usage, _ = cubin
+    threads = _constant(os.path.join(IPC, cu), threads_name)
+    per_sm = _constant(os.path.join(IPC, cu), per_sm_name)
     max_blocks = _constant(ARENA, "kTwoShotMaxBlocks")
-    kernels = {k: v for k, v in _functions(usage, "Function").items() if "fused_two_shot_kernel" in k}
-    # float32 and bfloat16 SUM, rank bounds 4 and 8
+    kernels = {k: v for k, v in _functions(usage, "Function").items() if kernel in k}
+    # two probe instances, rank bounds 4 and 8
     assert len(kernels) == 4, list(kernels)
     for name, lines in kernels.items():
         regs = int(re.search(r"REG:(\d+)", "\n".join(lines)).group(1))
@@ -102,8 +113,8 @@ def test_registers_fit_the_launch_shape(cubin):
 
 
 def test_loops_keep_four_16_byte_loads_in_flight(cubin):
-    _, sass = cubin
-    kernels = {k: v for k, v in _functions(sass, "Function").items() if "fused_two_shot_kernel" in k}
+    (_, kernel, _, _), _, sass = cubin
+    kernels = {k: v for k, v in _functions(sass, "Function").items() if kernel in k}
     assert len(kernels) == 4, list(kernels)
     for name, lines in kernels.items():
         wide = [l for l in lines if re.search(r"\bLDG\.E\.128\b|\bLD\.E\.128\b", l)]

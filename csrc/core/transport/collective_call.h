@@ -48,7 +48,7 @@ inline const char* coll_name(Coll c) {
 // smaller), so ranks that would run different schedules disagree on aux.
 // kAuxFused, kAuxGraphed and kAuxFusedTwoShot are CUDA IPC's single-kernel
 // allreduces (ipc_fused_one_shot.h, ipc_fused_two_shot.h), whose flags differ from the phase protocol's: they must
-// never meet a phase.
+// never meet a phase (kAuxFusedCollective, below, likewise).
 constexpr int64_t kAuxOneShot = int64_t(1) << 62;
 constexpr int64_t kAuxTwoShot = kAuxOneShot + 1;
 constexpr int64_t kAuxFused = kAuxOneShot + 2;
@@ -58,6 +58,13 @@ constexpr int64_t kAuxNoFit = kAuxOneShot + 4;
 constexpr int64_t kAuxFusedTwoShot = kAuxOneShot + 5;
 // The CPU allreduce's placement exchanges (cpu_shm/shm_placement.h).
 constexpr int64_t kAuxPlacement = kAuxOneShot + 6;
+// CUDA IPC's one-kernel broadcast, gather, scatter, all_to_all, reduce and
+// reduce_scatter (ipc_fused_collectives.h): per-block flags, like the fused
+// all_reduces, so a peer in the step-by-step schedule must fail the check.
+constexpr int64_t kAuxFusedCollective = kAuxOneShot + 7;
+// The same collectives step by step over CUDA IPC (ipc_collectives.cpp): named
+// too, since a descriptor without aux (-1) matches any schedule.
+constexpr int64_t kAuxStepCollective = kAuxOneShot + 8;
 
 // Descriptor dtypes from here up are torch dtypes fastpar has no element
 // math for (kForeignDType + the ScalarType code): the copy collectives still
@@ -99,6 +106,8 @@ inline std::string describe(const flags::OpDesc& d) {
   else if (d.aux == kAuxFusedTwoShot) s += ", schedule=fused_two_shot";
   else if (d.aux == kAuxNoFit) s += ", registered arena full";
   else if (d.aux == kAuxPlacement) s += ", placement exchange";
+  else if (d.aux == kAuxFusedCollective) s += ", schedule=fused";
+  else if (d.aux == kAuxStepCollective) s += ", schedule=steps";
   else if (d.aux >= 0) s += ", registered offset=" + std::to_string(d.aux);
   return s + ")";
 }

@@ -53,6 +53,7 @@ CudaEngine::CudaEngine(c10::intrusive_ptr<c10d::Store> store, int rank, int size
       slot_bytes_(knobs.ipc_slot_bytes),
       blocking_wait_(knobs.blocking_wait),
       fused_two_shot_(knobs.ipc_fused_two_shot),
+      fused_collectives_(knobs.ipc_fused_collectives),
       registered_(std::make_shared<RegisteredArena>(knobs.registered_bytes)) {
   TORCH_CHECK_VALUE(fallback_, "fastpar.CudaEngine: fallback is None but a backend for CUDA tensors is required");
 }
@@ -180,6 +181,7 @@ void CudaEngine::set_up(int device) {
     link->ep = std::move(rv.endpoint);
     link->ep->comm().gpu_sharers = rv.ranks_on_my_gpu;  // the data kernels' grids share the GPU
     link->ep->comm().fused_two_shot = fused_two_shot_;
+    link->ep->comm().fused_collectives = fused_collectives_;
     link->watch(std::move(rv.pids), getRank());
     std::atomic_store(&link_, std::move(link));
   }
@@ -190,12 +192,26 @@ void CudaEngine::connect(int device) {
   if (!set_up_) set_up(device);
 }
 
-void CudaEngine::set_ipc_two_shot(const std::string& form) {
-  TORCH_CHECK_VALUE(form == "fused" || form == "steps", "fastpar: ipc_two_shot is '", form,
+namespace {
+bool parse_form(const std::string& form, const char* what) {
+  TORCH_CHECK_VALUE(form == "fused" || form == "steps", "fastpar: ", what, " is '", form,
                     "' but must be 'fused' or 'steps'");
+  return form == "fused";
+}
+}  // namespace
+
+void CudaEngine::set_ipc_two_shot(const std::string& form) {
+  const bool fused = parse_form(form, "ipc_two_shot");
   std::lock_guard<std::mutex> g(mu_);
-  fused_two_shot_ = form == "fused";
-  if (auto link = std::atomic_load(&link_)) link->ep->comm().fused_two_shot = fused_two_shot_;
+  fused_two_shot_ = fused;
+  if (auto link = std::atomic_load(&link_)) link->ep->comm().fused_two_shot = fused;
+}
+
+void CudaEngine::set_ipc_collectives(const std::string& form) {
+  const bool fused = parse_form(form, "ipc_collectives");
+  std::lock_guard<std::mutex> g(mu_);
+  fused_collectives_ = fused;
+  if (auto link = std::atomic_load(&link_)) link->ep->comm().fused_collectives = fused;
 }
 
 void CudaEngine::set_one_shot_max_bytes(int64_t bytes) {
@@ -414,6 +430,8 @@ fastpar._C.Backend, which hands it the checked calls on CUDA tensors.)")
       .def_property_readonly("blocking_wait", &CudaEngine::blocking_wait)
       .def_property_readonly("ipc_two_shot", &CudaEngine::ipc_two_shot)
       .def("_set_ipc_two_shot", &CudaEngine::set_ipc_two_shot, py::arg("form"))
+      .def_property_readonly("ipc_collectives", &CudaEngine::ipc_collectives)
+      .def("_set_ipc_collectives", &CudaEngine::set_ipc_collectives, py::arg("form"))
       .def_property_readonly("fallback", &CudaEngine::fallback);
 }
 

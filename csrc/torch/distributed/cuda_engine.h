@@ -159,6 +159,10 @@ class CudaEngine : public Engine {
   // both forms in one run) must be called by every rank between the same calls.
   const char* ipc_two_shot() const { return fused_two_shot_ ? "fused" : "steps"; }
   void set_ipc_two_shot(const std::string& form);
+  // FASTPAR_CUDA_IPC_COLLECTIVES (broadcast, gather, scatter, all_to_all,
+  // reduce, reduce_scatter): "fused" or "steps", set as ipc_two_shot.
+  const char* ipc_collectives() const { return fused_collectives_ ? "fused" : "steps"; }
+  void set_ipc_collectives(const std::string& form);
   c10::intrusive_ptr<c10d::Backend> fallback() const { return fallback_; }
 
  private:
@@ -243,6 +247,7 @@ class CudaEngine : public Engine {
   int64_t slot_bytes_;
   bool blocking_wait_;
   bool fused_two_shot_;
+  bool fused_collectives_;
   // Registered buffers' bookkeeping; shared with the tensors' deleters.
   std::shared_ptr<RegisteredArena> registered_;
 

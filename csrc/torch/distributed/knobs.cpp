@@ -64,15 +64,20 @@ void apply_cpu_isa_knob() {
   }
 }
 
+// A "fused" / "steps" knob (unset: steps): true for fused.
+static bool env_fused(const char* name) {
+  const char* v = std::getenv(name);
+  const std::string form = v ? v : "";
+  TORCH_CHECK_VALUE(form.empty() || form == "fused" || form == "steps", "fastpar: ", name, " is '", form,
+                    "' but must be 'fused' or 'steps'");
+  return form == "fused";
+}
+
 CudaKnobs cuda_knobs() {
-  const char* t = std::getenv("FASTPAR_CUDA_IPC_TWO_SHOT");
-  const std::string two_shot = t ? t : "";
-  TORCH_CHECK_VALUE(two_shot.empty() || two_shot == "fused" || two_shot == "steps",
-                    "fastpar: FASTPAR_CUDA_IPC_TWO_SHOT is '", two_shot, "' but must be 'fused' or 'steps'");
   return CudaKnobs{env_bytes("FASTPAR_CUDA_IPC_MAX_BYTES", cuda_ipc::kDefaultMaxIpcBytes, 0),
                    env_bytes("FASTPAR_CUDA_IPC_SLOT_BYTES", cuda_ipc::kDefaultSlotBytes, 4096),
                    env_bytes("FASTPAR_CUDA_IPC_REGISTERED_BYTES", 0, 0), env_flag("FASTPAR_BLOCKING_WAIT"),
-                   two_shot == "fused"};
+                   env_fused("FASTPAR_CUDA_IPC_TWO_SHOT"), env_fused("FASTPAR_CUDA_IPC_COLLECTIVES")};
 }
 
 }  // namespace distributed

@@ -25,6 +25,8 @@ struct CudaKnobs {
   int64_t registered_bytes; // FASTPAR_CUDA_IPC_REGISTERED_BYTES
   bool blocking_wait;       // FASTPAR_BLOCKING_WAIT
   bool ipc_fused_two_shot;  // FASTPAR_CUDA_IPC_TWO_SHOT: "steps" (default until the fused kernel has run on a GPU) or "fused" (one kernel a call)
+  bool ipc_fused_collectives;  // FASTPAR_CUDA_IPC_COLLECTIVES: the same choice for broadcast, gather, scatter,
+                               // all_to_all, reduce and reduce_scatter
 };
 CudaKnobs cuda_knobs();
 

@@ -13,10 +13,12 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "emulated_launchers.h"
 #include "csrc/core/executors/cuda_ipc/ipc_allreduce.h"
+#include "csrc/core/executors/cuda_ipc/ipc_fused_collectives.h"
 #include "csrc/core/executors/cuda_ipc/ipc_fused_one_shot.h"
 #include "csrc/core/executors/cuda_ipc/ipc_fused_two_shot.h"
 #include "csrc/core/executors/cuda_ipc/phase_launch.h"
@@ -177,11 +179,63 @@ cudaError_t launch_fused_two_shot(DType dt, ReduceOp op, const TwoShotArgs& a, c
     FASTPAR_DISPATCH_OP(op, [&] {
       run_blocks(a.nblocks, [&](int b) {
         HostBlock blk;
-        if (two_shot_rank_bound(a.phase.size) == 4) two_shot_block<HostMemory, scalar_t, kOp, 4>(a, b, blk);
+        if (fused_rank_bound(a.phase.size) == 4) two_shot_block<HostMemory, scalar_t, kOp, 4>(a, b, blk);
         else two_shot_block<HostMemory, scalar_t, kOp, kMaxIpcRanks>(a, b, blk);
       });
     });
   });
+  return cudaGetLastError();  // as the real launcher: a stale error too
+}
+
+// The fused collectives kernel (ipc_fused_collectives.cu): fused_coll_block
+// itself, every block on a thread of its own, as the fused two-shot.
+inline std::atomic<int> g_collective_launches{0};
+
+// What the kernel reads plus writes, piece by piece, as the step-by-step
+// schedules' copies and reductions count it: a copy reads and writes its
+// bytes, a reduction reads n sources and writes one output.
+inline int64_t fused_coll_bytes(const FusedCollArgs& a) {
+  const int n = a.phase.size, r = a.phase.rank;
+  int64_t bytes = 0;
+  for (int64_t i = 0; i < a.pieces; ++i) {
+    const int64_t len = std::max<int64_t>(0, std::min(a.piece, a.bytes - i * a.piece));
+    switch (a.kind) {
+      case FusedColl::kBroadcast: bytes += 2 * len; break;
+      case FusedColl::kGather:
+        bytes += (a.root < 0 || r != a.root ? 2 * len : 0) + (a.root < 0 || r == a.root ? 2 * n * len : 0);
+        break;
+      case FusedColl::kScatter: bytes += (r == a.root ? 2 * (n - 1) * len : 0) + 2 * len; break;
+      case FusedColl::kAllToAll: bytes += 2 * (2 * n - 1) * len; break;
+      case FusedColl::kReduce: bytes += r != a.root ? 2 * len : (n + 1) * len; break;
+      case FusedColl::kReduceScatter: bytes += 2 * (n - 1) * len + (n + 1) * len; break;
+    }
+  }
+  return bytes;
+}
+
+cudaError_t launch_fused_collective(DType dt, ReduceOp op, const FusedCollArgs& a, cudaStream_t) {
+  if (a.nblocks < 1 || a.nblocks > kTwoShotMaxBlocks || a.phase.size > kMaxIpcRanks || a.pieces < 1 ||
+      a.slice < 16 || a.slice % 16 != 0)
+    return cudaErrorInvalidValue;
+  if (fake_cuda::launch_refused()) return cudaGetLastError();
+  ++g_collective_launches;
+  fake_cuda::stream_ops.bytes += fused_coll_bytes(a);
+  auto run = [&](auto tag, auto op_tag) {
+    using T = typename decltype(tag)::type;
+    constexpr ReduceOp kOp = decltype(op_tag)::value;
+    run_blocks(a.nblocks, [&](int b) {
+      HostBlock blk;
+      if (fused_rank_bound(a.phase.size) == 4) fused_coll_block<HostMemory, T, kOp, 4>(a, b, blk);
+      else fused_coll_block<HostMemory, T, kOp, kMaxIpcRanks>(a, b, blk);
+    });
+  };
+  if (!fused_coll_reduces(a.kind)) {
+    run(std::type_identity<uint8_t>{}, std::integral_constant<ReduceOp, ReduceOp::SUM>{});
+  } else {
+    FASTPAR_DISPATCH_DTYPE(dt, [&] {
+      FASTPAR_DISPATCH_OP(op, [&] { run(std::type_identity<scalar_t>{}, std::integral_constant<ReduceOp, kOp>{}); });
+    });
+  }
   return cudaGetLastError();  // as the real launcher: a stale error too
 }
 
@@ -207,11 +261,14 @@ struct Arenas {
 inline bool g_fused_one_shot = true;
 // Likewise for two-shot: the fused kernel (the default) or the step-by-step schedule.
 inline bool g_fused_two_shot = true;
+// Likewise for broadcast, gather, scatter, all_to_all, reduce and reduce_scatter.
+inline bool g_fused_collectives = true;
 
 inline fastpar::cuda_ipc::IpcComm comm_for(const Arenas& a, int rank, size_t slot_bytes) {
   fastpar::cuda_ipc::IpcComm c;
   c.fused_one_shot = g_fused_one_shot;
   c.fused_two_shot = g_fused_two_shot;
+  c.fused_collectives = g_fused_collectives;
   c.fused_bytes_per_block = 64;  // small calls still get several blocks (up to kFusedMaxBlocks)
   c.rank = rank;
   c.size = int(a.bases.size());

@@ -10,6 +10,10 @@
 //     several slots; buffers a rank must not write stay untouched;
 //   * desynced calls (different root, count, op or dtype, even with 0 bytes)
 //     fail on every rank with kMismatch or kPeerAborted, without hanging;
+//   * all of the above twice: step by step (fused_collectives = false) and as
+//     the one-kernel collectives (ipc_fused_collectives.h), whose reductions
+//     must give the step schedule's bits; a rank in one form and its peers in
+//     the other fail with kMismatch (schedule=fused) or kPeerAborted;
 //   * a rank whose peer never arrives (a dead process) gives up when the host
 //     writes the host abort word, long before its 20 s flag-wait timeout,
 //     records kPeerDead in its status and mirror, and its control-block abort
@@ -229,7 +233,8 @@ void check_sequence(int n, size_t slot_bytes) {
   std::vector<std::thread> threads;
   for (std::atomic<int>& a : arrivals) a.store(0);
   char prefix[64];
-  std::snprintf(prefix, sizeof(prefix), "n=%d slot=%zu", n, slot_bytes);
+  std::snprintf(prefix, sizeof(prefix), "%s n=%d slot=%zu", emulated::g_fused_collectives ? "fused" : "steps", n,
+                slot_bytes);
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
       cuda_ipc::IpcComm c = comm_for(arenas, r, slot_bytes);
@@ -277,6 +282,10 @@ void check_desync(int n, int variant) {
             cuda_ipc::reduce_scatter_ipc(c, DType::F32, ReduceOp::SUM, ins, buf.data(), 16, nullptr);
           }
           break;
+        case 5:  // rank 0 step by step, its peers one kernel, same call
+          c.fused_collectives = r != 0 ? !emulated::g_fused_collectives : emulated::g_fused_collectives;
+          cuda_ipc::broadcast_ipc(c, int32_t(DType::F32), 64, buf.data(), 256, 0, nullptr);
+          break;
         case 4:  // gather vs scatter, same root and bytes
           if (r == 0) {
             cuda_ipc::gather_ipc(c, int32_t(DType::F32), 16, buf.data(), outs, 64, 0, nullptr);
@@ -312,8 +321,13 @@ void check_desync(int n, int variant) {
                         : variant == 4 ? (r == 0 ? Coll::kGather : Coll::kScatter)
                         : variant == 0 ? Coll::kBroadcast
                         : variant == 1 ? Coll::kAllgather
+                        : variant == 5 ? Coll::kBroadcast
                                        : Coll::kReduce;
       expect(m.mine.op == int32_t(want), "desync: the record's own call is this rank's");
+      if (variant == 5) {
+        expect((m.mine.aux == kAuxFusedCollective) != (m.theirs.aux == kAuxFusedCollective),
+               "desync: the record names the fused schedule on one side only");
+      }
     } else {
       expect(m.peer_plus_one == 0, "desync: an aborted rank records no mismatch");
     }
@@ -362,10 +376,13 @@ void check_host_abort(int n) {
 int main() {
   cuda_kernels::g_blocks = 2;
   cuda_kernels::g_threads = 3;
-  for (int n = 2; n <= 4; ++n) {
-    for (size_t slot_bytes : {size_t(256), size_t(4096), size_t(1) << 20}) check_sequence(n, slot_bytes);
-    for (int v = 0; v < 5; ++v) check_desync(n, v);
-    check_host_abort(n);
+  for (bool fused : {false, true}) {
+    emulated::g_fused_collectives = fused;
+    for (int n = 2; n <= 5; ++n) {
+      for (size_t slot_bytes : {size_t(256), size_t(4096), size_t(1) << 20}) check_sequence(n, slot_bytes);
+      for (int v = 0; v < 6; ++v) check_desync(n, v);
+      check_host_abort(n);
+    }
   }
   std::printf("%ld checks, %ld failures\n", long(checks.load()), long(failures.load()));
   return failures == 0 ? 0 : 1;

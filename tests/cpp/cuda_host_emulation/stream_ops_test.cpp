@@ -15,10 +15,14 @@
 //   registered two-shot           m(n + 1) + 2 launches, (3n - 1) N bytes
 //   one-shot, fused (fits a slot) 1 launch, n(n + 3) N bytes
 //   list ring on one GPU          1 launch (was n per n-segment window), 2n N bytes
+//   broadcast, all_gather, gather, scatter, all_to_all, reduce, reduce_scatter:
+//     step by step, the counts pinned in kExpected; fused kernel, 1 launch
+//     and the same bytes, every size (0 bytes included)
 // Exit status 0 = every check passed; the table is printed either way.
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <list>
 #include <string>
 #include <thread>
 #include <vector>
@@ -74,6 +78,7 @@ struct Row {
 };
 
 std::vector<Row> g_rows;
+std::list<std::string> g_names;  // row names made at run time (stable addresses)
 
 void record(const char* what, int n, int64_t count, const Counted& k) {
   const int64_t N = count * 4;
@@ -146,30 +151,83 @@ void registered_rows(int n) {
   }
 }
 
-// The other IPC collectives: counted and pinned by the table (expected_rows).
+// The other IPC collectives, each step by step (pinned by kExpected below) and
+// as the fused kernel: one launch per call, the step-by-step bytes.
 void collective_rows(int n) {
-  for (int64_t count : {kChunk, 5 * kChunk + 100}) {
-    const int64_t bytes = count * 4;
-    record("broadcast", n, count, count_call(n, [&](cuda_ipc::IpcComm& c, int) {
-             std::vector<float> x(static_cast<size_t>(count), 1.0f);
-             cuda_ipc::broadcast_ipc(c, int32_t(DType::F32), count, x.data(), bytes, 0, nullptr);
-           }));
-    record("all_gather", n, count, count_call(n, [&](cuda_ipc::IpcComm& c, int) {
-             std::vector<float> x(static_cast<size_t>(count), 1.0f), all(size_t(count) * size_t(c.size));
-             void* outs[cuda_ipc::kMaxIpcRanks];
-             for (int q = 0; q < c.size; ++q) outs[q] = all.data() + q * count;
-             cuda_ipc::allgather_ipc(c, int32_t(DType::F32), count, x.data(), outs, bytes, nullptr);
-           }));
-    record("reduce", n, count, count_call(n, [&](cuda_ipc::IpcComm& c, int) {
-             std::vector<float> x(static_cast<size_t>(count), 1.0f), y(static_cast<size_t>(count));
-             cuda_ipc::reduce_ipc(c, DType::F32, ReduceOp::SUM, x.data(), y.data(), count, 0, nullptr);
-           }));
-    record("reduce_scatter", n, count, count_call(n, [&](cuda_ipc::IpcComm& c, int) {
-             std::vector<float> x(static_cast<size_t>(count * c.size), 1.0f), y(static_cast<size_t>(count));
-             const void* ins[cuda_ipc::kMaxIpcRanks];
-             for (int q = 0; q < c.size; ++q) ins[q] = x.data() + q * count;
-             cuda_ipc::reduce_scatter_ipc(c, DType::F32, ReduceOp::SUM, ins, y.data(), count, nullptr);
-           }));
+  using Call = std::function<void(cuda_ipc::IpcComm&, int, int64_t)>;
+  const std::pair<const char*, Call> calls[] = {
+      {"broadcast",
+       [](cuda_ipc::IpcComm& c, int, int64_t count) {
+         std::vector<float> x(static_cast<size_t>(count), 1.0f);
+         cuda_ipc::broadcast_ipc(c, int32_t(DType::F32), count, x.data(), count * 4, 0, nullptr);
+       }},
+      {"all_gather",
+       [](cuda_ipc::IpcComm& c, int, int64_t count) {
+         std::vector<float> x(static_cast<size_t>(count), 1.0f), all(size_t(count) * size_t(c.size));
+         void* outs[cuda_ipc::kMaxIpcRanks];
+         for (int q = 0; q < c.size; ++q) outs[q] = all.data() + q * count;
+         cuda_ipc::allgather_ipc(c, int32_t(DType::F32), count, x.data(), outs, count * 4, nullptr);
+       }},
+      {"gather",
+       [](cuda_ipc::IpcComm& c, int, int64_t count) {
+         std::vector<float> x(static_cast<size_t>(count), 1.0f), all(size_t(count) * size_t(c.size));
+         void* outs[cuda_ipc::kMaxIpcRanks];
+         for (int q = 0; q < c.size; ++q) outs[q] = all.data() + q * count;
+         cuda_ipc::gather_ipc(c, int32_t(DType::F32), count, x.data(), outs, count * 4, 0, nullptr);
+       }},
+      {"scatter",
+       [](cuda_ipc::IpcComm& c, int, int64_t count) {
+         std::vector<float> x(size_t(count) * size_t(c.size), 1.0f), y(static_cast<size_t>(count));
+         const void* ins[cuda_ipc::kMaxIpcRanks];
+         for (int q = 0; q < c.size; ++q) ins[q] = x.data() + q * count;
+         cuda_ipc::scatter_ipc(c, int32_t(DType::F32), count, ins, y.data(), count * 4, 0, nullptr);
+       }},
+      {"all_to_all",
+       [](cuda_ipc::IpcComm& c, int, int64_t count) {
+         std::vector<float> x(size_t(count) * size_t(c.size), 1.0f), y(size_t(count) * size_t(c.size));
+         const void* ins[cuda_ipc::kMaxIpcRanks];
+         void* outs[cuda_ipc::kMaxIpcRanks];
+         for (int q = 0; q < c.size; ++q) {
+           ins[q] = x.data() + q * count;
+           outs[q] = y.data() + q * count;
+         }
+         cuda_ipc::all_to_all_ipc(c, int32_t(DType::F32), count, ins, outs, count * 4, nullptr);
+       }},
+      {"reduce",
+       [](cuda_ipc::IpcComm& c, int, int64_t count) {
+         std::vector<float> x(static_cast<size_t>(count), 1.0f), y(static_cast<size_t>(count));
+         cuda_ipc::reduce_ipc(c, DType::F32, ReduceOp::SUM, x.data(), y.data(), count, 0, nullptr);
+       }},
+      {"reduce_scatter",
+       [](cuda_ipc::IpcComm& c, int, int64_t count) {
+         std::vector<float> x(static_cast<size_t>(count * c.size), 1.0f), y(static_cast<size_t>(count));
+         const void* ins[cuda_ipc::kMaxIpcRanks];
+         for (int q = 0; q < c.size; ++q) ins[q] = x.data() + q * count;
+         cuda_ipc::reduce_scatter_ipc(c, DType::F32, ReduceOp::SUM, ins, y.data(), count, nullptr);
+       }},
+  };
+  for (int64_t count : {int64_t(0), kChunk, 5 * kChunk + 100}) {
+    for (const auto& [what, call] : calls) {
+      auto run = [&, call = call](bool fused) {
+        return count_call(n, [&](cuda_ipc::IpcComm& c, int r) {
+          c.fused_collectives = fused;
+          call(c, r, count);
+        });
+      };
+      const Counted steps = run(false);
+      record(what, n, count, steps);
+      const Counted fused = run(true);
+      std::string name = std::string(what) + ", fused kernel";
+      g_names.push_back(name);
+      record(g_names.back().c_str(), n, count, fused);
+      char check[200];
+      std::snprintf(check, sizeof(check), "fused %s n=%d count %ld: one launch, got %ld ops", what, n, long(count),
+                    long(fused.rank0.total()));
+      expect(fused.rank0.launches == 1 && fused.rank0.total() == 1, check);
+      std::snprintf(check, sizeof(check), "fused %s n=%d count %ld: %ld bytes, step by step %ld", what, n,
+                    long(count), long(fused.bytes_all), long(steps.bytes_all));
+      expect(fused.bytes_all == steps.bytes_all, check);
+    }
   }
 }
 
@@ -223,9 +281,9 @@ int main() {
     collective_rows(n);
     ring_rows(n);
   }
-  std::printf("%-36s %2s %6s %8s %7s %6s %8s\n", "call", "n", "count", "launches", "memcpys", "events", "bytes/N");
+  std::printf("%-40s %2s %6s %8s %7s %6s %8s\n", "call", "n", "count", "launches", "memcpys", "events", "bytes/N");
   for (const Row& r : g_rows)
-    std::printf("%-36s %2d %6ld %8ld %7ld %6ld %8ld\n", r.what, r.n, long(r.count), long(r.launches), long(r.memcpys),
+    std::printf("%-40s %2d %6ld %8ld %7ld %6ld %8ld\n", r.what, r.n, long(r.count), long(r.launches), long(r.memcpys),
                 long(r.events), long(r.bytes_per_n));
   for (const Expected& e : kExpected) {
     bool found = false;

@@ -49,6 +49,7 @@
 #include "../../transport/flag_protocol.h"
 #include "../../kernels/reduce_ops.h"
 #include "../../transport/cuda_ipc/ipc_arena.h"
+#include "fused_loops.h"
 #include "phase_step.h"
 
 namespace fastpar {
@@ -149,8 +150,6 @@ struct FusedPack {
     T e[kN];
   };
 };
-
-FASTPAR_HD bool fused_aligned(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 // Block b's range [*lo, *hi), cut in whole packs.
 template <typename T>

@@ -9,7 +9,7 @@ namespace cuda_ipc {
 namespace {
 
 // One block of 512 threads per SM, 128 registers a thread: the reduction's
-// packs in flight (two_shot_rank_bound) without spills, and the
+// packs in flight (fused_rank_bound) without spills, and the
 // kTwoShotMaxBlocks blocks of all ranks sharing one GPU (two_shot_blocks)
 // resident together on an H100's 132 SMs. tests/tooling/test_cuda_sass.py
 // checks the register count against these numbers.
@@ -52,7 +52,7 @@ struct LoadTwoShot {
 
 template <typename T, ReduceOp OP>
 cudaError_t launch_instance(const TwoShotArgs& a, cudaStream_t stream) {
-  if (two_shot_rank_bound(a.phase.size) == 4)
+  if (fused_rank_bound(a.phase.size) == 4)
     fused_two_shot_kernel<T, OP, 4><<<unsigned(a.nblocks), kTwoShotThreads, 0, stream>>>(a);
   else
     fused_two_shot_kernel<T, OP, kMaxIpcRanks><<<unsigned(a.nblocks), kTwoShotThreads, 0, stream>>>(a);

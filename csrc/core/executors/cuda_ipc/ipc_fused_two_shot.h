@@ -73,6 +73,7 @@
 #include "../../kernels/reduce_ops.h"
 #include "../../transport/cuda_ipc/ipc_arena.h"
 #include "../../transport/flag_protocol.h"
+#include "fused_loops.h"
 #include "phase_step.h"
 
 namespace fastpar {
@@ -178,44 +179,6 @@ FASTPAR_HD T* two_shot_slot_ptr(const TwoShotArgs& a, int q, int64_t k) {
   return reinterpret_cast<T*>(a.slot0[q] + two_shot_slot(a, k) * a.slot_stride);
 }
 
-FASTPAR_HD bool two_shot_aligned(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
-
-#if defined(__CUDA_ARCH__)
-#define FASTPAR_TS_UNROLL _Pragma("unroll")
-#else
-#define FASTPAR_TS_UNROLL
-#endif
-
-// Packs in flight per thread in the copies (copy_packs): 4 x 16 bytes, so a
-// warp has 2 KiB of loads outstanding instead of 512 bytes.
-constexpr int kTwoShotCopyUnroll = 4;
-
-// dst[0, n) = src[0, n) (T elements), thread t of nt: kTwoShotCopyUnroll
-// packs loaded before any is stored, then the rest pack by pack, then the
-// scalar tail. The buffers never overlap (a slot and a user buffer).
-template <typename T>
-FASTPAR_HD void two_shot_copy(T* dst, const T* src, int64_t n, int t, int nt) {
-  constexpr int64_t V = 16 / int64_t(sizeof(T));
-  constexpr int U = kTwoShotCopyUnroll;
-  int64_t tail = 0;
-  if (two_shot_aligned(dst) && two_shot_aligned(src)) {
-    const int64_t packs = n / V;
-    const uint4* s = reinterpret_cast<const uint4*>(src);
-    uint4* d = reinterpret_cast<uint4*>(dst);
-    int64_t v = t;
-    for (; v + int64_t(U - 1) * nt < packs; v += int64_t(U) * nt) {
-      uint4 x[U];
-      FASTPAR_TS_UNROLL
-      for (int u = 0; u < U; ++u) x[u] = s[v + int64_t(u) * nt];
-      FASTPAR_TS_UNROLL
-      for (int u = 0; u < U; ++u) d[v + int64_t(u) * nt] = x[u];
-    }
-    for (; v < packs; v += nt) d[v] = s[v];
-    tail = packs * V;
-  }
-  for (int64_t i = tail + t; i < n; i += nt) dst[i] = src[i];
-}
-
 // Block b's publish of chunk k: slice b of the input's shards q != rank into
 // this rank's slot of chunk k.
 template <typename T>
@@ -226,7 +189,7 @@ FASTPAR_HD void two_shot_publish(const TwoShotArgs& a, int64_t k, int b, int t, 
   for (int q = 0; q < a.phase.size; ++q) {
     if (q == r) continue;
     const TwoShotSlice s = two_shot_slice<T>(a, k, q, b);
-    two_shot_copy<T>(slot + (s.lo - s.chunk_begin), in + s.lo, s.hi - s.lo, t, nt);
+    fused_copy<T>(slot + (s.lo - s.chunk_begin), in + s.lo, s.hi - s.lo, t, nt);
   }
 }
 
@@ -239,152 +202,26 @@ FASTPAR_HD void two_shot_copy_out(const TwoShotArgs& a, int64_t k, int b, int t,
   for (int q = 0; q < a.phase.size; ++q) {
     if (q == r) continue;
     const TwoShotSlice s = two_shot_slice<T>(a, k, q, b);
-    two_shot_copy<T>(out + s.lo, two_shot_slot_ptr<const T>(a, q, k) + (s.lo - s.chunk_begin), s.hi - s.lo,
+    fused_copy<T>(out + s.lo, two_shot_slot_ptr<const T>(a, q, k) + (s.lo - s.chunk_begin), s.hi - s.lo,
                      t, nt);
   }
 }
 
-// One output pack (or element, V = 1 with `scalar`) of the reduction: the
-// sources' values for it in x[0..n), combined in rank order in the
-// accumulator type (reduce_ops.h, as reduce_kernel: the same bits).
+// Block b's reduction of chunk k: slice b of shard `rank` from every rank
+// (this rank's input, the peers' slots) in rank order into this rank's slot
+// and the output (fused_loops.h: the reduce kernel's bits).
 template <typename T, ReduceOp OP, int NMAX>
-struct TwoShotReduce {
-  using A = acc_t<T>;
-  static constexpr int V = 16 / int(sizeof(T));
-  union Pack {
-    uint4 w;
-    T e[V];
-  };
-
-  // Slice [lo, hi) of shard `rank` of chunk k: sources are this rank's input
-  // and the peers' slots, destinations this rank's slot and the output.
-  // U packs per thread per iteration, each with its n source loads issued
-  // before any combine, so U * n loads are in flight.
-  template <int U>
-  static FASTPAR_HD void run(const TwoShotArgs& a, int64_t k, int b, int t, int nt) {
-    const int n = a.phase.size, r = a.phase.rank;
-    const TwoShotSlice s = two_shot_slice<T>(a, k, r, b);
-    const int64_t len = s.hi - s.lo, off = s.lo - s.chunk_begin;
-    const T* src[NMAX];
-    FASTPAR_TS_UNROLL
-    for (int q = 0; q < NMAX; ++q)
-      src[q] = q >= n ? nullptr : q == r ? static_cast<const T*>(a.in) + s.lo
-                                         : two_shot_slot_ptr<const T>(a, q, k) + off;
-    T* d0 = two_shot_slot_ptr<T>(a, r, k) + off;
-    T* d1 = static_cast<T*>(a.out) + s.lo;
-    bool vec = two_shot_aligned(d0) && two_shot_aligned(d1);
-    FASTPAR_TS_UNROLL
-    for (int q = 0; q < NMAX; ++q)
-      if (q < n) vec = vec && two_shot_aligned(src[q]);
-    int64_t tail = 0;
-    if (vec) {
-      const int64_t packs = len / V;
-      int64_t v = t;
-      for (; v + int64_t(U - 1) * nt < packs; v += int64_t(U) * nt) {
-        Pack x[U][NMAX];
-        FASTPAR_TS_UNROLL
-        for (int u = 0; u < U; ++u) {
-          FASTPAR_TS_UNROLL
-          for (int q = 0; q < NMAX; ++q)
-            if (q < n) x[u][q].w = reinterpret_cast<const uint4*>(src[q])[v + int64_t(u) * nt];
-        }
-        FASTPAR_TS_UNROLL
-        for (int u = 0; u < U; ++u) {
-          Pack y;
-          FASTPAR_TS_UNROLL
-          for (int e = 0; e < V; ++e) {
-            A acc = load_acc(x[u][0].e[e]);
-            FASTPAR_TS_UNROLL
-            for (int q = 1; q < NMAX; ++q)
-              if (q < n) acc = combine<OP>(acc, load_acc(x[u][q].e[e]));
-            y.e[e] = store_acc<T>(finalize<OP>(acc, a.contributions));
-          }
-          reinterpret_cast<uint4*>(d0)[v + int64_t(u) * nt] = y.w;
-          reinterpret_cast<uint4*>(d1)[v + int64_t(u) * nt] = y.w;
-        }
-      }
-      for (; v < packs; v += nt) {
-        Pack x[NMAX];
-        FASTPAR_TS_UNROLL
-        for (int q = 0; q < NMAX; ++q)
-          if (q < n) x[q].w = reinterpret_cast<const uint4*>(src[q])[v];
-        Pack y;
-        FASTPAR_TS_UNROLL
-        for (int e = 0; e < V; ++e) {
-          A acc = load_acc(x[0].e[e]);
-          FASTPAR_TS_UNROLL
-          for (int q = 1; q < NMAX; ++q)
-            if (q < n) acc = combine<OP>(acc, load_acc(x[q].e[e]));
-          y.e[e] = store_acc<T>(finalize<OP>(acc, a.contributions));
-        }
-        reinterpret_cast<uint4*>(d0)[v] = y.w;
-        reinterpret_cast<uint4*>(d1)[v] = y.w;
-      }
-      tail = packs * V;
-    }
-    for (int64_t i = tail + t; i < len; i += nt) {
-      T x[NMAX];
-      FASTPAR_TS_UNROLL
-      for (int q = 0; q < NMAX; ++q)
-        if (q < n) x[q] = src[q][i];
-      A acc = load_acc(x[0]);
-      FASTPAR_TS_UNROLL
-      for (int q = 1; q < NMAX; ++q)
-        if (q < n) acc = combine<OP>(acc, load_acc(x[q]));
-      const T y = store_acc<T>(finalize<OP>(acc, a.contributions));
-      d0[i] = y;
-      d1[i] = y;
-    }
-  }
-};
-
-// The rank bound a call's kernel is compiled for (two_shot_block's NMAX):
-// up to 4 ranks, 2 packs per thread in flight in the reduction (2n >= 4
-// loads); more ranks, 1 pack (n >= 5 loads). Both in one kernel would share
-// one register allocation and spill (ptxas); apart, each fits 128 registers.
-FASTPAR_HD int two_shot_rank_bound(int n) { return n <= 4 ? 4 : kMaxIpcRanks; }
-
-// PhasePoll plus this rank's status word: once a block of this rank has
-// failed (recorded), the others stop waiting too.
-template <class Mem>
-struct TwoShotPoll {
-  const PhaseArgs* a;
-  FASTPAR_HD flags::WaitStatus operator()() const {
-    const uint32_t own = Mem::load_u32(a->status);
-    if (own != 0) return flags::WaitStatus(int(own));
-    return PhasePoll<Mem>{a}();
-  }
-};
-
-// Thread 0 of block b, phase j of the call (after the block's writes of the
-// phase: the caller synchronizes the block first). Returns the failure, if
-// any, recorded.
-template <class Mem>
-FASTPAR_HD flags::WaitStatus two_shot_barrier(const TwoShotArgs& a, int b, int64_t j) {
-  const PhaseArgs& p = a.phase;
-  flags::OpDesc mine = p.desc;
-  mine.seq = p.desc.seq + uint64_t(j);
-  // Another block of this rank failed: stop before posting a phase whose
-  // data that block never wrote.
-  const uint32_t own = Mem::load_u32(p.status);
-  if (own != 0) return flags::WaitStatus(int(own));
-  Mem::store_release(&a.self_blocks[b].value, mine.seq);
-  if (b == 0) flags::post<Mem>(p.self, mine);
-  const uint64_t deadline = flags::deadline_after(Mem::now_ns(), p.timeout_ns);
-  const TwoShotPoll<Mem> poll{&p};
-  flags::WaitStatus s = flags::WaitStatus::kOk;
-  flags::OpDesc theirs{};
-  int q = 0;
-  for (; q < p.size && s == flags::WaitStatus::kOk; ++q) {
-    if (q == p.rank) continue;
-    if (b == 0) {
-      s = flags::wait_and_check<Mem>(p.peers[q], mine, deadline, poll, &theirs);
-    } else {
-      s = fused_wait_flag<Mem>(&a.peer_blocks[q][b].value, mine.seq, deadline, poll);
-    }
-  }
-  if (s != flags::WaitStatus::kOk) record_failure<Mem>(p, s, q - 1, &theirs, &mine);
-  return s;
+FASTPAR_HD void two_shot_reduce(const TwoShotArgs& a, int64_t k, int b, int t, int nt) {
+  const int n = a.phase.size, r = a.phase.rank;
+  const TwoShotSlice s = two_shot_slice<T>(a, k, r, b);
+  const int64_t off = s.lo - s.chunk_begin;
+  const T* src[NMAX];
+  FASTPAR_FUSED_UNROLL
+  for (int q = 0; q < NMAX; ++q)
+    src[q] = q >= n ? nullptr : q == r ? static_cast<const T*>(a.in) + s.lo : two_shot_slot_ptr<const T>(a, q, k) + off;
+  T* const dst[2] = {two_shot_slot_ptr<T>(a, r, k) + off, static_cast<T*>(a.out) + s.lo};
+  FusedReduce<T, OP, NMAX>::template run<fused_reduce_unroll<NMAX>(), 2>(src, n, dst, s.hi - s.lo, a.contributions,
+                                                                          t, nt);
 }
 
 // The whole call for block b. Blk supplies
@@ -396,7 +233,7 @@ FASTPAR_HD flags::WaitStatus two_shot_barrier(const TwoShotArgs& a, int b, int64
 // thread 0's acquire before the block's reads.
 template <class Mem, typename T, ReduceOp OP, int NMAX, class Blk>
 FASTPAR_HD void two_shot_block(const TwoShotArgs& a, int b, Blk& blk) {
-  static_assert(NMAX == 4 || NMAX == kMaxIpcRanks, "two_shot_rank_bound's values");
+  static_assert(NMAX == 4 || NMAX == kMaxIpcRanks, "fused_rank_bound's values");
   const bool earlier = blk.leader([&] {
     const uint32_t s = Mem::load_u32(a.phase.status);
     if (s != 0 && b == 0) flags::abort_rank<Mem>(a.phase.self, s);  // tell the peers, as phase_step
@@ -405,14 +242,20 @@ FASTPAR_HD void two_shot_block(const TwoShotArgs& a, int b, Blk& blk) {
   if (earlier) return;  // an earlier call failed here: write nothing
   blk.threads([&](int t, int nt) { two_shot_publish<T>(a, 0, b, t, nt); });
   for (int64_t k = 0; k < a.chunks; ++k) {
-    if (blk.leader([&] { return two_shot_barrier<Mem>(a, b, k) != flags::WaitStatus::kOk; })) return;
+    if (blk.leader([&] {
+          return block_phase<Mem>(a.phase, a.self_blocks, a.peer_blocks, b, k) != flags::WaitStatus::kOk;
+        }))
+      return;
     blk.threads([&](int t, int nt) {
       if (k > 0) two_shot_copy_out<T>(a, k - 1, b, t, nt);
-      TwoShotReduce<T, OP, NMAX>::template run<NMAX <= 4 ? 2 : 1>(a, k, b, t, nt);
+      two_shot_reduce<T, OP, NMAX>(a, k, b, t, nt);
       if (k + 1 < a.chunks) two_shot_publish<T>(a, k + 1, b, t, nt);
     });
   }
-  if (blk.leader([&] { return two_shot_barrier<Mem>(a, b, a.chunks) != flags::WaitStatus::kOk; })) return;
+  if (blk.leader([&] {
+        return block_phase<Mem>(a.phase, a.self_blocks, a.peer_blocks, b, a.chunks) != flags::WaitStatus::kOk;
+      }))
+    return;
   blk.threads([&](int t, int nt) { two_shot_copy_out<T>(a, a.chunks - 1, b, t, nt); });
 }
 
@@ -421,8 +264,6 @@ cudaError_t launch_fused_two_shot(DType dt, ReduceOp op, const TwoShotArgs& a, c
 
 // Loads every instance of the kernel now (preload_kernels.h).
 cudaError_t preload_fused_two_shot_kernels();
-
-#undef FASTPAR_TS_UNROLL
 
 }  // namespace cuda_ipc
 }  // namespace fastpar

@@ -94,6 +94,54 @@ FASTPAR_HD uint32_t record_failure(const PhaseArgs& a, flags::WaitStatus s, int 
   return first != 0 ? first : uint32_t(s);
 }
 
+// PhasePoll plus this rank's status word: once a block of this rank has
+// failed (recorded), the others stop waiting too.
+template <class Mem>
+struct OwnStatusPoll {
+  const PhaseArgs* a;
+  FASTPAR_HD flags::WaitStatus operator()() const {
+    const uint32_t own = Mem::load_u32(a->status);
+    if (own != 0) return flags::WaitStatus(int(own));
+    return PhasePoll<Mem>{a}();
+  }
+};
+
+// The one-kernel collectives' phase (ipc_fused_two_shot.h,
+// ipc_fused_collectives.h), run by thread 0 of block b for phase j of the call
+// (desc.seq + j), after the block's writes of the phase (the caller
+// synchronizes the block first): post the block's flag, then wait for block b
+// of every peer. Block 0 also posts the control block's flag with the
+// descriptor and checks every peer's (flags::wait_and_check), so the
+// descriptor check of every phase stays; other blocks wait on their flag only.
+// Returns the failure, if any, recorded.
+template <class Mem>
+FASTPAR_HD flags::WaitStatus block_phase(const PhaseArgs& p, GraphFlag* self_blocks,
+                                         const GraphFlag* const* peer_blocks, int b, int64_t j) {
+  flags::OpDesc mine = p.desc;
+  mine.seq = p.desc.seq + uint64_t(j);
+  // Another block of this rank failed: stop before posting a phase whose
+  // data that block never wrote.
+  const uint32_t own = Mem::load_u32(p.status);
+  if (own != 0) return flags::WaitStatus(int(own));
+  Mem::store_release(&self_blocks[b].value, mine.seq);
+  if (b == 0) flags::post<Mem>(p.self, mine);
+  const uint64_t deadline = flags::deadline_after(Mem::now_ns(), p.timeout_ns);
+  const OwnStatusPoll<Mem> poll{&p};
+  flags::WaitStatus s = flags::WaitStatus::kOk;
+  flags::OpDesc theirs{};
+  int q = 0;
+  for (; q < p.size && s == flags::WaitStatus::kOk; ++q) {
+    if (q == p.rank) continue;
+    if (b == 0) {
+      s = flags::wait_and_check<Mem>(p.peers[q], mine, deadline, poll, &theirs);
+    } else {
+      s = fused_wait_flag<Mem>(&peer_blocks[q][b].value, mine.seq, deadline, poll);
+    }
+  }
+  if (s != flags::WaitStatus::kOk) record_failure<Mem>(p, s, q - 1, &theirs, &mine);
+  return s;
+}
+
 template <class Mem>
 FASTPAR_HD void phase_step(const PhaseArgs& a) {
   const uint32_t failed = Mem::load_u32(a.status);

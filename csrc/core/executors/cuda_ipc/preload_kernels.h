@@ -10,6 +10,7 @@
 #include <cuda_runtime_api.h>
 
 #include "../../kernels/cuda_reduce_launch.h"
+#include "ipc_fused_collectives.h"
 #include "ipc_fused_one_shot.h"
 #include "ipc_fused_two_shot.h"
 #include "p2p_ring.h"
@@ -27,7 +28,8 @@ inline cudaError_t preload_ipc_kernels(const char** what) {
                {"phase", preload_phase_kernel},
                {"point-to-point", preload_p2p_kernel},
                {"fused one-shot", preload_fused_kernels},
-               {"fused two-shot", preload_fused_two_shot_kernels}};
+               {"fused two-shot", preload_fused_two_shot_kernels},
+               {"fused collectives", preload_fused_collective_kernels}};
   for (const auto& l : loads) {
     const cudaError_t err = l.load();
     if (err != cudaSuccess) {

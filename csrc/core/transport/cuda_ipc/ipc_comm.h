@@ -71,6 +71,11 @@ struct IpcComm {
   // false: the step-by-step schedule (2mn + 1 stream operations for m chunks).
   // Equal on every rank, as fused_one_shot (a mix fails with a mismatch).
   bool fused_two_shot = true;
+  // broadcast, gather, scatter, all_to_all, reduce and reduce_scatter run as
+  // one fused kernel per call (executors/cuda_ipc/ipc_fused_collectives.h);
+  // false: the step-by-step schedules. Equal on every rank (a mix fails with
+  // a mismatch naming schedule=fused).
+  bool fused_collectives = true;
   // Bytes per block of the fused kernel (ipc_fused_one_shot.h; equal on every
   // rank; the host emulation lowers it so that small calls get many blocks).
   int64_t fused_bytes_per_block = 16 * 1024;

@@ -1,0 +1,97 @@
+// The one-kernel broadcast / gather / scatter / all_to_all / reduce /
+// reduce_scatter (ipc_fused_collectives.h): a whole call, every piece and
+// phase, in one launch.
+#include "../../kernels/reduce_ops.h"
+#include "../../transport/cuda_ipc/device_memory_order.cuh"
+#include "ipc_fused_collectives.h"
+
+namespace fastpar {
+namespace cuda_ipc {
+namespace {
+
+// The fused two-shot's launch shape (ipc_fused_two_shot.cu): 512 threads,
+// 128 registers a thread for the reduction's packs in flight, the blocks of
+// every rank sharing one GPU resident together.
+constexpr int kFusedCollThreads = 512;
+constexpr int kFusedCollMinBlocksPerSm = 1;
+
+// fused_coll_block's block policy on the GPU (as the fused two-shot's).
+struct GpuBlock {
+  int* shared;
+  template <class F>
+  __device__ bool leader(F f) {
+    __syncthreads();
+    if (threadIdx.x == 0) *shared = f() ? 1 : 0;
+    __syncthreads();
+    return *shared != 0;
+  }
+  template <class F>
+  __device__ void threads(F f) {
+    f(int(threadIdx.x), int(blockDim.x));
+  }
+};
+
+template <typename T, ReduceOp OP, int NMAX>
+__global__ void __launch_bounds__(kFusedCollThreads, kFusedCollMinBlocksPerSm)
+    fused_collective_kernel(FusedCollArgs a) {
+  __shared__ int shared;
+  GpuBlock blk{&shared};
+  fused_coll_block<DeviceMemory, T, OP, NMAX>(a, int(blockIdx.x), blk);
+}
+
+template <typename T, ReduceOp OP>
+struct LoadFusedColl {
+  static cudaError_t run() {
+    cudaFuncAttributes attr;
+    const cudaError_t e = cudaFuncGetAttributes(&attr, fused_collective_kernel<T, OP, 4>);
+    return e != cudaSuccess ? e : cudaFuncGetAttributes(&attr, fused_collective_kernel<T, OP, kMaxIpcRanks>);
+  }
+};
+
+template <typename T, ReduceOp OP>
+cudaError_t launch_instance(const FusedCollArgs& a, cudaStream_t stream) {
+  if (fused_rank_bound(a.phase.size) == 4)
+    fused_collective_kernel<T, OP, 4><<<unsigned(a.nblocks), kFusedCollThreads, 0, stream>>>(a);
+  else
+    fused_collective_kernel<T, OP, kMaxIpcRanks><<<unsigned(a.nblocks), kFusedCollThreads, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+bool bad_args(const FusedCollArgs& a) {
+  return a.nblocks < 1 || a.nblocks > kTwoShotMaxBlocks || a.phase.size > kMaxIpcRanks || a.pieces < 1 ||
+         a.slice < 16 || a.slice % 16 != 0;
+}
+
+}  // namespace
+
+#if defined(FASTPAR_SASS_PROBE)
+// tests/tooling/test_cuda_sass.py compiles this file alone for its registers
+// and SASS: the copy kinds' instance (uint8 SUM) and float32 SUM only.
+cudaError_t preload_fused_collective_kernels() {
+  const cudaError_t e = LoadFusedColl<uint8_t, ReduceOp::SUM>::run();
+  return e != cudaSuccess ? e : LoadFusedColl<float, ReduceOp::SUM>::run();
+}
+
+cudaError_t launch_fused_collective(DType dt, ReduceOp op, const FusedCollArgs& a, cudaStream_t stream) {
+  if (bad_args(a)) return cudaErrorInvalidValue;
+  if (!fused_coll_reduces(a.kind)) return launch_instance<uint8_t, ReduceOp::SUM>(a, stream);
+  if (dt == DType::F32 && op == ReduceOp::SUM) return launch_instance<float, ReduceOp::SUM>(a, stream);
+  return cudaErrorInvalidValue;
+}
+#else
+cudaError_t preload_fused_collective_kernels() { return for_each_kernel<LoadFusedColl>(cudaSuccess); }
+
+cudaError_t launch_fused_collective(DType dt, ReduceOp op, const FusedCollArgs& a, cudaStream_t stream) {
+  if (bad_args(a)) return cudaErrorInvalidValue;
+  // The copy kinds move bytes: one instance serves every dtype.
+  if (!fused_coll_reduces(a.kind)) return launch_instance<uint8_t, ReduceOp::SUM>(a, stream);
+  cudaError_t result = cudaErrorInvalidValue;  // stays so for an op without a kernel
+  FASTPAR_DISPATCH_DTYPE(dt, [&] {
+    FASTPAR_DISPATCH_OP(op, [&] { result = launch_instance<scalar_t, kOp>(a, stream); });
+  });
+  return result;
+}
+#endif
+
+}  // namespace cuda_ipc
+}  // namespace fastpar
