@@ -311,6 +311,17 @@ def ipc_worker(args) -> None:
         dist.barrier(group=gloo)
         return slowest(event_time(lambda: dist.all_reduce(t), reps=3, agree=agreed_calls)), None
 
+    def registered_steps(size):
+        """The registered all_reduce step by step (m(n + 1) + 2 stream
+        operations, (3n - 1)N bytes) beside the push (one kernel, 2nN bytes)
+        that the "fastpar registered" rows run."""
+        engine = fd.get_fastpar_backend().cuda_engine
+        engine._set_ipc_two_shot("steps")
+        try:
+            return registered(size)
+        finally:
+            engine._set_ipc_two_shot("fused")
+
     def graphed(size):
         t = torch.ones(size // 4, device="cuda")
         dist.all_reduce(t)  # IPC is set up outside the capture
@@ -396,6 +407,7 @@ def ipc_worker(args) -> None:
         # The same all_reduce on registered tensors (registered_empty: no
         # copy-in); the registered two-shot runs above the one-shot sizes.
         series("fastpar registered", [s for s in args.ipc_sizes if s > 256 * KiB], registered)
+        series("fastpar registered steps", [s for s in args.ipc_sizes if s > 256 * KiB], registered_steps)
         # The other collectives, one kernel a call against step by step.
         for op in ("broadcast", "all_gather", "reduce_scatter"):
             for form in ("fused", "steps"):

@@ -66,6 +66,11 @@ constexpr int64_t kAuxFusedCollective = kAuxOneShot + 7;
 // too, since a descriptor without aux (-1) matches any schedule.
 constexpr int64_t kAuxStepCollective = kAuxOneShot + 8;
 
+// A registered all_reduce's aux is its arena offset; its one-kernel form
+// (the push, ipc_fused_collectives.h) sets this bit on it, so a peer in the
+// step-by-step form fails the check. Offsets stay far below it.
+constexpr int64_t kAuxFusedRegistered = int64_t(1) << 61;
+
 // Descriptor dtypes from here up are torch dtypes fastpar has no element
 // math for (kForeignDType + the ScalarType code): the copy collectives still
 // move them, and peers still compare them.
@@ -108,6 +113,8 @@ inline std::string describe(const flags::OpDesc& d) {
   else if (d.aux == kAuxPlacement) s += ", placement exchange";
   else if (d.aux == kAuxFusedCollective) s += ", schedule=fused";
   else if (d.aux == kAuxStepCollective) s += ", schedule=steps";
+  else if (d.aux >= kAuxFusedRegistered && d.aux < kAuxOneShot)
+    s += ", schedule=fused, registered offset=" + std::to_string(d.aux - kAuxFusedRegistered);
   else if (d.aux >= 0) s += ", registered offset=" + std::to_string(d.aux);
   return s + ")";
 }

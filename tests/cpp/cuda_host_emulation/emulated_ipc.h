@@ -196,6 +196,10 @@ inline std::atomic<int> g_collective_launches{0};
 // bytes, a reduction reads n sources and writes one output.
 inline int64_t fused_coll_bytes(const FusedCollArgs& a) {
   const int n = a.phase.size, r = a.phase.rank;
+  if (a.kind == FusedColl::kAllreduceRegistered) {  // n reads and n writes of this rank's shard
+    const int64_t sb = std::min(a.bytes, r * a.piece), se = std::min(a.bytes, sb + a.piece);
+    return 2 * n * (se - sb);
+  }
   int64_t bytes = 0;
   for (int64_t i = 0; i < a.pieces; ++i) {
     const int64_t len = std::max<int64_t>(0, std::min(a.piece, a.bytes - i * a.piece));
@@ -208,6 +212,7 @@ inline int64_t fused_coll_bytes(const FusedCollArgs& a) {
       case FusedColl::kAllToAll: bytes += 2 * (2 * n - 1) * len; break;
       case FusedColl::kReduce: bytes += r != a.root ? 2 * len : (n + 1) * len; break;
       case FusedColl::kReduceScatter: bytes += 2 * (n - 1) * len + (n + 1) * len; break;
+      case FusedColl::kAllreduceRegistered: break;  // above
     }
   }
   return bytes;

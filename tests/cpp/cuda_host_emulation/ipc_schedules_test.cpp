@@ -272,6 +272,42 @@ void check_registered(int n, size_t slot_bytes) {
   }
 }
 
+// A registered all_reduce with rank 0 step by step and its peers pushing in
+// one kernel (fused_two_shot): every rank fails (kMismatch, or kPeerAborted
+// from a rank that saw it) within the 2 s timeout instead of waiting on
+// flags the other form never posts; rank 0's record names both forms.
+void check_registered_mix(int n) {
+  const size_t slot_bytes = 4096, reg_bytes = 4096;
+  Arenas arenas(n, slot_bytes, reg_bytes);
+  std::vector<uint32_t> status(size_t(n), 0);
+  std::vector<cuda_ipc::MismatchRecord> record(size_t(n), cuda_ipc::MismatchRecord{});
+  std::vector<std::thread> threads;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      cuda_ipc::IpcComm c = comm_for(arenas, r, slot_bytes);
+      c.fused_two_shot = r != 0;
+      c.timeout_ns = 2ull * 1000 * 1000 * 1000;
+      c.host_mismatch = &record[size_t(r)];
+      cuda_ipc::allreduce_registered(c, DType::F32, ReduceOp::SUM, 0, 64, nullptr);
+      cuda_ipc::read_status(c, nullptr, &status[size_t(r)]);
+    });
+  }
+  for (auto& t : threads) t.join();
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  char what[160];
+  for (int r = 0; r < n; ++r) {
+    const auto s = flags::WaitStatus(status[size_t(r)]);
+    std::snprintf(what, sizeof(what), "registered mix: rank %d of %d ended with status %u", r, n, status[size_t(r)]);
+    expect(s == flags::WaitStatus::kMismatch || s == flags::WaitStatus::kPeerAborted, what);
+  }
+  std::snprintf(what, sizeof(what), "registered mix n=%d: failed in %.2f s (timeout 2 s)", n, secs);
+  expect(secs < 1.5, what);
+  if (flags::WaitStatus(status[0]) == flags::WaitStatus::kMismatch)
+    expect(describe(record[0].theirs).find("schedule=fused, registered offset=0") != std::string::npos,
+           "registered mix: rank 0's record names the peer's fused form");
+}
+
 // The graphed all_reduce as a CUDA graph replays it: per rank one `in` and
 // one `out` buffer (the addresses fixed at capture), refilled before each
 // call; calls of several sizes (several captured graphs), an eager one-shot
@@ -391,8 +427,17 @@ int main() {
   expect(cuda_ipc::take_traps().empty(), "graphed calls that succeed never trap");
   for (int n = 2; n <= 4; ++n) check_graphed_mismatch(n);
   expect(cuda_ipc::take_traps().size() >= 2 + 3 + 4, "a desynced replay traps on every rank");
-  for (int n = 2; n <= 4; ++n)
-    for (size_t slot_bytes : {size_t(256), size_t(4096)}) check_registered(n, slot_bytes);
+  // Registered buffers both ways: the push in one kernel (fused_two_shot) and
+  // step by step; then a mix of the two.
+  const int registered_before = cuda_ipc::g_collective_launches;
+  for (bool fused : {true, false}) {
+    emulated::g_fused_two_shot = fused;
+    for (int n = 2; n <= 5; ++n)
+      for (size_t slot_bytes : {size_t(256), size_t(4096)}) check_registered(n, slot_bytes);
+    if (fused) expect(cuda_ipc::g_collective_launches > registered_before, "the registered push ran");
+  }
+  emulated::g_fused_two_shot = true;
+  for (int n = 2; n <= 4; ++n) check_registered_mix(n);
   std::printf("%ld checks, %ld failures\n", long(checks.load()), long(failures.load()));
   return failures == 0 ? 0 : 1;
 }

@@ -13,6 +13,7 @@
 //   two-shot, step by step        2mn + 1 launches, (5n - 2) N bytes (all ranks)
 //   two-shot, fused kernel        1 launch, the same bytes
 //   registered two-shot           m(n + 1) + 2 launches, (3n - 1) N bytes
+//   registered push, one kernel   1 launch, 2nN bytes
 //   one-shot, fused (fits a slot) 1 launch, n(n + 3) N bytes
 //   list ring on one GPU          1 launch (was n per n-segment window), 2n N bytes
 //   broadcast, all_gather, gather, scatter, all_to_all, reduce, reduce_scatter:
@@ -133,21 +134,31 @@ void allreduce_rows(int n) {
 
 void registered_rows(int n) {
   for (int64_t count : {kChunk, 5 * kChunk + 100}) {
-    const Counted k = count_call(
-        n,
-        [&](cuda_ipc::IpcComm& c, int r) {
-          float* buf = reinterpret_cast<float*>(cuda_ipc::registered_of(c.bases[r], c.slot_bytes));
-          for (int64_t i = 0; i < count; ++i) buf[i] = float(r);
-          cuda_ipc::allreduce_registered(c, DType::F32, ReduceOp::SUM, 0, count, nullptr);
-        },
-        size_t(count) * 4);
-    record("all_reduce registered", n, count, k);
+    auto run = [&](bool fused) {
+      return count_call(
+          n,
+          [&](cuda_ipc::IpcComm& c, int r) {
+            c.fused_two_shot = fused;
+            float* buf = reinterpret_cast<float*>(cuda_ipc::registered_of(c.bases[r], c.slot_bytes));
+            for (int64_t i = 0; i < count; ++i) buf[i] = float(r);
+            cuda_ipc::allreduce_registered(c, DType::F32, ReduceOp::SUM, 0, count, nullptr);
+          },
+          size_t(count) * 4);
+    };
+    const Counted k = run(false);
+    record("all_reduce registered, step by step", n, count, k);
     const int64_t m = chunks(count);
     char what[160];
     std::snprintf(what, sizeof(what), "registered n=%d count %ld: m(n+1)+2 = %ld launches, got %ld", n, long(count),
                   long(m * (n + 1) + 2), long(k.rank0.launches));
     expect(k.rank0.launches == m * (n + 1) + 2 && k.rank0.total() == k.rank0.launches, what);
     expect(k.bytes_all == (3 * n - 1) * count * 4, "registered: (3n-1)N bytes");
+    const Counted push = run(true);
+    record("all_reduce registered, push kernel", n, count, push);
+    expect(push.rank0.launches == 1 && push.rank0.total() == 1, "registered push: one launch");
+    std::snprintf(what, sizeof(what), "registered push n=%d count %ld: 2nN = %ld bytes, got %ld", n, long(count),
+                  long(2 * n * count * 4), long(push.bytes_all));
+    expect(push.bytes_all == 2 * n * count * 4, what);
   }
 }
 

@@ -51,7 +51,7 @@ FASTPAR_HD void fused_copy(T* dst, const T* src, int64_t n, int t, int nt) {
   for (int64_t i = tail + t; i < n; i += nt) dst[i] = src[i];
 }
 
-// dst[d][0, len) = op over src[0 .. n) in rank order, for each of the ND
+// dst[d][0, len) = op over src[0 .. n) in rank order, for each of the nd <= ND
 // destinations, in the accumulator type (reduce_ops.h, as the reduce kernel:
 // the same bits), AVG dividing by `contributions`. U packs per thread per
 // iteration, each with its n source loads issued before any combine, so U * n
@@ -67,11 +67,12 @@ struct FusedReduce {
   };
 
   template <int U, int ND>
-  static FASTPAR_HD void run(const T* const* src, int n, T* const* dst, int64_t len, int contributions, int t,
-                             int nt) {
+  static FASTPAR_HD void run(const T* const* src, int n, T* const* dst, int nd, int64_t len, int contributions,
+                             int t, int nt) {
     bool vec = true;
     FASTPAR_FUSED_UNROLL
-    for (int d = 0; d < ND; ++d) vec = vec && fused_aligned(dst[d]);
+    for (int d = 0; d < ND; ++d)
+      if (d < nd) vec = vec && fused_aligned(dst[d]);
     FASTPAR_FUSED_UNROLL
     for (int q = 0; q < NMAX; ++q)
       if (q < n) vec = vec && fused_aligned(src[q]);
@@ -91,7 +92,8 @@ struct FusedReduce {
         for (int u = 0; u < U; ++u) {
           const uint4 y = combine_pack(x[u], n, contributions);
           FASTPAR_FUSED_UNROLL
-          for (int d = 0; d < ND; ++d) reinterpret_cast<uint4*>(dst[d])[v + int64_t(u) * nt] = y;
+          for (int d = 0; d < ND; ++d)
+            if (d < nd) reinterpret_cast<uint4*>(dst[d])[v + int64_t(u) * nt] = y;
         }
       }
       for (; v < packs; v += nt) {
@@ -101,7 +103,8 @@ struct FusedReduce {
           if (q < n) x[q].w = reinterpret_cast<const uint4*>(src[q])[v];
         const uint4 y = combine_pack(x, n, contributions);
         FASTPAR_FUSED_UNROLL
-        for (int d = 0; d < ND; ++d) reinterpret_cast<uint4*>(dst[d])[v] = y;
+        for (int d = 0; d < ND; ++d)
+          if (d < nd) reinterpret_cast<uint4*>(dst[d])[v] = y;
       }
       tail = packs * V;
     }
@@ -116,7 +119,8 @@ struct FusedReduce {
         if (q < n) acc = combine<OP>(acc, load_acc(x[q]));
       const T y = store_acc<T>(finalize<OP>(acc, contributions));
       FASTPAR_FUSED_UNROLL
-      for (int d = 0; d < ND; ++d) dst[d][i] = y;
+      for (int d = 0; d < ND; ++d)
+        if (d < nd) dst[d][i] = y;
     }
   }
 
@@ -142,11 +146,10 @@ struct FusedReduce {
 // one register allocation and spill (ptxas); apart, each fits 128 registers.
 FASTPAR_HD int fused_rank_bound(int n) { return n <= 4 ? 4 : kMaxIpcRanks; }
 
-// Packs per thread per iteration of the reduction for rank bound NMAX.
+// Packs per thread per iteration of the reduction for rank bound NMAX (a
+// variable, not a function: device code may read it).
 template <int NMAX>
-constexpr int fused_reduce_unroll() {
-  return NMAX <= 4 ? 2 : 1;
-}
+constexpr int kFusedReduceUnroll = NMAX <= 4 ? 2 : 1;
 
 }  // namespace cuda_ipc
 }  // namespace fastpar

@@ -8,6 +8,7 @@
 #include <algorithm>
 
 #include "../../algorithms/allreduce_slots.h"
+#include "ipc_fused_collectives.h"
 #include "ipc_fused_one_shot.h"
 #include "ipc_fused_two_shot.h"
 #include "ipc_steps.h"
@@ -89,6 +90,30 @@ cudaError_t allreduce_registered(IpcComm& c, DType dt, ReduceOp op, int64_t offs
                                  cudaStream_t stream) {
   const int64_t es = dtype_size(dt);
   if (offset < 0 || count < 0 || offset + count * es > int64_t(c.registered_bytes)) return cudaErrorInvalidValue;
+  if (c.fused_two_shot) {
+    // The push, one launch (ipc_fused_collectives.h): two phases, no slot.
+    return run_schedule(c, stream, [&](IpcSteps& s) {
+      const int n = c.size;
+      FusedCollArgs a{};
+      a.kind = FusedColl::kAllreduceRegistered;
+      a.root = -1;
+      a.bytes = count * es;
+      const int64_t al = shard_align(es);
+      a.piece = ((count + n - 1) / n + al - 1) / al * al * es;  // a shard: split_range's cut
+      a.stride = a.piece;
+      a.pieces = 1;
+      a.phase = ipc_steps::phase_args(
+          c, CollCall{Coll::kAllreduce, count, dt, -1, int(op), offset + kAuxFusedRegistered});
+      c.seq += 1;  // phases desc.seq and desc.seq + 1
+      fused_coll_bind(a, c);
+      for (int q = 0; q < n; ++q) a.src[q] = a.dst[q] = s.arena(q) + offset;
+      a.contributions = n;
+      a.nblocks = fused_coll_blocks(a.piece, a.piece, n, c.fused_bytes_per_block);
+      a.slice = fused_coll_slice(a.piece, a.piece, a.nblocks);
+      const cudaError_t e = launch_fused_collective(dt, op, a, stream);
+      if (e != cudaSuccess) throw EnqueueFailed{e};
+    });
+  }
   return run_schedule(c, stream, [&](IpcSteps& s) {
     fastpar::allreduce_registered(s, CollCall{Coll::kAllreduce, count, dt, -1, int(op), offset}, offset, count, es,
                                   std::max<int64_t>(1, int64_t(c.slot_bytes) / es), s.reducer(dt, op));

@@ -50,12 +50,7 @@ cudaError_t run_fused(IpcComm& c, CollCall call, DType dt, ReduceOp op, FusedCol
     a.pieces = num_pieces(a.bytes, a.piece);
     a.phase = ipc_steps::phase_args(c, call);
     c.seq += uint64_t(a.pieces - 1);  // phases desc.seq .. desc.seq + pieces - 1
-    a.self_blocks = two_shot_flags_of(c.bases[c.rank]);
-    for (int q = 0; q < n; ++q) {
-      a.peer_blocks[q] = two_shot_flags_of(c.bases[q]);
-      a.slot0[q] = slot_of(c.bases[q], c.slot_bytes, 0);
-    }
-    a.slot_stride = int64_t(slot_stride(c.slot_bytes));
+    fused_coll_bind(a, c);
     a.first_slot = s.next_round();
     for (int64_t i = 1; i < a.pieces; ++i) s.next_round();
     a.contributions = n;

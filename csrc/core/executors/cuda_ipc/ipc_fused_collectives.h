@@ -1,6 +1,7 @@
 // broadcast, all_gather, gather, scatter, all_to_all, reduce and
 // reduce_scatter over CUDA IPC (ipc_collectives.h) as ONE kernel per call,
-// whatever the size. The step-by-step schedules (copy_collectives_slots.h,
+// whatever the size; and in the same kernel the all_reduce of registered
+// buffers as a push (fused_registered_block, below). The step-by-step schedules (copy_collectives_slots.h,
 // reduce_slots.h over IpcSteps) enqueue per slot-sized piece a copy kernel per
 // peer region and a one-thread phase kernel; this kernel walks the same pieces
 // and phases itself, as the fused two-shot all_reduce does
@@ -59,6 +60,9 @@ enum class FusedColl : int32_t {
   kAllToAll,       // src[q] = block for rank q, dst[q] = block from rank q
   kReduce,         // src[0] = in, dst[0] = out (root only)
   kReduceScatter,  // src[q] = block q of the input, dst[0] = out
+  // all_reduce on registered buffers (the push): src[q] = dst[q] = rank q's
+  // registered buffer at the call's offset, as mapped here
+  kAllreduceRegistered,
 };
 
 // Whether a kind sends one region per destination (the slot cut in n).
@@ -66,7 +70,9 @@ FASTPAR_HD bool fused_coll_regions(FusedColl k) {
   return k == FusedColl::kScatter || k == FusedColl::kAllToAll || k == FusedColl::kReduceScatter;
 }
 
-FASTPAR_HD bool fused_coll_reduces(FusedColl k) { return k == FusedColl::kReduce || k == FusedColl::kReduceScatter; }
+FASTPAR_HD bool fused_coll_reduces(FusedColl k) {
+  return k == FusedColl::kReduce || k == FusedColl::kReduceScatter || k == FusedColl::kAllreduceRegistered;
+}
 
 struct FusedCollArgs {
   PhaseArgs phase;  // desc.seq: piece 0's phase; piece i's is desc.seq + i
@@ -165,6 +171,8 @@ FASTPAR_HD void fused_coll_publish(const FusedCollArgs& a, int64_t i, int b, int
       for (int q = 0; q < n; ++q)
         if (q != r) send(q, a.src[q]);
       break;
+    case FusedColl::kAllreduceRegistered:  // no slots (fused_registered_block)
+      break;
   }
 }
 
@@ -206,11 +214,63 @@ FASTPAR_HD void fused_coll_read(const FusedCollArgs& a, int64_t i, int b, int t,
                  : q == r ? reinterpret_cast<const T*>(a.src[scatter ? r : 0] + s.off + s.lo)
                           : reinterpret_cast<const T*>(fused_coll_slot(a, q, i, scatter ? r : 0) + s.lo);
       T* const dst[1] = {reinterpret_cast<T*>(a.dst[0] + s.off + s.lo)};
-      FusedReduce<T, OP, NMAX>::template run<fused_reduce_unroll<NMAX>(), 1>(
-          src, n, dst, len / int64_t(sizeof(T)), a.contributions, t, nt);
+      FusedReduce<T, OP, NMAX>::template run<kFusedReduceUnroll<NMAX>, 1>(
+          src, n, dst, 1, len / int64_t(sizeof(T)), a.contributions, t, nt);
       break;
     }
+    case FusedColl::kAllreduceRegistered:  // no slots (fused_registered_block)
+      break;
   }
+}
+
+// The registered all_reduce as a push: the data already sits in every rank's
+// registered buffer, which every peer maps, so there is no copy-in and no
+// slot. Rank r owns shard r ([r * piece, (r + 1) * piece) bytes, clamped:
+// the count cut in n, 64-byte aligned as allreduce_slots.h's shards); after
+// phase 0 (every rank has reached the call, so its buffer holds its data:
+// each rank's kernel starts after its stream's earlier work), block b of the
+// owner reduces slice b of the shard from every rank's buffer in rank order
+// and writes the result into every rank's buffer, its own included; phase 1
+// keeps every rank's buffer from going back to its stream before every owner
+// has written into it (a rank's kernel ends after all its blocks passed phase
+// 1, so after block b of every peer has, for every b). Only the owner of a
+// shard reads or writes it during the call, so the buffers need no other
+// order. Per rank N bytes, the k ranks move 2kN bytes (n reads and n writes
+// of each element), where the step-by-step form moves (3k-1)N; the bits are
+// its bits (the same shards reduced in rank order).
+FASTPAR_HD FusedCollSlice fused_registered_slice_of(const FusedCollArgs& a, int b) {
+  const int64_t r = a.phase.rank;
+  const int64_t sb = r * a.piece < a.bytes ? r * a.piece : a.bytes;
+  const int64_t se = sb + a.piece < a.bytes ? sb + a.piece : a.bytes;
+  const int64_t lo = sb + int64_t(b) * a.slice < se ? sb + int64_t(b) * a.slice : se;
+  const int64_t hi = lo + a.slice < se ? lo + a.slice : se;
+  return {0, lo, hi};
+}
+
+template <typename T, ReduceOp OP, int NMAX>
+FASTPAR_HD void fused_registered_reduce(const FusedCollArgs& a, int b, int t, int nt) {
+  const int n = a.phase.size;
+  const FusedCollSlice s = fused_registered_slice_of(a, b);
+  if (s.hi <= s.lo) return;
+  const T* src[NMAX];
+  T* dst[NMAX];
+  FASTPAR_FUSED_UNROLL
+  for (int q = 0; q < NMAX; ++q) {
+    src[q] = q < n ? reinterpret_cast<const T*>(a.src[q] + s.lo) : nullptr;
+    dst[q] = q < n ? reinterpret_cast<T*>(a.dst[q] + s.lo) : nullptr;
+  }
+  FusedReduce<T, OP, NMAX>::template run<kFusedReduceUnroll<NMAX>, NMAX>(
+      src, n, dst, n, (s.hi - s.lo) / int64_t(sizeof(T)), a.contributions, t, nt);
+}
+
+template <class Mem, typename T, ReduceOp OP, int NMAX, class Blk>
+FASTPAR_HD void fused_registered_block(const FusedCollArgs& a, int b, Blk& blk) {
+  if (blk.leader([&] {
+        return block_phase<Mem>(a.phase, a.self_blocks, a.peer_blocks, b, 0) != flags::WaitStatus::kOk;
+      }))
+    return;
+  blk.threads([&](int t, int nt) { fused_registered_reduce<T, OP, NMAX>(a, b, t, nt); });
+  blk.leader([&] { return block_phase<Mem>(a.phase, a.self_blocks, a.peer_blocks, b, 1) != flags::WaitStatus::kOk; });
 }
 
 // The whole call for block b (Blk as two_shot_block's: leader(f), threads(f)).
@@ -224,6 +284,10 @@ FASTPAR_HD void fused_coll_block(const FusedCollArgs& a, int b, Blk& blk) {
     return s != 0;
   });
   if (earlier) return;  // an earlier call failed here: write nothing
+  if (a.kind == FusedColl::kAllreduceRegistered) {
+    fused_registered_block<Mem, T, OP, NMAX>(a, b, blk);
+    return;
+  }
   for (int64_t i = 0; i < a.pieces; ++i) {
     blk.threads([&](int t, int nt) { fused_coll_publish(a, i, b, t, nt); });
     if (blk.leader([&] {
@@ -232,6 +296,17 @@ FASTPAR_HD void fused_coll_block(const FusedCollArgs& a, int b, Blk& blk) {
       return;
     blk.threads([&](int t, int nt) { fused_coll_read<T, OP, NMAX>(a, i, b, t, nt); });
   }
+}
+
+// Points `a` at `c`'s arenas: this rank's and the peers' block flags and
+// slots. Host code.
+inline void fused_coll_bind(FusedCollArgs& a, const IpcComm& c) {
+  a.self_blocks = two_shot_flags_of(c.bases[c.rank]);
+  for (int q = 0; q < c.size; ++q) {
+    a.peer_blocks[q] = two_shot_flags_of(c.bases[q]);
+    a.slot0[q] = slot_of(c.bases[q], c.slot_bytes, 0);
+  }
+  a.slot_stride = int64_t(slot_stride(c.slot_bytes));
 }
 
 // Enqueues the kernel (ipc_fused_collectives.cu): a.nblocks blocks. `dt` and

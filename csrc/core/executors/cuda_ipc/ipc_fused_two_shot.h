@@ -220,8 +220,8 @@ FASTPAR_HD void two_shot_reduce(const TwoShotArgs& a, int64_t k, int b, int t, i
   for (int q = 0; q < NMAX; ++q)
     src[q] = q >= n ? nullptr : q == r ? static_cast<const T*>(a.in) + s.lo : two_shot_slot_ptr<const T>(a, q, k) + off;
   T* const dst[2] = {two_shot_slot_ptr<T>(a, r, k) + off, static_cast<T*>(a.out) + s.lo};
-  FusedReduce<T, OP, NMAX>::template run<fused_reduce_unroll<NMAX>(), 2>(src, n, dst, s.hi - s.lo, a.contributions,
-                                                                          t, nt);
+  FusedReduce<T, OP, NMAX>::template run<kFusedReduceUnroll<NMAX>, 2>(src, n, dst, 2, s.hi - s.lo,
+                                                                          a.contributions, t, nt);
 }
 
 // The whole call for block b. Blk supplies
