@@ -112,7 +112,7 @@ cudaError_t launch_fused_one_shot(DType dt, ReduceOp op, const FusedArgs& a, cud
 
 // The graphed kernel (ipc_fused_one_shot.cu's fused_graph_kernel), emulated the
 // same way: per block, the earlier-failure check (block 0 traps), epoch,
-// copy-in, start barrier, reduction, end barrier (a failed barrier traps).
+// copy-in to the epoch's graph slot, barrier (a failed one traps), reduction.
 inline std::atomic<int> g_graph_launches{0};
 
 cudaError_t launch_fused_graph(DType dt, ReduceOp op, const GraphArgs& a, cudaStream_t) {
@@ -125,10 +125,11 @@ cudaError_t launch_fused_graph(DType dt, ReduceOp op, const GraphArgs& a, cudaSt
       run_blocks(a.f.nblocks, [&](int b) {
         if (graph_prior_failure<HostMemory>(a, b) != 0) return;
         const uint64_t e = graph_epoch(a, b);
-        for (int t = 0; t < kEmulatedThreads; ++t) fused_copy_in<scalar_t>(a.f, b, t, kEmulatedThreads);
-        if (graph_block_barrier<HostMemory>(a, b, e, true) != flags::WaitStatus::kOk) return;
-        for (int t = 0; t < kEmulatedThreads; ++t) fused_reduce<scalar_t, kOp>(a.f, b, t, kEmulatedThreads);
-        if (graph_block_barrier<HostMemory>(a, b, e, false) == flags::WaitStatus::kOk) graph_done(a, b, e);
+        const int64_t off = graph_slot_offset(a, e);
+        for (int t = 0; t < kEmulatedThreads; ++t) fused_copy_in<scalar_t>(a.f, b, t, kEmulatedThreads, off);
+        if (graph_block_barrier<HostMemory>(a, b, e) != flags::WaitStatus::kOk) return;
+        for (int t = 0; t < kEmulatedThreads; ++t) fused_reduce<scalar_t, kOp>(a.f, b, t, kEmulatedThreads, off);
+        graph_done(a, b, e);
       });
     });
   });

@@ -328,6 +328,10 @@ void check_graphed(int n) {
       std::vector<float> in(1024), out(1024), eager(64);
       for (int i = 0; i < calls; ++i) {
         const Call call{false, i % 2 == 0, sizes[i % 8], ReduceOp(i % 5)};
+        // Ranks drift apart by up to a call (a replay has one barrier, so a
+        // rank may copy in to the next graph slot while a peer still reads
+        // this one), then catch up.
+        std::this_thread::sleep_for(std::chrono::microseconds(200 * ((i + r) % 3)));
         for (int64_t k = 0; k < call.count; ++k) in[size_t(k)] = value(r, i, k);
         const uint64_t seq = c.seq;
         float* dst = call.in_place ? in.data() : out.data();

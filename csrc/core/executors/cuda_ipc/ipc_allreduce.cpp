@@ -136,13 +136,16 @@ cudaError_t allreduce_graphed(IpcComm& c, DType dt, ReduceOp op, const void* in,
     a.self = graph_control_of(c.bases[c.rank], c.slot_bytes);
     for (int q = 0; q < c.size; ++q) {
       a.peers[q] = graph_control_of(c.bases[q], c.slot_bytes);
-      a.f.slots[q] = graph_slot_of(c.bases[q], c.slot_bytes);
+      a.f.slots[q] = graph_slot_of(c.bases[q], c.slot_bytes, 0);
     }
+    a.parity_stride = int64_t(slot_stride(c.slot_bytes));
     a.f.in = in;
     a.f.out = out;
     a.f.count = count;
     a.f.contributions = c.size;
-    a.f.nblocks = fused_blocks(count * es, c.fused_bytes_per_block);
+    // Every graphed call runs every block, whatever its size, so that all
+    // blocks of a rank count the same epochs (ipc_fused_one_shot.h).
+    a.f.nblocks = kFusedMaxBlocks;
     const cudaError_t e = launch_fused_graph(dt, op, a, stream);
     if (e != cudaSuccess) throw EnqueueFailed{e};
   });

@@ -46,16 +46,16 @@ __global__ void __launch_bounds__(kFusedThreads, kFusedMinBlocksPerSm) fused_gra
   }
   __syncthreads();
   if (failed) return;
-  fused_copy_in<T>(a.f, b, t, nt);
+  const int64_t off = graph_slot_offset(a, epoch);
+  fused_copy_in<T>(a.f, b, t, nt, off);
   __syncthreads();
-  if (t == 0) failed = graph_block_barrier<DeviceMemory>(a, b, epoch, true) != flags::WaitStatus::kOk;
+  if (t == 0) failed = graph_block_barrier<DeviceMemory>(a, b, epoch) != flags::WaitStatus::kOk;
   __syncthreads();
   if (failed) return;
-  fused_reduce<T, OP>(a.f, b, t, nt);
-  // Every thread's reads of the peers' slots happen before thread 0's release of end[b].
-  __syncthreads();
-  if (t == 0 && graph_block_barrier<DeviceMemory>(a, b, epoch, false) == flags::WaitStatus::kOk)
-    graph_done(a, b, epoch);
+  fused_reduce<T, OP>(a.f, b, t, nt, off);
+  // No second barrier: the next replay copies in to the other graph slot
+  // (ipc_fused_one_shot.h).
+  if (t == 0) graph_done(a, b, epoch);
 }
 
 // dtype x op dispatch of one of the kernels above.

@@ -158,13 +158,15 @@ FASTPAR_HD void fused_block_range(const FusedArgs& a, int b, int64_t* lo, int64_
 }
 
 // Block b's copy-in, thread `t` of `nt`.
+// `slot_off`: bytes past a.slots[q] where this call's slots start (the
+// graphed kernel's parity; 0 otherwise).
 template <typename T>
-FASTPAR_HD void fused_copy_in(const FusedArgs& a, int b, int t, int nt) {
+FASTPAR_HD void fused_copy_in(const FusedArgs& a, int b, int t, int nt, int64_t slot_off = 0) {
   constexpr int V = FusedPack<T>::kN;
   int64_t lo, hi;
   fused_block_range<T>(a, b, &lo, &hi);
   const T* in = static_cast<const T*>(a.in);
-  T* mine = static_cast<T*>(a.slots[a.phase.rank]);
+  T* mine = reinterpret_cast<T*>(static_cast<char*>(a.slots[a.phase.rank]) + slot_off);
   int64_t tail = lo;
   if (fused_aligned(in) && fused_aligned(mine)) {
     const int64_t packs = (hi - lo) / V;
@@ -185,7 +187,7 @@ FASTPAR_HD void fused_copy_in(const FusedArgs& a, int b, int t, int nt) {
 // element at a time, so a single accumulator is live (1-byte types would
 // otherwise hold 16 and spill).
 template <typename T, ReduceOp OP>
-FASTPAR_HD void fused_reduce(const FusedArgs& a, int b, int t, int nt) {
+FASTPAR_HD void fused_reduce(const FusedArgs& a, int b, int t, int nt, int64_t slot_off = 0) {
   using A = acc_t<T>;
   constexpr int V = FusedPack<T>::kN;
   int64_t lo, hi;
@@ -195,7 +197,7 @@ FASTPAR_HD void fused_reduce(const FusedArgs& a, int b, int t, int nt) {
   bool vec = fused_aligned(out);
   FASTPAR_UNROLL
   for (int q = 0; q < kMaxIpcRanks; ++q)
-    if (q < n) vec = vec && fused_aligned(a.slots[q]);
+    if (q < n) vec = vec && fused_aligned(static_cast<const char*>(a.slots[q]) + slot_off);
   int64_t tail = lo;
   if (vec) {
     const int64_t packs = (hi - lo) / V;
@@ -204,7 +206,9 @@ FASTPAR_HD void fused_reduce(const FusedArgs& a, int b, int t, int nt) {
       FusedPack<T> x[kMaxIpcRanks];
       FASTPAR_UNROLL
       for (int q = 0; q < kMaxIpcRanks; ++q)
-        if (q < n) x[q].w = *reinterpret_cast<const uint4*>(static_cast<const T*>(a.slots[q]) + off);
+        if (q < n)
+          x[q].w = *reinterpret_cast<const uint4*>(
+              reinterpret_cast<const T*>(static_cast<const char*>(a.slots[q]) + slot_off) + off);
       FusedPack<T> y;
       FASTPAR_UNROLL
       for (int k = 0; k < V; ++k) {
@@ -222,7 +226,7 @@ FASTPAR_HD void fused_reduce(const FusedArgs& a, int b, int t, int nt) {
     T x[kMaxIpcRanks];
     FASTPAR_UNROLL
     for (int q = 0; q < kMaxIpcRanks; ++q)
-      if (q < n) x[q] = static_cast<const T*>(a.slots[q])[i];
+      if (q < n) x[q] = reinterpret_cast<const T*>(static_cast<const char*>(a.slots[q]) + slot_off)[i];
     A acc = load_acc(x[0]);
     FASTPAR_UNROLL
     for (int q = 1; q < kMaxIpcRanks; ++q)
@@ -239,18 +243,24 @@ cudaError_t launch_fused_one_shot(DType dt, ReduceOp op, const FusedArgs& a, cud
 // A captured kernel replays with the arguments it had at capture, so nothing
 // it does may depend on a host counter, as the kernel above does (its phase
 // number, its turn in the slot rotation). This variant keeps its state in the
-// arena's graph region (ipc_arena.h: GraphControl and one graph slot):
+// arena's graph region (ipc_arena.h: GraphControl and two graph slots):
 //   * block b reads its epoch (the graphed calls its rank's block b has
 //     completed) from its own GraphControl and works on epoch + 1, so every
-//     replay is a new call. Ranks stay in step because every rank runs the
-//     same sequence of graphed calls, each with the same block count (a
-//     function of the size, which the descriptor makes equal);
-//   * one fixed slot, made safe to reuse by a second barrier: after its
-//     reads, block b posts end[b] and waits for every peer's, so no rank's
-//     next copy-in overwrites data a peer is still reading;
-//   * block 0 writes the call's descriptor (seq = the epoch) before its start
-//     flag and compares every peer's after acquiring theirs: a desynced
-//     graphed call fails with kMismatch.
+//     replay is a new call. Every graphed call runs kFusedMaxBlocks blocks
+//     (blocks past the data only meet at the barrier), so every block of a
+//     rank has the same epoch, and ranks stay in step because every rank
+//     runs the same sequence of graphed calls;
+//   * epoch e copies in to graph slot e % 2, so a replay needs one barrier,
+//     not two: a rank's next replay (e + 1) writes the other slot, and the
+//     one after (e + 2) starts on its stream after every block of this rank
+//     passed the barrier of e + 1, which block b of every peer posts only
+//     after its reads of epoch e. With one slot, a second barrier after the
+//     reads was needed before the next copy-in;
+//   * block 0 writes the call's descriptor (seq = the epoch) in desc[e % 2]
+//     before its start flag and compares every peer's after acquiring
+//     theirs: a desynced graphed call fails with kMismatch. A peer rewrites
+//     desc[e % 2] only at e + 2, after our flag of e + 1, which we post after
+//     this comparison.
 // Graphed and eager calls have separate flags and slots, but on a rank's
 // stream they run in the order enqueued, so that combined order must be the
 // same on every rank. Rank 0 replaying G then calling E while rank 1 calls
@@ -259,7 +269,7 @@ cudaError_t launch_fused_one_shot(DType dt, ReduceOp op, const FusedArgs& a, cud
 // (the abort words); nothing is reduced from unposted data. And replays must not
 // run at once (two graphs holding these calls replayed on two streams, or
 // on parallel branches of one graph): they would share the epochs and the
-// one graph slot, overwrite each other's copy-in, and with equal
+// graph slots, overwrite each other's copy-in, and with equal
 // descriptors (same size, dtype and op) nothing notices the wrong results.
 //
 // Failures are recorded as in the kernel above (status word, host mirror,
@@ -272,10 +282,14 @@ cudaError_t launch_fused_one_shot(DType dt, ReduceOp op, const FusedArgs& a, cud
 // stops a replay waiting on a dead peer.
 
 struct GraphArgs {
-  FusedArgs f;  // in, out, count, nblocks, contributions; slots = every rank's graph slot; block flags unused
+  FusedArgs f;  // in, out, count, nblocks, contributions; slots = every rank's graph slot 0; block flags unused
+  int64_t parity_stride;  // bytes from graph slot 0 to graph slot 1
   GraphControl* self;
   const GraphControl* peers[kMaxIpcRanks];
 };
+
+// Bytes from graph slot 0 to the slot of epoch e.
+FASTPAR_HD int64_t graph_slot_offset(const GraphArgs& a, uint64_t e) { return int64_t(e & 1u) * a.parity_stride; }
 
 FASTPAR_HD const char* graph_failure_cause(uint32_t status) {
   switch (flags::WaitStatus(int(status))) {
@@ -309,16 +323,16 @@ FASTPAR_HD uint32_t graph_prior_failure(const GraphArgs& a, int b) {
   return s;
 }
 
-// Thread 0 of block b, epoch e: the start barrier (is_start: after the
-// block's copy-in) or the end barrier (after its reads). A failure is
-// recorded, then trapped on (graph_trap); the return is for the emulation.
+// Thread 0 of block b, epoch e, after the block's copy-in: the barrier. A
+// failure is recorded, then trapped on (graph_trap); the return is for the
+// emulation.
 template <class Mem>
-FASTPAR_HD flags::WaitStatus graph_block_barrier(const GraphArgs& a, int b, uint64_t e, bool is_start) {
+FASTPAR_HD flags::WaitStatus graph_block_barrier(const GraphArgs& a, int b, uint64_t e) {
   const PhaseArgs& p = a.f.phase;
   flags::OpDesc mine = p.desc;
   mine.seq = e;
-  if (is_start && b == 0) a.self->desc = mine;  // published by the release below
-  Mem::store_release(is_start ? &a.self->start[b].value : &a.self->end[b].value, e);
+  if (b == 0) a.self->desc[e & 1u] = mine;  // published by the release below
+  Mem::store_release(&a.self->start[b].value, e);
   const uint64_t deadline = flags::deadline_after(Mem::now_ns(), p.timeout_ns);
   const PhasePoll<Mem> poll{&p};
   flags::WaitStatus s = flags::WaitStatus::kOk;
@@ -326,11 +340,10 @@ FASTPAR_HD flags::WaitStatus graph_block_barrier(const GraphArgs& a, int b, uint
   int q = 0;
   for (; q < p.size && s == flags::WaitStatus::kOk; ++q) {
     if (q == p.rank) continue;
-    const uint64_t* w = is_start ? &a.peers[q]->start[b].value : &a.peers[q]->end[b].value;
-    s = fused_wait_flag<Mem>(w, e, deadline, poll);
-    // The peer cannot rewrite its descriptor before our end flag of epoch e.
-    if (s == flags::WaitStatus::kOk && is_start && b == 0) {
-      theirs = a.peers[q]->desc;
+    s = fused_wait_flag<Mem>(&a.peers[q]->start[b].value, e, deadline, poll);
+    // The peer rewrites desc[e % 2] only at epoch e + 2, after our flag of e + 1.
+    if (s == flags::WaitStatus::kOk && b == 0) {
+      theirs = a.peers[q]->desc[e & 1u];
       if (!flags::same_call(mine, theirs)) s = flags::WaitStatus::kMismatch;
     }
   }
@@ -339,7 +352,7 @@ FASTPAR_HD flags::WaitStatus graph_block_barrier(const GraphArgs& a, int b, uint
 }
 
 // Block b's epoch for this call (thread 0 reads it before the copy-in; only
-// block b of this rank ever writes it, after its end barrier).
+// block b of this rank ever writes it, after its reads).
 FASTPAR_HD uint64_t graph_epoch(const GraphArgs& a, int b) { return a.self->epoch[b].value + 1; }
 FASTPAR_HD void graph_done(const GraphArgs& a, int b, uint64_t e) { a.self->epoch[b].value = e; }
 

@@ -8,7 +8,8 @@
 //   [ P2PControl | pad ]                         kP2PControlBytes
 //   [ p2p rings: per destination kP2PChunks ]    kMaxIpcRanks * kP2PChunks * kP2PChunkBytes
 //   [ GraphControl | pad ]                       kGraphControlBytes
-//   [ graph slot ]                               slot_bytes (rounded to 512)
+//   [ graph slots 0 and 1 ]                      2 x slot_bytes (rounded to 512;
+//                                                replays alternate them)
 //   [ registered buffers ]                       registered_bytes (rounded to 512;
 //                                                FASTPAR_CUDA_IPC_REGISTERED_BYTES)
 //
@@ -17,7 +18,7 @@
 // collective is using. The graph region (the all_reduce that CUDA graphs can
 // capture, ipc_fused_one_shot.h) is apart for the same reason: a replayed kernel's
 // pointers were fixed at capture, so it cannot take its turn in the eager
-// slots' rotation.
+// slots' rotation; it alternates two slots of its own by the replay's parity.
 //
 // Registered buffers (registered_empty on CUDA) are tensors the caller
 // allocates inside the arena: peers read them where the caller wrote them, so
@@ -42,8 +43,8 @@ namespace cuda_ipc {
 // Slot size of an arena: messages larger than a slot go through
 // it in chunks. 8 MiB keeps the per-chunk phase overhead (a few microseconds)
 // under ~1% of the transfer time at NVLink speeds; the arena is three slots,
-// the graph slot, the p2p rings (4 MiB) and headers: 36 MiB of device memory
-// per rank.
+// the two graph slots, the p2p rings (4 MiB) and headers: 44 MiB of device
+// memory per rank.
 constexpr int64_t kDefaultSlotBytes = int64_t(8) << 20;
 
 
@@ -116,13 +117,13 @@ struct alignas(64) GraphFlag {
 };
 
 // The graph region's control (owner-written): per block, the calls it has
-// completed (`epoch`, read only by the owner) and the epoch it has reached
-// the start and end barriers of; block 0's descriptor of the current call.
+// completed (`epoch`, read only by the owner) and the epoch whose barrier it
+// has reached; block 0's descriptor of each call, in the entry of the call's
+// parity (a peer reads epoch e's while this rank may already write e + 1's).
 struct GraphControl {
   GraphFlag start[kFusedMaxBlocks];
-  GraphFlag end[kFusedMaxBlocks];
   GraphFlag epoch[kFusedMaxBlocks];
-  flags::OpDesc desc;
+  flags::OpDesc desc[2];
 };
 
 constexpr size_t kGraphControlBytes = (sizeof(GraphControl) + kSlotAlign - 1) / kSlotAlign * kSlotAlign;
@@ -131,17 +132,19 @@ FASTPAR_HD GraphControl* graph_control_of(void* base, size_t slot_bytes) {
   return reinterpret_cast<GraphControl*>(static_cast<char*>(base) + collective_bytes(slot_bytes) + kP2PRegionBytes);
 }
 
-FASTPAR_HD char* graph_slot_of(void* base, size_t slot_bytes) {
-  return reinterpret_cast<char*>(graph_control_of(base, slot_bytes)) + kGraphControlBytes;
+// Graph slot `parity` (0 or 1): a replay of epoch e uses slot e % 2.
+FASTPAR_HD char* graph_slot_of(void* base, size_t slot_bytes, int parity = 0) {
+  return reinterpret_cast<char*>(graph_control_of(base, slot_bytes)) + kGraphControlBytes +
+         size_t(parity) * slot_stride(slot_bytes);
 }
 
-// The registered buffers' region: after the graph slot.
+// The registered buffers' region: after the graph slots.
 FASTPAR_HD char* registered_of(void* base, size_t slot_bytes) {
-  return graph_slot_of(base, slot_bytes) + slot_stride(slot_bytes);
+  return graph_slot_of(base, slot_bytes, 2);
 }
 
 FASTPAR_HD size_t arena_bytes(size_t slot_bytes, size_t registered_bytes) {
-  return collective_bytes(slot_bytes) + kP2PRegionBytes + kGraphControlBytes + slot_stride(slot_bytes) +
+  return collective_bytes(slot_bytes) + kP2PRegionBytes + kGraphControlBytes + 2 * slot_stride(slot_bytes) +
          slot_stride(registered_bytes);
 }
 
