@@ -1,11 +1,12 @@
 // broadcast, all_gather, gather, scatter, all_to_all, reduce and
 // reduce_scatter over CUDA IPC (ipc_collectives.h) as ONE kernel per call,
 // whatever the size; and in the same kernel the all_reduce of registered
-// buffers as a push (fused_registered_block, below). The step-by-step schedules (copy_collectives_slots.h,
-// reduce_slots.h over IpcSteps) enqueue per slot-sized piece a copy kernel per
-// peer region and a one-thread phase kernel; this kernel walks the same pieces
-// and phases itself, as the fused two-shot all_reduce does
-// (ipc_fused_two_shot.h: the same per-block flags, the same phase protocol).
+// buffers as a push (fused_registered_block, below). The step-by-step
+// schedules (copy_collectives_slots.h, reduce_slots.h over IpcSteps) enqueue
+// per slot-sized piece a copy kernel per peer region and a one-thread phase
+// kernel; this kernel walks the same pieces and phases itself, as the fused
+// two-shot all_reduce does (ipc_fused_two_shot.h: the same per-block flags,
+// the same phase protocol).
 //
 // Per piece i (slot round first_slot + i, phase desc.seq + i), block b
 //   publish  copies slice b of what this rank sends (one region per
