@@ -20,6 +20,7 @@
 //     step by step, the counts pinned in kExpected; fused kernel, 1 launch
 //     and the same bytes, every size (0 bytes included)
 // Exit status 0 = every check passed; the table is printed either way.
+#include <barrier>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -30,9 +31,11 @@
 
 #include "emulated_checks.h"
 #include "emulated_ipc.h"
+#include "emulated_p2p.h"
 
 #include "csrc/core/executors/cuda_ipc/ipc_allreduce.cpp"
 #include "csrc/core/executors/cuda_ipc/ipc_collectives.cpp"
+#include "csrc/core/executors/cuda_ipc/ipc_p2p.cpp"
 #include "csrc/core/transport/cuda_p2p/handle_cache.cpp"
 #include "csrc/core/executors/cuda_p2p/ring_allreduce.cpp"
 
@@ -259,6 +262,51 @@ void ring_rows(int n) {
   }
 }
 
+// A call made on its communicator's device switches nothing: no cudaSetDevice
+// (the runtime call costs host time on every call at small sizes), for the
+// step-by-step schedules, the fused kernels and send/recv alike. A thread on
+// another device is switched and switched back.
+void device_switches() {
+  constexpr int n = 2;
+  emulated::Arenas arenas(n, kSlot);
+  std::barrier<> ready(n + 1), done(n + 1), counted(n + 1);
+  std::vector<int> after(n, -1);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      cuda_ipc::IpcComm c = emulated::comm_for(arenas, r, kSlot);
+      cudaSetDevice(c.device);
+      ready.arrive_and_wait();
+      std::vector<float> x(size_t(kChunk) * 3, 1.0f);
+      for (bool fused : {false, true}) {
+        c.fused_two_shot = c.fused_collectives = fused;
+        cuda_ipc::allreduce_two_shot(c, DType::F32, ReduceOp::SUM, x.data(), x.data(), kChunk * 3, nullptr);
+        cuda_ipc::broadcast_ipc(c, int32_t(DType::F32), kChunk, x.data(), kChunk * 4, 0, nullptr);
+      }
+      if (r == 0) cuda_ipc::send_ipc(c, x.data(), 64, 1, 7, nullptr);
+      else cuda_ipc::recv_ipc(c, x.data(), 64, 0, 7, nullptr);
+      uint32_t st = 1;
+      cuda_ipc::read_status(c, nullptr, &st);
+      expect(st == 0, "device switches: the calls succeeded");
+      done.arrive_and_wait();
+      counted.arrive_and_wait();
+      // From another device: switched to the communicator's, then back.
+      cudaSetDevice(c.device + 5);
+      cuda_ipc::barrier_ipc(c, nullptr);
+      cudaGetDevice(&after[size_t(r)]);
+    });
+  ready.arrive_and_wait();
+  const int64_t before = fake_cuda::set_device_calls;
+  done.arrive_and_wait();
+  const int64_t switched = fake_cuda::set_device_calls - before;
+  counted.arrive_and_wait();
+  for (auto& t : threads) t.join();
+  char what[160];
+  std::snprintf(what, sizeof(what), "calls on their communicator's device: %ld cudaSetDevice calls", long(switched));
+  expect(switched == 0, what);
+  for (int r = 0; r < n; ++r) expect(after[size_t(r)] == r + 5, "a call from another device restores it");
+}
+
 // Counts of the collectives without a formula above, as measured on
 // 2026-11-27 (the step-by-step schedules): launches per call on rank 0.
 struct Expected {
@@ -286,6 +334,7 @@ const Expected kExpected[] = {
 int main() {
   cuda_kernels::g_blocks = 2;
   cuda_kernels::g_threads = 3;
+  device_switches();
   for (int n = 2; n <= 4; ++n) {
     allreduce_rows(n);
     registered_rows(n);

@@ -152,8 +152,8 @@ cudaError_t allreduce_graphed(IpcComm& c, DType dt, ReduceOp op, const void* in,
 }
 
 cudaError_t read_status(const IpcComm& c, cudaStream_t stream, uint32_t* status) {
-  cuda_p2p::DeviceRestore restore;
-  FASTPAR_CUDA_TRY(cudaSetDevice(c.device));
+  const cuda_p2p::ScopedDevice on_device(c.device);
+  FASTPAR_CUDA_TRY(on_device.error());
   FASTPAR_CUDA_TRY(cudaMemcpyAsync(status, status_of(c.bases[c.rank]), sizeof(uint32_t), cudaMemcpyDeviceToHost,
                                    stream));
   return cudaStreamSynchronize(stream);

@@ -45,8 +45,8 @@ int64_t p2p_chunks(int64_t bytes) { return num_pieces(bytes, int64_t(kP2PChunkBy
 
 cudaError_t send_ipc(IpcComm& c, const void* data, int64_t bytes, int dst, int64_t tag, cudaStream_t stream) {
   FASTPAR_CUDA_TRY(check_peer(c, dst, bytes));
-  cuda_p2p::DeviceRestore restore;
-  FASTPAR_CUDA_TRY(cudaSetDevice(c.device));
+  const cuda_p2p::ScopedDevice on_device(c.device);
+  FASTPAR_CUDA_TRY(on_device.error());
   ipc_steps::clear_stale_error();
   const int64_t chunk = int64_t(kP2PChunkBytes);
   for (int64_t i = 0, n = p2p_chunks(bytes); i < n; ++i) {
@@ -67,8 +67,8 @@ cudaError_t send_ipc(IpcComm& c, const void* data, int64_t bytes, int dst, int64
 
 cudaError_t recv_ipc(IpcComm& c, void* data, int64_t bytes, int src, int64_t tag, cudaStream_t stream) {
   FASTPAR_CUDA_TRY(check_peer(c, src, bytes));
-  cuda_p2p::DeviceRestore restore;
-  FASTPAR_CUDA_TRY(cudaSetDevice(c.device));
+  const cuda_p2p::ScopedDevice on_device(c.device);
+  FASTPAR_CUDA_TRY(on_device.error());
   ipc_steps::clear_stale_error();
   const int64_t chunk = int64_t(kP2PChunkBytes);
   for (int64_t i = 0, n = p2p_chunks(bytes); i < n; ++i) {

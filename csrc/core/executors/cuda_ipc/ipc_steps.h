@@ -161,15 +161,16 @@ class IpcSteps {
   cudaStream_t stream_;
 };
 
-// Checks `c`, makes its device current (restored on return) and runs
+// Checks `c`, makes its device current (restored on return; nothing to do
+// when it is current already) and runs
 // `schedule(IpcSteps&)`: the error of the first step that could not be
 // enqueued (which fails the communicator: ipc_steps::fail_enqueue), else
 // cudaSuccess.
 template <class Schedule>
 cudaError_t run_schedule(IpcComm& c, cudaStream_t stream, Schedule&& schedule) {
   FASTPAR_CUDA_TRY(ipc_steps::check_comm(c));
-  cuda_p2p::DeviceRestore restore;
-  FASTPAR_CUDA_TRY(cudaSetDevice(c.device));
+  const cuda_p2p::ScopedDevice on_device(c.device);
+  FASTPAR_CUDA_TRY(on_device.error());
   ipc_steps::clear_stale_error();
   IpcSteps steps(c, stream);
   try {

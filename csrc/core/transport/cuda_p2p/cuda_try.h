@@ -5,6 +5,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <optional>
+
 #define FASTPAR_CUDA_TRY(expr)                 \
   do {                                         \
     const cudaError_t fastpar_err_ = (expr);   \
@@ -75,6 +77,25 @@ class DeviceRestore {
  private:
   int saved_ = 0;
   bool saved_ok_ = false;
+};
+
+// Makes `device` current for the scope and restores the caller's afterwards
+// (DeviceRestore's rules), touching the runtime only when they differ: a call
+// made on its communicator's device, the common case, costs one cudaGetDevice
+// and no cudaSetDevice. error(): the switch's error, if one was needed.
+class ScopedDevice {
+ public:
+  explicit ScopedDevice(int device) {
+    int now = -1;
+    if (cudaGetDevice(&now) == cudaSuccess && now == device) return;
+    restore_.emplace();
+    err_ = cudaSetDevice(device);
+  }
+  cudaError_t error() const { return err_; }
+
+ private:
+  std::optional<DeviceRestore> restore_;
+  cudaError_t err_ = cudaSuccess;
 };
 
 }  // namespace cuda_p2p
