@@ -204,7 +204,7 @@ class Hosts:
         self._made.append(name)
 
     def _make(self) -> None:
-        os.mkdir(self.tmpdir)
+        os.makedirs(self.tmpdir, exist_ok=True)  # an earlier Hosts of this process may not have emptied it
         self._made_tmpdir = True
         self._netns(self.switch)
         _sh("ip", "-n", self.switch, "link", "add", "br0", "type", "bridge")
