@@ -210,8 +210,9 @@ def report(rows: list[dict], out_dir: str, fit_rows: list[dict] | None = None) -
         why = mpi_baseline.missing()
         print("\nOpen MPI: not timed (" + (why if why else "these rows have none: an earlier run without it") + ")")
     for rate in sorted({r["rate"] for r in rows}):
-        lk = model[f"inter_{rate}"]
-        lk["effective_link_fraction"] = 8 / lk["beta_s_per_byte"] / RATES[rate] if lk["beta_s_per_byte"] > 0 else None
+        lk = model[f"inter_{rate}"]  # of 2 leaders' ring, per byte sent, as measured (both on this machine's cores)
+        per_byte = lk["beta_s_per_byte"] + 2 * lk["cpu_s_per_byte_per_sharing_host"]
+        lk["effective_link_fraction_2_hosts"] = 8 / per_byte / RATES[rate] if per_byte > 0 else None
     print(f"\ncost model (levels fitted on the intra and inter rows, composition on the fastpar rows"
           f"{' of --fit-from' if fit_rows else ''}): {json.dumps(model, indent=1, default=float)}")
     print("err: the model; held: a_c and c fitted without the layout's fastpar points; levels: a_c = c = 0")
@@ -229,7 +230,7 @@ def report(rows: list[dict], out_dir: str, fit_rows: list[dict] | None = None) -
     for rate in sorted({r["rate"] for r in rows}, key=RATES.get):
         for H, R in ((8, 8), (64, 8)):
             for S in (1 << 20, 64 << 20, 256 << 20):
-                t = hosts_model.predict(model, S, H, R, rate)
+                t = hosts_model.predict(model, S, H, R, rate, sharing=1)  # hosts with cores of their own
                 preds[f"{rate} {H}x{R} {fmt_bytes(S)}"] = t
                 print(f"predicted {rate} {H}x{R} {fmt_bytes(S):>8}: {t * 1e3:9.2f} ms, link fraction "
                       f"{hosts_model.sent(S, H) * 8 / t / RATES[rate]:.3f}")
