@@ -11,19 +11,24 @@ rank (shared memory inside each host, gloo between the hosts' leaders),
 (2) gloo's all_reduce over every rank, and the two levels of fastpar's
 schedule alone: (3) "intra": reduce to the host's leader then broadcast from
 it, over one host's ranks (fastpar, shared memory; every host at once), and
-(4) "inter": gloo's all_reduce among the leaders. Open MPI is timed only if
-mpi4py is installed (it is not in the default environment: the row says so).
+(4) "inter": gloo's all_reduce among the leaders. Then, in the same hosts,
+(5) Open MPI's MPI_Allreduce over as many ranks (mpirun started outside the
+hosts, ranks in them: mpi_baseline.mpi_sweep_hosts), when mpirun and mpi4py
+are installed; otherwise the output says which is missing. Its result is
+checked (every element on every rank) before it is reported.
 
 A time is the slowest rank's mean over the iterations. The "link fraction" is
 the bytes every host must send and receive for an all_reduce of S bytes over
 H hosts, 2 (H-1)/H S, over the time and the link rate: 1.0 means the links
-were busy all the time with nothing but necessary bytes.
+were busy all the time with nothing but necessary bytes. "fp/mpi" is
+fastpar's time over Open MPI's.
 
-The cost model: alpha-beta per level, fitted on (3) and (4):
-intra(S, R) = a_s + b_s(R) S, with b_s(R) linear in R; inter(S, H) =
-2 (H-1) a_l + 2 (H-1)/H S b_l (a ring among the leaders, gloo's). fastpar's
-all_reduce is predicted from them (predict(): one piece below 2 MiB, else
-the pipeline of pieces hierarchical_engine.cpp runs), compared with (1), and
+The cost model (hosts_model.py): alpha-beta per level, fitted on (3) and (4),
+composed into the pipeline of pieces that hierarchical_engine.cpp runs with
+two constants fitted on (1): a per-call cost and the CPU time per byte of the
+leaders' TCP that the shared-memory steps wait for (the levels share the
+cores). Its error on every point of (1) is printed in-sample, held out (the
+two constants fitted without the layout) and with the levels only, and it is
 extrapolated to 8 hosts x 8 ranks and 64 x 8.
 
 Writes bench_hosts.csv, bench_hosts.png and bench_hosts_model.json into --out
@@ -42,7 +47,22 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(ROOT, "tests", "multihost"))
+
+import hosts_model  # noqa: E402  (beside this file)
+import mpi_baseline  # noqa: E402
 RATES = {"1gbit": 1e9, "10gbit": 10e9}
+MIN_REPORTED = 1 << 20  # the model's errors are summed up for every size and from here
+
+
+def sizes(max_bytes: int) -> list[int]:
+    """4 KiB to max_bytes: x4 to 1 MiB, x2 to 16 MiB (where the pipeline's
+    piece count changes), then x4."""
+    out, s = [], 4096
+    while s <= max_bytes:
+        out.append(s)
+        s *= 4 if s < (1 << 20) else 2 if s < (16 << 20) else 4
+    return out
 
 
 # ----------------------------------------------------------------------------- worker (one rank, under torchrun)
@@ -88,12 +108,7 @@ def worker(max_bytes: int, budget_s: float) -> None:
                 fn()
         return agree_max((time.perf_counter() - t0) / n if active else 0.0)
 
-    sizes = []
-    s = 4096
-    while s <= max_bytes:
-        sizes.append(s)
-        s *= 4 if s < (1 << 20) else 2 if s < (16 << 20) else 4
-    for nbytes in sizes:
+    for nbytes in sizes(max_bytes):
         t = torch.ones(nbytes // 4)
         rows = {
             "fastpar": timed(lambda: dist.all_reduce(t), True),
@@ -111,7 +126,6 @@ def worker(max_bytes: int, budget_s: float) -> None:
 
 # ----------------------------------------------------------------------------- driver
 def run_layout(H: int, R: int, rate: str, max_bytes: int, budget_s: float, timeout: float) -> list[dict]:
-    sys.path.insert(0, os.path.join(ROOT, "tests", "multihost"))
     from netns_hosts import Hosts
 
     with Hosts(H, rate=rate) as hs:
@@ -131,13 +145,17 @@ def run_layout(H: int, R: int, rate: str, max_bytes: int, budget_s: float, timeo
             outs.append(out)
             if p.returncode != 0:
                 raise RuntimeError(f"{H}x{R} at {rate}: host {h}'s torchrun exited {p.returncode}:\n{out[-4000:]}")
-    rows = []
-    for out in outs:
-        for line in out.splitlines():
-            if line.startswith("BENCH "):
-                r = json.loads(line[6:])
-                r.update(layout=f"{H}x{R}", hosts=H, ranks_per_host=R, rate=rate)
-                rows.append(r)
+        mpi = mpi_baseline.mpi_sweep_hosts(hs, [R] * H, sizes(max_bytes), budget_s=budget_s) \
+            if mpi_baseline.available() else None
+    rows = [json.loads(line[6:]) for out in outs for line in out.splitlines() if line.startswith("BENCH ")]
+    if mpi is not None:
+        want = H * R * (H * R + 1) / 2  # rank r gives r + 1
+        wrong = {b: v for b, v in mpi["sum"].items() if v != want}
+        if wrong:
+            raise RuntimeError(f"{H}x{R} at {rate}: Open MPI's all_reduce gave {wrong} (bytes: value), not {want}")
+        rows += [{"bytes": b, "impl": "openmpi", "seconds": sec} for b, sec in mpi["seconds"].items()]
+    for r in rows:
+        r.update(layout=f"{H}x{R}", hosts=H, ranks_per_host=R, rate=rate)
     return rows
 
 
@@ -147,51 +165,6 @@ def link_fraction(row: dict) -> float:
     return must * 8 / row["seconds"] / RATES[row["rate"]]
 
 
-def fit(rows: list[dict]) -> dict:
-    """Least squares, relative error weighted (each point counts the same
-    whatever its size), of the two levels' alpha-beta models."""
-    import numpy as np
-
-    model = {}
-    intra = [r for r in rows if r["impl"] == "intra"]
-    # intra(S, R) = a_s + (b0 + b1 R) S
-    A = np.array([[1.0, r["bytes"], r["bytes"] * r["ranks_per_host"]] for r in intra])
-    y = np.array([r["seconds"] for r in intra])
-    w = 1 / y
-    a_s, b0, b1 = np.linalg.lstsq(A * w[:, None], y * w, rcond=None)[0]
-    model["intra"] = {"alpha_s": a_s, "beta0_s_per_byte": b0, "beta1_s_per_byte_per_rank": b1}
-    for rate in sorted({r["rate"] for r in rows}):
-        inter = [r for r in rows if r["impl"] == "inter" and r["rate"] == rate]
-        # inter(S, H) = 2 (H-1) a_l + 2 (H-1)/H S b_l
-        A = np.array([[2 * (r["hosts"] - 1), 2 * (r["hosts"] - 1) / r["hosts"] * r["bytes"]] for r in inter])
-        y = np.array([r["seconds"] for r in inter])
-        w = 1 / y
-        a_l, b_l = np.linalg.lstsq(A * w[:, None], y * w, rcond=None)[0]
-        model[f"inter_{rate}"] = {"alpha_s": a_l, "beta_s_per_byte": b_l,
-                                  "effective_link_fraction": 8 / b_l / RATES[rate] if b_l > 0 else None}
-    return model
-
-
-def predict(model: dict, S: float, H: int, R: int, rate: str) -> float:
-    """fastpar's all_reduce of S bytes: one piece below 2 MiB (intra + inter),
-    else p = min(8, S / 1 MiB) pieces pipelined (hierarchical_engine.cpp):
-    the first piece's intra and inter, then p - 1 times the slower of the two."""
-    i = model["intra"]
-    lk = model[f"inter_{rate}"]
-
-    def intra(s):
-        return max(0.0, i["alpha_s"] + (i["beta0_s_per_byte"] + i["beta1_s_per_byte_per_rank"] * R) * s)
-
-    def inter(s):
-        return max(0.0, 2 * (H - 1) * lk["alpha_s"] + 2 * (H - 1) / H * s * lk["beta_s_per_byte"])
-
-    p = min(8, int(S // (1 << 20)))
-    if p < 2:
-        return intra(S) + inter(S)
-    s = S / p
-    return intra(s) + inter(s) + (p - 1) * max(intra(s), inter(s))
-
-
 def fmt_bytes(n: int) -> str:
     for unit, k in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= k:
@@ -199,7 +172,10 @@ def fmt_bytes(n: int) -> str:
     return f"{n} B"
 
 
-def report(rows: list[dict], out_dir: str) -> None:
+def report(rows: list[dict], out_dir: str, fit_rows: list[dict] | None = None) -> None:
+    """Table, model, plot and files of `rows`; the model is fitted on
+    `fit_rows` (another run: its errors on `rows` are then out of sample) or
+    on `rows`."""
     os.makedirs(out_dir, exist_ok=True)
     csv_path = os.path.join(out_dir, "bench_hosts.csv")
     with open(csv_path, "w", newline="") as f:
@@ -208,42 +184,72 @@ def report(rows: list[dict], out_dir: str) -> None:
         wr.writeheader()
         for r in rows:
             wr.writerow({**r, "link_fraction": f"{link_fraction(r):.4f}"})
-    model = fit(rows)
+    model = hosts_model.fit(fit_rows or rows)
+    errs = {(e["rate"], e["layout"], e["bytes"]): e for e in hosts_model.errors(rows, model, fit_rows)}
     by = {(r["rate"], r["layout"], r["bytes"], r["impl"]): r for r in rows}
-    print(f"\n{'rate':>6} {'layout':>6} {'bytes':>9} | {'gloo ms':>9} {'fastpar ms':>10} {'gloo/fp':>7} | "
-          f"{'link frac gloo':>14} {'fastpar':>7} | {'model ms':>8} {'err':>6}")
-    errors = []
-    for (rate, layout, nbytes, impl), r in sorted(by.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])):
+    has_mpi = any(r["impl"] == "openmpi" for r in rows)
+    mpi_head = f" {'mpi ms':>9} {'fp/mpi':>6} |" if has_mpi else ""
+    print(f"\n{'rate':>6} {'layout':>6} {'bytes':>9} | {'gloo ms':>9} {'fastpar ms':>10} {'gloo/fp':>7} |{mpi_head} "
+          f"{'link frac gloo':>14} {'fastpar':>7} | {'model ms':>8} {'err':>5} {'held':>5} {'levels':>6}")
+    pct = lambda x: f"{x * 100:+4.0f}%" if x is not None else "    -"  # noqa: E731
+    for (rate, layout, nbytes, impl), r in sorted(by.items(), key=lambda kv: (RATES[kv[0][0]], *kv[0][1:3])):
         if impl != "fastpar":
             continue
         g = by[(rate, layout, nbytes, "gloo")]
-        m = predict(model, nbytes, r["hosts"], r["ranks_per_host"], rate)
-        err = m / r["seconds"] - 1
-        errors.append((rate, layout, nbytes, err))
+        o = by.get((rate, layout, nbytes, "openmpi"))
+        e = errs[(rate, layout, nbytes)]
+        mpi_cols = (f" {o['seconds'] * 1e3:9.3f} {r['seconds'] / o['seconds']:6.2f} |" if o else
+                    f" {'-':>9} {'-':>6} |") if has_mpi else ""
         print(f"{rate:>6} {layout:>6} {fmt_bytes(nbytes):>9} | {g['seconds'] * 1e3:9.3f} {r['seconds'] * 1e3:10.3f} "
-              f"{g['seconds'] / r['seconds']:7.2f} | {link_fraction(g):14.3f} {link_fraction(r):7.3f} | "
-              f"{m * 1e3:8.3f} {err * 100:5.0f}%")
-    print("\nOpen MPI: " + ("mpi4py is installed but this benchmark does not drive mpirun in namespaces yet"
-                           if _has_mpi4py() else "not timed (mpi4py is not installed)"))
-    worst = max(errors, key=lambda e: abs(e[3]))
-    within = sum(abs(e[3]) <= 0.25 for e in errors)
-    print(f"\ncost model (fitted on the intra and inter rows): {json.dumps(model, indent=1, default=float)}")
-    print(f"model vs measured fastpar: {within} of {len(errors)} points within 25%; worst {worst[3] * 100:+.0f}% "
-          f"({worst[0]} {worst[1]} {fmt_bytes(worst[2])})")
-    preds = {}
+              f"{g['seconds'] / r['seconds']:7.2f} |{mpi_cols} {link_fraction(g):14.3f} {link_fraction(r):7.3f} | "
+              f"{e['model_s'] * 1e3:8.3f} {pct(e['error'])} {pct(e['error_held_out'])} {pct(e['error_levels_only'])}")
+    if has_mpi:
+        print("\nfp/mpi: fastpar's time over Open MPI's (mpirun across the same hosts, the same links; below 1: "
+              "fastpar is faster)")
+    else:
+        why = mpi_baseline.missing()
+        print("\nOpen MPI: not timed (" + (why if why else "these rows have none: an earlier run without it") + ")")
     for rate in sorted({r["rate"] for r in rows}):
+        lk = model[f"inter_{rate}"]  # of 2 leaders' ring, per byte sent, as measured (both on this machine's cores)
+        per_byte = lk["beta_s_per_byte"] + 2 * lk["cpu_s_per_byte_per_sharing_host"]
+        lk["effective_link_fraction_2_hosts"] = 8 / per_byte / RATES[rate] if per_byte > 0 else None
+    print(f"\ncost model (levels fitted on the intra and inter rows, composition on the fastpar rows"
+          f"{' of --fit-from' if fit_rows else ''}): {json.dumps(model, indent=1, default=float)}")
+    print("err: the model; held: a_c and c fitted without the layout's fastpar points; levels: a_c = c = 0")
+    for rate in sorted({r["rate"] for r in rows}, key=RATES.get):
+        for lo, label in ((0, "every size"), (MIN_REPORTED, f"from {fmt_bytes(MIN_REPORTED)}")):
+            pts = [e for e in errs.values() if e["rate"] == rate and e["bytes"] >= lo]
+            line = []
+            for key, name in (("error", "model"), ("error_held_out", "held out"), ("error_levels_only", "levels only")):
+                xs = [e[key] for e in pts if e[key] is not None]
+                if xs:
+                    line.append(f"{name} {sum(abs(x) <= 0.25 for x in xs)}/{len(xs)} within 25% "
+                                f"({min(xs) * 100:+.0f}% to {max(xs) * 100:+.0f}%)")
+            print(f"{rate} {label}: " + "; ".join(line))
+    preds = {}
+    for rate in sorted({r["rate"] for r in rows}, key=RATES.get):
         for H, R in ((8, 8), (64, 8)):
             for S in (1 << 20, 64 << 20, 256 << 20):
-                t = predict(model, S, H, R, rate)
+                t = hosts_model.predict(model, S, H, R, rate, sharing=1)  # hosts with cores of their own
                 preds[f"{rate} {H}x{R} {fmt_bytes(S)}"] = t
                 print(f"predicted {rate} {H}x{R} {fmt_bytes(S):>8}: {t * 1e3:9.2f} ms, link fraction "
-                      f"{2 * (H - 1) / H * S * 8 / t / RATES[rate]:.3f}")
+                      f"{hosts_model.sent(S, H) * 8 / t / RATES[rate]:.3f}")
     with open(os.path.join(out_dir, "bench_hosts_model.json"), "w") as f:
-        json.dump({"model": model, "errors": [{"rate": a, "layout": b, "bytes": c, "relative_error": d}
-                                              for a, b, c, d in errors], "predictions_s": preds}, f, indent=1,
+        json.dump({"model": model, "errors": list(errs.values()), "predictions_s": preds}, f, indent=1,
                   default=float)
     plot(rows, os.path.join(out_dir, "bench_hosts.png"))
     print(f"\nwrote {csv_path}, bench_hosts.png and bench_hosts_model.json in {out_dir}")
+
+
+def read_csvs(paths: str) -> list[dict]:
+    """The rows of bench_hosts.csv files (comma-separated paths: a run made in pieces)."""
+    rows = []
+    for path in paths.split(","):
+        with open(path) as f:
+            rows += [{"rate": r["rate"], "layout": r["layout"], "hosts": int(r["hosts"]),
+                      "ranks_per_host": int(r["ranks_per_host"]), "bytes": int(r["bytes"]), "impl": r["impl"],
+                      "seconds": float(r["seconds"])} for r in csv.DictReader(f)]
+    return rows
 
 
 def plot(rows: list[dict], path: str) -> None:
@@ -252,15 +258,16 @@ def plot(rows: list[dict], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rates = sorted({r["rate"] for r in rows})
+    rates = sorted({r["rate"] for r in rows}, key=RATES.get)
+    layouts = sorted({r["layout"] for r in rows})
     fig, axes = plt.subplots(1, len(rates), figsize=(6 * len(rates), 4.5), squeeze=False)
     for ax, rate in zip(axes[0], rates):
-        for layout in sorted({r["layout"] for r in rows}):
-            for impl, style in (("fastpar", "-o"), ("gloo", "--x")):
+        for k, layout in enumerate(layouts):  # a colour per layout, a line style per implementation
+            for impl, style in (("fastpar", "-o"), ("gloo", "--x"), ("openmpi", ":+")):
                 pts = sorted((r["bytes"], link_fraction(r)) for r in rows
                              if r["rate"] == rate and r["layout"] == layout and r["impl"] == impl)
                 if pts:
-                    ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=f"{impl} {layout}")
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], style, color=f"C{k}", label=f"{impl} {layout}")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("all_reduce bytes")
         ax.set_ylabel("link fraction (2(H-1)/H S / time / rate)")
@@ -269,14 +276,6 @@ def plot(rows: list[dict], path: str) -> None:
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-
-
-def _has_mpi4py() -> bool:
-    try:
-        import mpi4py  # noqa: F401
-        return True
-    except ImportError:
-        return False
 
 
 def main() -> None:
@@ -288,19 +287,19 @@ def main() -> None:
     ap.add_argument("--layouts", default=None, help="comma-separated HxR (default 2x2,2x3,3x2)")
     ap.add_argument("--budget", type=float, default=0.4, help="seconds of timed calls per size and implementation")
     ap.add_argument("--out", default=".", help="folder for the CSV, PNG and model")
-    ap.add_argument("--from-csv", default=None, help="report (table, model, plot) from an earlier run's CSV")
+    ap.add_argument("--from-csv", default=None,
+                    help="report (table, model, plot) from earlier runs' CSVs (comma-separated: runs in pieces)")
+    ap.add_argument("--fit-from", default=None,
+                    help="fit the model on these CSVs (another run) and show its errors on --from-csv's rows")
     a = ap.parse_args()
     if a.worker:
         worker(a.max_bytes, a.budget)
         return
+    if a.fit_from and not a.from_csv:
+        raise SystemExit("bench_hosts.py: --fit-from needs --from-csv (the rows that the model is tested on)")
     if a.from_csv:
-        with open(a.from_csv) as f:
-            rows = [{"rate": r["rate"], "layout": r["layout"], "hosts": int(r["hosts"]),
-                     "ranks_per_host": int(r["ranks_per_host"]), "bytes": int(r["bytes"]), "impl": r["impl"],
-                     "seconds": float(r["seconds"])} for r in csv.DictReader(f)]
-        report(rows, a.out)
+        report(read_csvs(a.from_csv), a.out, read_csvs(a.fit_from) if a.fit_from else None)
         return
-    sys.path.insert(0, os.path.join(ROOT, "tests", "multihost"))
     from netns_hosts import missing
 
     why = missing()

@@ -10,17 +10,23 @@ Each host is
     that once made fastpar take two hosts for one), whose first process (a
     `sleep`) holds it. Programs enter a host with `nsenter`.
 
+The bridge has an address too (SWITCH_IP): a launcher started in the switch's
+network namespace (popen_switch) reaches every host, like a login node, and
+starts programs in them through rsh_agent(), a stand-in for ssh that enters
+the named host's namespaces (mpirun's plm_rsh_agent).
+
 Everything is removed however the test ends:
   - close() (the context manager's exit, atexit, SIGTERM/SIGINT/SIGHUP)
     SIGKILLs each host's `unshare`, and the kernel then kills every process
     of that host's pid namespace (unshare --kill-child makes its child, the
     namespace's init, die with it; the init's death kills the rest), which
     also frees its mounts and IPC objects; then it deletes the network
-    namespaces, which deletes the veths and the bridge.
+    namespaces, which deletes the veths and the bridge, and its tmpdir.
   - If this process is SIGKILLed, nothing of it runs: every process it starts
     has PR_SET_PDEATHSIG, so the processes die all the same, and the network
-    namespaces, named `fpmh<pid>...` with this process's pid, are deleted by
-    the next Hosts() (of any process) once that pid is gone.
+    namespaces, named `fpmh<pid>...` with this process's pid, and its tmpdir
+    (/tmp/fpmh<pid>) are deleted by the next Hosts() (of any process) once
+    that pid is gone.
 
 Missing root, `ip`, `unshare`, `nsenter`, `tc` or kernel support is reported by
 `missing()` as a sentence, for pytest.skip.
@@ -35,11 +41,13 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 PREFIX = "fpmh"  # network namespaces: fpmh<pid>b (the switch), fpmh<pid>h<i> (host i)
 IFNAME = "fpveth"  # the host's end of its link, in every host
 SUBNET = "10.77.0."
+SWITCH_IP = SUBNET + "254"  # the bridge's own address: a launcher in the switch's namespace reaches every host
 TOOLS = ("ip", "unshare", "nsenter", "tc")
 
 _PR_SET_PDEATHSIG = 1
@@ -95,9 +103,9 @@ def _alive(pid: int) -> bool:
 
 
 def sweep_stale() -> list[str]:
-    """Deletes the network namespaces of Hosts whose process is gone (SIGKILLed
-    before it could clean up), with any process still in them. Returns their
-    names."""
+    """Deletes the network namespaces and the tmpdir of Hosts whose process is
+    gone (SIGKILLed before it could clean up), with any process still in the
+    namespaces. Returns their names."""
     gone = []
     for line in _sh("ip", "netns", "list", check=False).stdout.splitlines():
         name = line.split()[0] if line.split() else ""
@@ -111,6 +119,11 @@ def sweep_stale() -> list[str]:
                 pass
         _sh("ip", "netns", "del", name, check=False)
         gone.append(name)
+    for name in os.listdir(tempfile.gettempdir()):
+        m = re.fullmatch(rf"{PREFIX}(\d+)", name)
+        if m and not _alive(int(m.group(1))):
+            shutil.rmtree(os.path.join(tempfile.gettempdir(), name), ignore_errors=True)
+            gone.append(name)
     return gone
 
 
@@ -137,6 +150,8 @@ class Hosts:
 
     _open: list["Hosts"] = []
     _handlers_installed = False
+    ifname = IFNAME  # what programs in the hosts restrict their TCP to
+    cidr = f"{SUBNET}0/24"  # every host's address and the switch's
 
     def __init__(self, n: int, rate: str | None = "1gbit", hostnames: list[str] | None = None,
                  shm_size: str = "512m"):
@@ -153,9 +168,13 @@ class Hosts:
         if not re.fullmatch(rf"{PREFIX}\d+", self._tag):
             raise RuntimeError(f"Hosts: one process holds one Hosts at a time (open: {len(Hosts._open)})")
         self.switch = f"{self._tag}b"
+        # files of launchers that run in several hosts (Open MPI's session
+        # directories): /tmp is this machine's in every host
+        self.tmpdir = os.path.join(tempfile.gettempdir(), self._tag)
         self.hosts = [Host(i, f"{self._tag}h{i}", hostnames[i]) for i in range(n)]
         self._procs: list[subprocess.Popen] = []
         self._made: list[str] = []
+        self._made_tmpdir = False
         self._closed = False
 
     # --- making and removing ---------------------------------------------------------------
@@ -185,9 +204,12 @@ class Hosts:
         self._made.append(name)
 
     def _make(self) -> None:
+        os.makedirs(self.tmpdir, exist_ok=True)  # an earlier Hosts of this process may not have emptied it
+        self._made_tmpdir = True
         self._netns(self.switch)
         _sh("ip", "-n", self.switch, "link", "add", "br0", "type", "bridge")
         _sh("ip", "-n", self.switch, "link", "set", "br0", "up")
+        _sh("ip", "-n", self.switch, "addr", "add", f"{SWITCH_IP}/24", "dev", "br0")
         for h in self.hosts:
             self._netns(h.netns)
             port = f"p{h.index}"
@@ -252,6 +274,8 @@ class Hosts:
                 except (ProcessLookupError, ValueError):
                     pass
             _sh("ip", "netns", "del", name, check=False)
+        if self._made_tmpdir:
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
         if self in Hosts._open:
             Hosts._open.remove(self)
 
@@ -296,6 +320,29 @@ class Hosts:
         self._procs.append(p)
         return p
 
+    def popen_switch(self, argv: list[str], env: dict | None = None, **kw) -> subprocess.Popen:
+        """Starts `argv` in the switch's network namespace (this machine's pid,
+        IPC and mount namespaces), at SWITCH_IP: a launcher that reaches every
+        host's address and starts programs in the hosts with rsh_agent(), as
+        mpirun on a login node does with ssh. It dies with the Hosts."""
+        kw.setdefault("stdout", subprocess.PIPE)
+        kw.setdefault("stderr", subprocess.PIPE)
+        kw.setdefault("text", True)
+        p = subprocess.Popen(["ip", "netns", "exec", self.switch, *argv], env=env, preexec_fn=_die_with_parent, **kw)
+        self._procs.append(p)
+        return p
+
+    def rsh_agent(self) -> list[str]:
+        """A command that stands for ssh to the hosts: `<it> <host's ip> <shell
+        command line...>` runs the command line with sh inside that host's
+        namespaces (Open MPI's plm_rsh_agent; run from popen_switch())."""
+        where = ",".join(f"{h.ip}={h.init_pid}" for h in self.hosts)
+        here = os.path.abspath(__file__)
+        if any(c.isspace() for c in sys.executable + here):
+            raise RuntimeError(f"rsh_agent: {sys.executable} or {here} has a space, which a launcher's agent "
+                               "string cannot hold")
+        return [sys.executable, here, "rsh", where]
+
     def run(self, h: int, argv: list[str], timeout: float = 20) -> subprocess.CompletedProcess:
         return subprocess.run(self._enter(h) + list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True, timeout=timeout, preexec_fn=_die_with_parent)
@@ -330,3 +377,22 @@ class Hosts:
         e["OMP_NUM_THREADS"] = "1"
         e.update(extra or {})
         return e
+
+
+def _rsh(where: str, argv: list[str]) -> None:
+    """The body of rsh_agent(): argv is ssh's: options, the host, then the
+    command line (words that a remote shell joins with spaces)."""
+    pids = dict(kv.split("=") for kv in where.split(","))
+    while argv and argv[0].startswith("-"):  # ssh options a launcher may add (-x: no X11)
+        argv = argv[1:]
+    if len(argv) < 2 or argv[0] not in pids:
+        sys.exit(f"netns_hosts rsh: expected one of the hosts {', '.join(pids)} and a command, got {argv}")
+    os.execvp("nsenter", ["nsenter", "-t", pids[argv[0]], "--net", "--ipc", "--mount", "--uts", "--pid",
+                          f"--wd={os.getcwd()}", "--", "sh", "-c", " ".join(argv[1:])])
+
+
+if __name__ == "__main__":
+    if len(sys.argv) >= 3 and sys.argv[1] == "rsh":
+        _rsh(sys.argv[2], sys.argv[3:])
+    else:
+        sys.exit(f"usage: {sys.argv[0]} rsh <ip>=<pid>,... <host> <command...> (Hosts.rsh_agent() writes it)")
