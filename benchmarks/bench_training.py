@@ -11,8 +11,11 @@ other processes on the machine hits all of them alike; --rounds repeats that
 in fresh processes. samples/s is the global batch over the median step
 time, each step timed by its slowest rank (wall: over the mean); for
 no_comm that is the bound for any synchronous scheme. The table reports each
-mode's median over rounds and its ratio to the no-communication upper bound
-and to stock DDP, all measured in this run.
+mode's median over rounds, its samples/s over the first mode's (default
+no_comm, the upper bound) and its paired ratio to stock DDP: per round the
+median over the steps of stock DDP's step time / this mode's (the modes took
+step i one after another, training/modes.py paired_ratio), then the median
+over rounds. All measured in this run.
 
 After `bash scripts/setup.sh` run them with .venv/bin/python; any other Python
 with torch needs PYTHONPATH=. and an in-place build (setup.py build_ext --inplace).
@@ -60,29 +63,33 @@ def main() -> None:
             results = tb.run_modes(modes, cfg, data_file, on_progress=lambda n, total: bar.update_to(n))
         finally:
             bar.close()
+        if "stock_ddp_gloo" in modes:
+            tb.add_paired_ratios(results, "stock_ddp_gloo")
         for res in results:
             res["round"] = r + 1
             runs.append(res)
     medians = []
     for mode in modes:
         mine = [x for x in runs if x["mode"] == mode]
-        row = dict(mine[0])
+        row = dict(mine[0], run="-")  # the rounds' median: of no single run
         row["samples_per_s"] = statistics.median(x["samples_per_s"] for x in mine)
         row["wall_samples_per_s"] = statistics.median(x["wall_samples_per_s"] for x in mine)
+        if "vs_stock_ddp_gloo_paired" in row:
+            row["vs_stock_ddp_gloo_paired"] = statistics.median(x["vs_stock_ddp_gloo_paired"] for x in mine)
         row["round"] = "median"
         medians.append(row)
     print()
     print(tb.format_table(medians, baseline_mode=modes[0],
-                          extra_baseline="stock_ddp_gloo" if "stock_ddp_gloo" in modes else None))
+                          paired_baseline="stock_ddp_gloo" if "stock_ddp_gloo" in modes else None))
     for x in medians:
         if x["mode"].startswith("fastpar_ddp"):
             print(f"{x['label']}: backend {x['backend']}, bucket storage {x['bucket_storage']}")
     if args.csv:  # '' disables
         os.makedirs(os.path.dirname(os.path.abspath(args.csv)), exist_ok=True)
         with open(args.csv, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(runs[0]))
+            w = csv.DictWriter(f, fieldnames=list(tb.csv_row(runs[0])))
             w.writeheader()
-            w.writerows(runs + medians)
+            w.writerows(tb.csv_row(x) for x in runs + medians)
         print(f"CSV: {args.csv}")
 
 

@@ -22,12 +22,25 @@ static_graph, join() for uneven numbers of batches, comm hooks of its own
 * A post-accumulate-grad hook copies each gradient into its bucket slot
   (nothing to copy when .grad already is that slot); when a bucket is full
   its all_reduce is launched asynchronously, in bucket order on every rank,
-  while backward computes the remaining gradients (on the fastpar backend,
-  whose collectives complete on the calling thread in microseconds, launching
-  is running). ``launched_from_hooks`` counts the buckets of the last backward
-  that went out before it finished.
+  while backward computes the remaining gradients. On the fastpar backend a
+  CPU bucket's all_reduce completes on the calling thread in microseconds
+  (launching is running), so it is the direct call
+  (fastpar.distributed.all_reduce) with ReduceOp.AVG for float32 and float64:
+  the same bits as a SUM divided by the world size afterwards, in one pass
+  over the bucket and without torch.distributed's per-call path.
+  ``launched_from_hooks`` counts the buckets of the last backward that went
+  out before it finished.
 * When backward ends (an autograd engine callback) all work is waited on, the
-  sums are divided by the world size and written to ``.grad``.
+  sums are divided by the world size (where the all_reduce did not average)
+  and written to ``.grad``.
+* With ``broadcast_buffers`` every forward first overwrites the buffers with
+  rank 0's: those of the submodules that held buffers at construction (a
+  submodule's first buffer registered later is not synchronized).
+
+Per backward the wrapper costs one small Python hook per parameter, one
+collective per bucket and one copy out of the buckets: its state lives in
+plain objects, since every assignment to an nn.Module attribute goes through
+Module.__setattr__ (a few microseconds each).
 
 Gradients are averaged over ranks, as in torch: with equal local batches and
 mean-reduced losses that is the gradient of the global batch. With unequal
@@ -47,19 +60,27 @@ import torch.distributed as dist
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from .bucket_storage import allocate_bucket_storage, storage_kind
+from .bucket_storage import allocate_bucket_storage, storage_kind, uses_fastpar_backend
+from .distributed import all_reduce as _direct_all_reduce
 
 __all__ = ["DistributedDataParallel"]
 
 _FIRST_BUCKET_BYTES = 1024 * 1024  # as torch DDP: a small first bucket starts communication early
 _BROADCAST_BUCKET_BYTES = 250 * 1024 * 1024  # module-state broadcast chunk, as torch DDP
+# Dtypes whose fastpar AVG is bit for bit the SUM divided by the world size
+# afterwards: they reduce in their own precision and divide once, as div_ does
+# (16-bit types reduce in float32 and would round once instead of twice).
+_AVG_SAME_BITS = (torch.float32, torch.float64)
 
 
 class _Bucket:
-    """One flat tensor holding the gradients of ``params`` back to back."""
+    """One flat tensor holding the gradients of ``params`` back to back.
+    ``direct``: its all_reduce is the fastpar direct call, which averages in
+    place before returning (no Work to wait on, nothing left to divide)."""
 
-    def __init__(self, index: int, params: List[torch.Tensor], names: List[str], storage: torch.Tensor):
-        self.index, self.params, self.names, self.flat = index, params, names, storage
+    def __init__(self, index: int, params: List[torch.Tensor], names: List[str], storage: torch.Tensor,
+                 direct: bool):
+        self.index, self.params, self.names, self.flat, self.direct = index, params, names, storage, direct
         self.views, off = [], 0
         for p in params:
             self.views.append(storage[off: off + p.numel()].view_as(p))
@@ -72,6 +93,16 @@ class _Bucket:
         self.ready = [False] * len(self.params)
         self.pending = len(self.params)
         self.work = None
+
+
+class _Backward:
+    """Where the synchronized backward in progress stands."""
+
+    __slots__ = ("armed", "finishing", "callback_queued", "next_bucket", "launched_from_hooks")
+
+    def __init__(self) -> None:
+        self.armed = self.finishing = self.callback_queued = False
+        self.next_bucket = self.launched_from_hooks = 0
 
 
 def _assign_buckets(params: List[torch.Tensor], cap_bytes: int) -> List[List[int]]:
@@ -166,24 +197,31 @@ class DistributedDataParallel(nn.Module):
                                  f"device_ids[0] is '{self.device}'; move the module first")
         if init_sync and self.world_size > 1:
             broadcast_tensors(list(module.parameters()) + list(module.buffers()), process_group)
+        # The submodules whose buffers each forward broadcasts, found once: walking
+        # every submodule costs ~15 us per forward even for a model without buffers.
+        self._buffer_owners = [m for m in module.modules() if m._buffers] if self.world_size > 1 else []
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad][::-1]
         self._build_buckets(named, int(bucket_cap_mb * 1024 * 1024))
         self._lock = threading.Lock()
-        self._finishing = False
-        self.launched_from_hooks = 0
-        self._armed = False
-        self._callback_queued = False
-        self._next_bucket = 0
+        self._backward_state = _Backward()
+
+    @property
+    def launched_from_hooks(self) -> int:
+        """Buckets of the last synchronized backward whose all_reduce went out
+        from a gradient hook, before backward had finished."""
+        return self._backward_state.launched_from_hooks
 
     # -- construction -----------------------------------------------------------------
     def _build_buckets(self, named: List[tuple], cap_bytes: int) -> None:
         params = [p for _, p in named]
         self.buckets: List[_Bucket] = []
+        fastpar_cpu = uses_fastpar_backend(self.process_group, "cpu")
         for bi, idxs in enumerate(_assign_buckets(params, cap_bytes)):
             ps = [params[i] for i in idxs]
             storage = allocate_bucket_storage(sum(p.numel() for p in ps), ps[0].dtype, ps[0].device,
                                               self.process_group)
-            bucket = _Bucket(bi, ps, [named[i][0] for i in idxs], storage)
+            direct = fastpar_cpu and storage.device.type == "cpu" and storage.dtype in _AVG_SAME_BITS
+            bucket = _Bucket(bi, ps, [named[i][0] for i in idxs], storage, direct)
             for pos, p in enumerate(ps):
                 p.register_post_accumulate_grad_hook(functools.partial(self._on_grad, bucket, pos))
             self.buckets.append(bucket)
@@ -194,25 +232,25 @@ class DistributedDataParallel(nn.Module):
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
         if self.device is not None:
             inputs, kwargs = _to_device(inputs, self.device), _to_device(kwargs, self.device)
-        if self.broadcast_buffers and self.world_size > 1:
-            buffers = list(self.module.buffers())
+        if self.broadcast_buffers and self._buffer_owners:
+            # read at every forward: .to() and friends replace buffer tensors
+            buffers = {id(b): b for m in self._buffer_owners for b in m._buffers.values() if b is not None}
             if buffers:
-                broadcast_tensors(buffers, self.process_group)
+                broadcast_tensors(list(buffers.values()), self.process_group)
         if torch.is_grad_enabled() and self.require_backward_grad_sync:
             self._arm()
         else:
-            self._armed = False
+            self._backward_state.armed = False
         return self.module(*inputs, **kwargs)
 
     def _arm(self) -> None:
         """Expect one backward whose gradients are to be synchronized."""
         for b in self.buckets:
             b.reset()
-        self._next_bucket = 0
-        self._finishing = False
-        self.launched_from_hooks = 0
-        self._callback_queued = False
-        self._armed = True
+        s = self._backward_state
+        s.next_bucket = s.launched_from_hooks = 0
+        s.finishing = s.callback_queued = False
+        s.armed = True
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -227,36 +265,45 @@ class DistributedDataParallel(nn.Module):
 
     # -- backward -----------------------------------------------------------------------
     def _on_grad(self, bucket: _Bucket, pos: int, param: torch.Tensor) -> None:
-        if not self._armed:
+        s = self._backward_state
+        if not s.armed:
             return
         with self._lock:
-            if not self._callback_queued:
-                self._callback_queued = True
+            if not s.callback_queued:
+                s.callback_queued = True
                 torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
             if bucket.ready[pos]:
                 raise RuntimeError(f"fastpar.DistributedDataParallel: parameter '{bucket.names[pos]}' received "
                                    f"a gradient twice in one synchronized backward; run forward again before "
                                    f"each backward (or use no_sync())")
-            view = bucket.views[pos]
-            if param.grad.data_ptr() != view.data_ptr():
-                view.copy_(param.grad)
+            view, grad = bucket.views[pos], param.grad
+            if grad.data_ptr() != view.data_ptr():
+                view.copy_(grad)
             bucket.ready[pos] = True
             bucket.pending -= 1
-            self._launch_ready_buckets()
+            if bucket.pending == 0:  # only a completed bucket can let buckets go out
+                self._launch_ready_buckets()
 
     def _launch_ready_buckets(self) -> None:
         # Strictly in bucket order, so every rank issues the same collectives in the same order.
-        while self._next_bucket < len(self.buckets) and self.buckets[self._next_bucket].pending == 0:
-            b = self.buckets[self._next_bucket]
-            self.launched_from_hooks += 0 if self._finishing else 1
-            b.work = dist.all_reduce(b.flat, op=dist.ReduceOp.SUM, group=self.process_group, async_op=True)
-            self._next_bucket += 1
+        s, buckets = self._backward_state, self.buckets
+        while s.next_bucket < len(buckets) and buckets[s.next_bucket].pending == 0:
+            b = buckets[s.next_bucket]
+            if not s.finishing:
+                s.launched_from_hooks += 1
+            if b.direct:
+                _direct_all_reduce(b.flat, op=dist.ReduceOp.AVG, group=self.process_group)
+            else:
+                b.work = dist.all_reduce(b.flat, op=dist.ReduceOp.SUM, group=self.process_group, async_op=True)
+            s.next_bucket += 1
 
     def _finish_backward(self) -> None:
         with self._lock:
-            self._armed = False
-            self._finishing = True
-            unused = [(b, pos) for b in self.buckets for pos in range(len(b.params)) if not b.ready[pos]]
+            s = self._backward_state
+            s.armed = False
+            s.finishing = True
+            unused = ([(b, pos) for b in self.buckets for pos in range(len(b.params)) if not b.ready[pos]]
+                      if any(b.pending for b in self.buckets) else [])
             if unused and not self.find_unused_parameters:
                 names = [b.names[pos] for b, pos in unused]
                 raise RuntimeError(f"fastpar.DistributedDataParallel: {len(names)} parameter(s) received no "
@@ -278,19 +325,21 @@ class DistributedDataParallel(nn.Module):
             dist.all_reduce(local, op=dist.ReduceOp.SUM, group=self.process_group)
             used_anywhere = local.tolist()
         k = 0
+        grads, views = [], []  # one copy out for every bucket
         for b in self.buckets:
-            b.work.wait()
-            b.flat.div_(self.world_size)
-            grads, views = [], []
+            if not b.direct:
+                b.work.wait()
+                b.flat.div_(self.world_size)
             for p, v in zip(b.params, b.views):
                 use = used_anywhere is None or used_anywhere[k] > 0
                 k += 1
                 if not use:
                     continue
-                if p.grad is None or self.gradient_as_bucket_view:
+                g = p.grad
+                if g is None or self.gradient_as_bucket_view:
                     p.grad = v if self.gradient_as_bucket_view else v.clone()
-                elif p.grad.data_ptr() != v.data_ptr():
-                    grads.append(p.grad)
+                elif g.data_ptr() != v.data_ptr():
+                    grads.append(g)
                     views.append(v)
-            if grads:
-                torch._foreach_copy_(grads, views)
+        if grads:
+            torch._foreach_copy_(grads, views)

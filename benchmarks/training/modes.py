@@ -15,15 +15,24 @@ Used by benchmarks/main_job.py and benchmarks/bench_training.py. Modes:
 
 Every mode trains its own LeNet from the same seed on the same global
 batches (world_size * batch_per_rank samples per step), one thread per rank,
-all in one set of processes and interleaved step by step (see _worker).
+all in one set of processes and interleaved step by step, in an order that
+rotates from one step to the next (see _worker).
 Throughput counts the steps after ``warmup_steps``, each timed by its
 slowest rank (see _combine): ``samples_per_s`` is the global batch over the
 median of those step times (robust to load spikes from other processes on a
 shared machine), ``wall_samples_per_s`` over their mean.
+
+Paired ratios (paired_ratio, add_paired_ratios): the modes of one run take
+their step i within a few tens of milliseconds of each other, so the ratio
+of their step i times compares them under one machine state; the median of
+these per-step ratios follows the modes' difference, not the machine's
+speed drifting during the run (on a shared 2-core machine it moved 2x
+between runs minutes apart).
 """
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import queue as queue_mod
 import statistics
@@ -45,6 +54,11 @@ MODES = {
     "fastpar_ddp_gloo": "fastpar DDP (gloo)",
     "stock_ddp_fastpar": "stock DDP (fastpar)",
 }
+
+
+# Numbers the sets of processes _spawn starts: a result's "run" says which
+# modes took turns step by step with it (same run), which paired_ratio needs.
+_RUN_IDS = itertools.count(1)
 
 
 @dataclasses.dataclass
@@ -117,7 +131,10 @@ def _worker(rank: int, world: int, modes: List[str], cfg: Config, data_file: str
     times: Dict[str, List[float]] = {m: [] for m in modes}
     for step, idx in enumerate(_global_batches(len(y), steps, global_batch)):
         mine = idx[rank * cfg.batch_per_rank: (rank + 1) * cfg.batch_per_rank]
-        for mode in modes:
+        # each mode goes first as often as the others: whatever the first step
+        # after the barrier gains or loses falls on all modes alike
+        first = step % len(modes)
+        for mode in modes[first:] + modes[:first]:
             dist.barrier()
             net, model, opt = built[mode]
             batch = idx if mode == "single" else mine
@@ -203,7 +220,8 @@ def _spawn(modes: List[str], world: int, cfg: Config, data_file: str,
         for p in procs:
             if p.is_alive():
                 p.terminate()
-    return {m: _combine(per_mode[m]) for m in modes}
+    run = next(_RUN_IDS)
+    return {m: dict(_combine(per_mode[m]), run=run) for m in modes}
 
 
 def _combine(per_rank: Dict[int, Dict]) -> Dict:
@@ -215,6 +233,7 @@ def _combine(per_rank: Dict[int, Dict]) -> Dict:
     out = {k: v for k, v in per_rank[0].items() if k != "step_times"}
     steps = zip(*(r["step_times"] for r in per_rank.values()))
     slowest = [max(ts) for ts in steps]
+    out["slowest_step_s"] = slowest  # for paired_ratio; not a CSV column (see csv_row)
     out["seconds"] = sum(slowest)
     out["median_step_s"] = statistics.median(slowest)
     out["wall_samples_per_s"] = len(slowest) * out["global_batch"] / out["seconds"]
@@ -222,20 +241,50 @@ def _combine(per_rank: Dict[int, Dict]) -> Dict:
     return out
 
 
-def format_table(rows: List[Dict], baseline_mode: str, extra_baseline: Optional[str] = None) -> str:
+def paired_ratio(row: Dict, baseline: Dict) -> float:
+    """How many times faster ``row``'s mode stepped than ``baseline``'s, paired
+    step by step: the median over the timed steps of baseline step i / row
+    step i (each the slowest rank's time). Both must come from one run_modes
+    call, whose modes take their step i one after another."""
+    a, b = row.get("slowest_step_s"), baseline.get("slowest_step_s")
+    if a is None or b is None or len(a) != len(b) or row.get("run") != baseline.get("run"):
+        raise ValueError(f"paired_ratio: modes {row['mode']!r} and {baseline['mode']!r} were not timed step by "
+                         f"step in one run; pair only modes of one run_modes call")
+    return statistics.median(tb / ta for ta, tb in zip(a, b))
+
+
+def add_paired_ratios(rows: List[Dict], baseline_mode: str) -> None:
+    """Sets ``vs_<baseline_mode>_paired`` (paired_ratio) on every row of the
+    baseline's run; rows of other runs (one process) get None."""
+    base = next(r for r in rows if r["mode"] == baseline_mode)
+    for r in rows:
+        paired = r.get("run") == base.get("run") and "slowest_step_s" in r
+        r[f"vs_{baseline_mode}_paired"] = paired_ratio(r, base) if paired else None
+
+
+def csv_row(row: Dict) -> Dict:
+    """A result as one CSV row: everything but the per-step times."""
+    return {k: v for k, v in row.items() if k != "slowest_step_s"}
+
+
+def format_table(rows: List[Dict], baseline_mode: str, paired_baseline: Optional[str] = None) -> str:
+    """One line per mode: samples/s, its ratio to ``baseline_mode``'s samples/s
+    and, with ``paired_baseline``, the paired ratio to that mode
+    (``vs_<paired_baseline>_paired``, add_paired_ratios; '-' for a mode timed in
+    another run)."""
     base = next((r for r in rows if r["mode"] == baseline_mode), None)
-    other = next((r for r in rows if r["mode"] == extra_baseline), None) if extra_baseline else None
+    pcol = f"vs_{paired_baseline}_paired" if paired_baseline else None
     head = f"{'mode':<20} {'backend':<8} {'procs':>5} {'samples/s':>10} {'(wall)':>8} {'vs ' + baseline_mode:>16}"
-    if other:
-        head += f" {'vs ' + extra_baseline:>18}"
+    if pcol:
+        head += f" {'vs ' + paired_baseline + ', paired':>26}"
     head += f" {'test acc':>9}"
     lines = [head, "-" * len(head)]
     for r in rows:
         line = (f"{r['label']:<20} {r['backend']:<8} {r['world']:>5} {r['samples_per_s']:>10.0f} "
                 f"{r['wall_samples_per_s']:>8.0f} "
                 f"{r['samples_per_s'] / base['samples_per_s']:>15.3f}x")
-        if other:
-            line += f" {r['samples_per_s'] / other['samples_per_s']:>17.3f}x"
+        if pcol:
+            line += f" {r[pcol]:>25.3f}x" if r.get(pcol) is not None else f" {'-':>26}"
         line += f" {100 * r['accuracy']:>8.2f}%"
         lines.append(line)
     return "\n".join(lines)

@@ -78,8 +78,12 @@ def test_main_job_smoke(tmp_path):
     out = run([os.path.join(ROOT, "benchmarks", "main_job.py"), "--smoke", "--out", str(tmp_path)], timeout=300)
     with open(tmp_path / "train_main.csv") as f:
         rows = list(csv.DictReader(f))
-    assert {r["mode"] for r in rows} == {"fastpar_ddp", "stock_ddp_gloo", "single"}, rows
+    assert {r["mode"] for r in rows} == {"fastpar_ddp", "stock_ddp_gloo", "no_comm", "single"}, rows
     assert all(float(r["samples_per_s"]) > 0 for r in rows), rows
+    # paired with stock DDP: the modes of its run; one process ran in processes of its own
+    paired = {r["mode"]: r["vs_stock_ddp_gloo_paired"] for r in rows}
+    assert float(paired["stock_ddp_gloo"]) == 1.0 and float(paired["fastpar_ddp"]) > 0 and paired["single"] == ""
+    assert "vs stock_ddp_gloo, paired" in out
     assert "collective sweep:" in out
     with open(tmp_path / "collective_sweep.csv") as f:
         sweep = list(csv.DictReader(f))

@@ -43,15 +43,36 @@ def test_each_step_is_timed_by_its_slowest_rank():
     rank1 = dict(rank0, step_times=[0.3, 0.1, 0.2], accuracy=None)
     out = tb._combine({0: rank0, 1: rank1})  # slowest per step: 0.3, 0.4, 0.2
     assert out["accuracy"] == 0.9 and out["seconds"] == pytest.approx(0.9) and "step_times" not in out
+    assert out["slowest_step_s"] == [0.3, 0.4, 0.2] and "slowest_step_s" not in tb.csv_row(out)
     assert out["samples_per_s"] == pytest.approx(128 / 0.3)
     assert out["wall_samples_per_s"] == pytest.approx(3 * 128 / 0.9)
 
 
-def test_table_shows_ratios_to_both_baselines():
-    rows = [{"mode": m, "label": tb.MODES[m], "backend": "gloo", "world": 2, "samples_per_s": v,
-             "wall_samples_per_s": v, "accuracy": 0.5} for m, v in (("no_comm", 200.0), ("stock_ddp_gloo", 100.0))]
-    table = tb.format_table(rows, baseline_mode="no_comm", extra_baseline="stock_ddp_gloo")
-    assert "0.500x" in table and "2.000x" in table and "50.00%" in table
+def _row(mode, steps, run=1):
+    return {"mode": mode, "label": tb.MODES[mode], "backend": "gloo", "world": 2, "samples_per_s": 1 / min(steps),
+            "wall_samples_per_s": 1 / min(steps), "accuracy": 0.5, "slowest_step_s": steps, "run": run}
+
+
+def test_paired_ratio_is_the_median_of_per_step_ratios():
+    # the machine slows down 3x halfway: each step's ratio is still 2 or 1.5, whatever the medians of each mode
+    stock = _row("stock_ddp_gloo", [0.2, 0.2, 0.6, 0.6, 0.6])
+    fast = _row("fastpar_ddp", [0.1, 0.1, 0.4, 0.3, 0.3])
+    assert tb.paired_ratio(fast, stock) == pytest.approx(2.0)  # per step: 2, 2, 1.5, 2, 2
+    assert tb.paired_ratio(stock, fast) == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="'fastpar_ddp' and 'stock_ddp_gloo' were not timed step by step in one run"):
+        tb.paired_ratio(fast, dict(stock, run=2))
+
+
+def test_table_shows_ratio_to_the_baseline_and_paired_ratio():
+    rows = [_row("no_comm", [0.005, 0.005]), _row("stock_ddp_gloo", [0.01, 0.01]),
+            dict(_row("single", [0.02, 0.02], run=2))]
+    tb.add_paired_ratios(rows, "stock_ddp_gloo")
+    assert [r["vs_stock_ddp_gloo_paired"] for r in rows] == [2.0, 1.0, None]  # one process: another run
+    table = tb.format_table(rows, baseline_mode="no_comm", paired_baseline="stock_ddp_gloo")
+    lines = table.splitlines()
+    assert "vs stock_ddp_gloo, paired" in lines[0]
+    assert "2.000x" in lines[2] and "0.500x" in lines[3] and lines[4].split()[-2] == "-"
+    assert "50.00%" in table
 
 
 def test_unknown_mode_is_refused():
