@@ -3,6 +3,7 @@
 // phase, in one launch.
 #include "../../kernels/reduce_ops.h"
 #include "../../transport/cuda_ipc/device_memory_order.cuh"
+#include "gpu_block.cuh"
 #include "ipc_fused_collectives.h"
 
 namespace fastpar {
@@ -14,22 +15,6 @@ namespace {
 // every rank sharing one GPU resident together.
 constexpr int kFusedCollThreads = 512;
 constexpr int kFusedCollMinBlocksPerSm = 1;
-
-// fused_coll_block's block policy on the GPU (as the fused two-shot's).
-struct GpuBlock {
-  int* shared;
-  template <class F>
-  __device__ bool leader(F f) {
-    __syncthreads();
-    if (threadIdx.x == 0) *shared = f() ? 1 : 0;
-    __syncthreads();
-    return *shared != 0;
-  }
-  template <class F>
-  __device__ void threads(F f) {
-    f(int(threadIdx.x), int(blockDim.x));
-  }
-};
 
 template <typename T, ReduceOp OP, int NMAX>
 __global__ void __launch_bounds__(kFusedCollThreads, kFusedCollMinBlocksPerSm)

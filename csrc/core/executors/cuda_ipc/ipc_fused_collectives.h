@@ -279,12 +279,8 @@ FASTPAR_HD void fused_registered_block(const FusedCollArgs& a, int b, Blk& blk) 
 template <class Mem, typename T, ReduceOp OP, int NMAX, class Blk>
 FASTPAR_HD void fused_coll_block(const FusedCollArgs& a, int b, Blk& blk) {
   static_assert(NMAX == 4 || NMAX == kMaxIpcRanks, "fused_rank_bound's values");
-  const bool earlier = blk.leader([&] {
-    const uint32_t s = Mem::load_u32(a.phase.status);
-    if (s != 0 && b == 0) flags::abort_rank<Mem>(a.phase.self, s);  // tell the peers, as phase_step
-    return s != 0;
-  });
-  if (earlier) return;  // an earlier call failed here: write nothing
+  // An earlier call failed here: write nothing (block 0 tells the peers).
+  if (blk.leader([&] { return fused_prior_failure<Mem>(a.phase, b) != 0; })) return;
   if (a.kind == FusedColl::kAllreduceRegistered) {
     fused_registered_block<Mem, T, OP, NMAX>(a, b, blk);
     return;

@@ -123,18 +123,6 @@ FASTPAR_HD flags::WaitStatus fused_block_barrier(const FusedArgs& a, int b) {
   return s;
 }
 
-// Thread 0 of block b, before anything else: the status word as this launch
-// finds it (one read per block, shared: a kernel on another stream may set it
-// mid-launch, and threads that saw different values would leave the block's
-// __syncthreads() divergent). Non-zero: an earlier call failed here, the block
-// writes nothing, and block 0 tells the peers.
-template <class Mem>
-FASTPAR_HD uint32_t fused_prior_failure(const PhaseArgs& p, int b) {
-  const uint32_t s = Mem::load_u32(p.status);
-  if (s != 0 && b == 0) flags::abort_rank<Mem>(p.self, s);
-  return s;
-}
-
 #if defined(__CUDA_ARCH__)
 #define FASTPAR_UNROLL _Pragma("unroll")
 #else

@@ -2,6 +2,7 @@
 // every chunk and phase, in one launch.
 #include "../../kernels/reduce_ops.h"
 #include "../../transport/cuda_ipc/device_memory_order.cuh"
+#include "gpu_block.cuh"
 #include "ipc_fused_two_shot.h"
 
 namespace fastpar {
@@ -15,24 +16,6 @@ namespace {
 // checks the register count against these numbers.
 constexpr int kTwoShotThreads = 512;
 constexpr int kTwoShotMinBlocksPerSm = 1;
-
-// two_shot_block's block policy on the GPU.
-struct GpuBlock {
-  int* shared;
-  template <class F>
-  __device__ bool leader(F f) {
-    // The block's writes (and its reads of the last shared value) happen
-    // before thread 0's flag release; thread 0's acquire before the reads.
-    __syncthreads();
-    if (threadIdx.x == 0) *shared = f() ? 1 : 0;
-    __syncthreads();
-    return *shared != 0;
-  }
-  template <class F>
-  __device__ void threads(F f) {
-    f(int(threadIdx.x), int(blockDim.x));
-  }
-};
 
 template <typename T, ReduceOp OP, int NMAX>
 __global__ void __launch_bounds__(kTwoShotThreads, kTwoShotMinBlocksPerSm) fused_two_shot_kernel(TwoShotArgs a) {

@@ -234,12 +234,8 @@ FASTPAR_HD void two_shot_reduce(const TwoShotArgs& a, int64_t k, int b, int t, i
 template <class Mem, typename T, ReduceOp OP, int NMAX, class Blk>
 FASTPAR_HD void two_shot_block(const TwoShotArgs& a, int b, Blk& blk) {
   static_assert(NMAX == 4 || NMAX == kMaxIpcRanks, "fused_rank_bound's values");
-  const bool earlier = blk.leader([&] {
-    const uint32_t s = Mem::load_u32(a.phase.status);
-    if (s != 0 && b == 0) flags::abort_rank<Mem>(a.phase.self, s);  // tell the peers, as phase_step
-    return s != 0;
-  });
-  if (earlier) return;  // an earlier call failed here: write nothing
+  // An earlier call failed here: write nothing (block 0 tells the peers).
+  if (blk.leader([&] { return fused_prior_failure<Mem>(a.phase, b) != 0; })) return;
   blk.threads([&](int t, int nt) { two_shot_publish<T>(a, 0, b, t, nt); });
   for (int64_t k = 0; k < a.chunks; ++k) {
     if (blk.leader([&] {

@@ -94,6 +94,19 @@ FASTPAR_HD uint32_t record_failure(const PhaseArgs& a, flags::WaitStatus s, int 
   return first != 0 ? first : uint32_t(s);
 }
 
+// Thread 0 of block b of a one-kernel call (the fused one-shot, two-shot and
+// collectives), before anything else: the status word as this launch
+// finds it (one read per block, shared: a kernel on another stream may set it
+// mid-launch, and threads that saw different values would leave the block's
+// __syncthreads() divergent). Non-zero: an earlier call failed here, the block
+// writes nothing, and block 0 tells the peers.
+template <class Mem>
+FASTPAR_HD uint32_t fused_prior_failure(const PhaseArgs& p, int b) {
+  const uint32_t s = Mem::load_u32(p.status);
+  if (s != 0 && b == 0) flags::abort_rank<Mem>(p.self, s);
+  return s;
+}
+
 // PhasePoll plus this rank's status word: once a block of this rank has
 // failed (recorded), the others stop waiting too.
 template <class Mem>
