@@ -10,8 +10,12 @@ Rows (best of --rounds rounds, every path timed once per round, interleaved):
                 nothing: torch's own cost per call (the baseline)
   fastpar pg    ProcessGroup.allreduce(...).wait() on the fastpar group
   fake pg       the same on the fake group
+  list          fastpar.allreduce([a, b]) (one process, two CPU tensors)
+  list entry    the op it calls, through the extension's C++ entry
+  list torch.ops  the same op through torch.ops.fastpar.allreduce_
 fastpar's share = fastpar - fake (dist and pg rows), set against the direct
-call. bench_latency.py measures the same with 2 ranks (and their waits).
+call; the list op's Python side = list - list entry. bench_latency.py measures
+the same with 2 ranks (and their waits).
 """
 import argparse
 import time
@@ -28,7 +32,7 @@ def main() -> None:
     import torch.distributed as dist
     import torch.testing._internal.distributed.fake_pg  # noqa: F401  registers the "fake" backend
 
-    import fastpar  # noqa: F401  registers the backend
+    import fastpar  # registers the backend
     import fastpar.distributed as fd
 
     torch.set_num_threads(1)
@@ -41,6 +45,10 @@ def main() -> None:
              "fake dist": lambda: dist.all_reduce(t, group=fake),
              "fastpar pg": lambda: world.allreduce([t], opts).wait(),
              "fake pg": lambda: fake.allreduce([t], opts).wait()}
+    pair = [t.clone(), t.clone()]
+    paths.update({"list": lambda: fastpar.allreduce(pair),
+                  "list entry": lambda: fastpar._C._allreduce_(pair, 0, "auto"),
+                  "list torch.ops": lambda: torch.ops.fastpar.allreduce_(pair, 0, "auto")})
     best = {k: float("inf") for k in paths}
     for r in range(args.rounds):
         # Alternate the order each round: a path never always follows the same one.
@@ -50,12 +58,14 @@ def main() -> None:
                 fn()
             best[k] = min(best[k], (time.perf_counter() - t0) / args.iters * 1e6)
     for k, v in best.items():
-        print(f"{k:14s} {v:7.2f} us")
+        print(f"{k:16s} {v:7.2f} us")
     d = best["direct"]
     print(f"fastpar share, dist: {best['fastpar dist'] - best['fake dist']:.2f} us = "
           f"{(best['fastpar dist'] - best['fake dist']) / d:.2f}x direct; pg: "
           f"{best['fastpar pg'] - best['fake pg']:.2f} us = {(best['fastpar pg'] - best['fake pg']) / d:.2f}x direct "
           "(target: at most 1.30x)")
+    print(f"list op's Python side: {best['list'] - best['list entry']:.2f} us over its op "
+          f"(through torch.ops: {best['list torch.ops'] - best['list entry']:.2f} us; target: at most 1 us)")
     dist.destroy_process_group()
 
 

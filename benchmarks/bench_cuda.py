@@ -205,6 +205,9 @@ def host_rows(args) -> list:
         ts = [torch.zeros(1024, device="cuda:0") for _ in range(k)]
         for alg in ("direct", "ring"):
             measure(alg, k, lambda: fastpar.allreduce(ts, algorithm=alg))
+        # the op's own entry, without fastpar.allreduce's Python side: the
+        # difference is what the argument checks and op lookup cost
+        measure("direct, op entry (no Python checks)", k, lambda: fastpar._C._allreduce_(ts, 0, "direct"))
 
         def baseline():
             r = torch.stack(ts).sum(0)
@@ -344,6 +347,17 @@ def ipc_worker(args) -> None:
         dist.barrier(group=gloo)
         return slowest(event_time(lambda: fd.all_reduce(t), reps=3, agree=agreed_calls)), host
 
+    def fake_backend(size):
+        """dist.all_reduce on a group of torch's "fake" backend, which does
+        nothing: torch's own host cost per call (Python wrapper, dispatcher,
+        Work), the part of the "fastpar" rows' host time that is not fastpar's."""
+        import torch.testing._internal.distributed.fake_pg  # noqa: F401  registers "fake"
+
+        fake = dist.new_group(backend="fake")
+        t = torch.ones(size // 4, device="cuda")
+        dist.barrier(group=gloo)
+        return None, slowest(host_time(lambda: dist.all_reduce(t, group=fake), args.host_calls))
+
     def two_shot_above_256k(size):
         """The schedule 2 ranks ran from 256 KiB before one-shot took the
         sizes up to its limit: the baseline of that choice, in the same run."""
@@ -400,6 +414,7 @@ def ipc_worker(args) -> None:
     series("fastpar two-shot steps", [s for s in args.ipc_sizes if s > one_shot_hi], two_shot_steps)
     if n == 2:  # 3 and 4 ranks are measured against 2 on the plain all_reduce only (the time it takes)
         series("fastpar direct", [s for s in args.ipc_sizes if s <= 256 * KiB], direct)
+        series("torch fake backend", [s for s in args.ipc_sizes if s == 4 * KiB], fake_backend)
         # the sizes 2 ranks now run one-shot and ran two-shot before
         hi = fd.get_fastpar_backend().cuda_engine.one_shot_max_bytes
         series("fastpar two-shot above 256 KiB", [s for s in args.ipc_sizes if 256 * KiB < s <= hi],
@@ -462,7 +477,7 @@ def synthetic_rows(args) -> list:
                     t = (4e-6 + nbytes / 2.7e12) if alg == "direct" else (30e-6 * k + nbytes / 1.5e12)
                     rows.append(gs.list_row(gs.ONE_GPU, k, dname, alg, size, t, "torch stack+sum+copies", t_base,
                                             t_copy))
-    rows += [gs.host_row("torch add_ (one launch)", 1, 5.8e-6), gs.host_row("direct", 2, 7.5e-6),
+    rows += [gs.host_row("torch add_ (one launch)", 1, 5.8e-6), gs.host_row("direct", 2, 6.5e-6),
              gs.host_row("direct", 8, 14e-6), gs.host_row("ring", 2, None, "RuntimeError: synthetic failure")]
     for n in args.ranks:
         rows += [gs.ref_row("launch_us", "shared cuda:0", n, 6.9), gs.ref_row("copy_GBps", "shared cuda:0", n, 4200)]
@@ -477,6 +492,9 @@ def synthetic_rows(args) -> list:
                 continue
             if size <= 256 * KiB:
                 rows.append(gs.ipc_row("fastpar graph", "shared cuda:0", n, size, 8e-6 + size / 500e9, 3e-6))
+                rows.append(gs.ipc_row("fastpar direct", "shared cuda:0", n, size, 9e-6 + size / 500e9, 7e-6))
+                if size == 4 * KiB:
+                    rows.append(gs.ipc_row("torch fake backend", "shared cuda:0", n, size, None, 2e-6))
             else:
                 rows.append(gs.ipc_row("fastpar registered", "shared cuda:0", n, size, 10e-6 + size / 600e9))
     return rows

@@ -12,16 +12,25 @@ from typing import Any, Sequence
 import torch
 from torch.distributed import ReduceOp
 
+_Tensor = torch.Tensor
+
 # fastpar's reduce-op codes, the one table of them: the values of the C++
 # ReduceOp (csrc/core/kernels/reduce_ops.h), which are torch's RedOpType
 # values. The list ops (torch.ops.fastpar.*) take the arithmetic ones; the
 # torch.distributed backend's direct calls (distributed/direct.py) take all.
 REDUCE_OPS = {"SUM": 0, "AVG": 1, "PRODUCT": 2, "MIN": 3, "MAX": 4, "BAND": 5, "BOR": 6, "BXOR": 7}
 _OPS = {name: code for name, code in REDUCE_OPS.items() if code <= REDUCE_OPS["MAX"]}
+# The members as callers pass them (ReduceOp.SUM, ...), for identity tests:
+# hashing or isinstance-testing a ReduceOp costs more than the rest of a small
+# list op's Python side.
+_MEMBERS = tuple((getattr(ReduceOp, name), code) for name, code in _OPS.items())
 
 
 def op_value(fn: str, op: Any) -> int:
     """torch.distributed.ReduceOp (enum member or instance), its name, or its int."""
+    for member, code in _MEMBERS:
+        if op is member:
+            return code
     if isinstance(op, ReduceOp):
         op = op.op if hasattr(op, "op") else op
     if isinstance(op, ReduceOp.RedOpType):
@@ -45,9 +54,10 @@ def tensor_list(fn: str, arg: str, ts: Any, allow_empty: bool = False) -> list:
     if not ts and not allow_empty:
         raise ValueError(f"fastpar.{fn}: expected a non-empty list of tensors for argument '{arg}', "
                          f"got an empty list")
-    for i, t in enumerate(ts):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"fastpar.{fn}: {arg}[{i}] must be a Tensor, got {type(t).__name__}")
+    for t in ts:
+        if type(t) is not _Tensor and not isinstance(t, _Tensor):  # the exact type first: cheaper
+            i = next(i for i, t in enumerate(ts) if not isinstance(t, _Tensor))
+            raise TypeError(f"fastpar.{fn}: {arg}[{i}] must be a Tensor, got {type(ts[i]).__name__}")
     return ts
 
 

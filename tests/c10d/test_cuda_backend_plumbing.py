@@ -38,7 +38,7 @@ def test_defaults_and_state():
     assert cb.blocking_wait is False
     assert cb.ipc_two_shot == "steps"
     assert isinstance(cb.fallback, dist.ProcessGroupGloo)
-    assert cb.ipc_calls == 0 and cb.fallback_calls == 0
+    assert cb.ipc_calls == 0 and cb.fallback_calls == 0 and cb.direct_calls == 0
 
 
 def test_knobs_from_the_environment(monkeypatch):

@@ -17,6 +17,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+import fastpar.distributed as fd
 from batched_scenarios import (CUDA_LAYOUTS, CUDA_MARKS, SLOT_4K, InBatch, assert_scenario_ok, batched, needs_two_gpus,
                                scenario_result)
 from dist_harness import assert_ok, scenario
@@ -291,4 +292,53 @@ def sc_async():
 
 @batched(sc_async)
 def test_async_op_wait_and_future_then(request):
+    assert_ok(scenario_result(request))
+
+
+@scenario
+def sc_direct():
+    """fastpar.distributed.all_reduce on CUDA tensors: no Work, no event (the
+    kernels are on the caller's stream already), the same bits as
+    dist.all_reduce at one-shot and two-shot sizes, on a side stream too,
+    captured in a CUDA graph, and the fallback's calls still answered."""
+    init()
+    cb = cuda_backend()
+    for dtype in DTYPES:
+        for n in (1, 1000, 300_001):  # 300_001 elements: past the one-shot sizes
+            xs = [random_data(q, n, dtype, 11) for q in range(WORLD)]
+            a, b = xs[RANK].to(DEV), xs[RANK].to(DEV)
+            dist.all_reduce(a)
+            calls, direct = cb.ipc_calls, cb.direct_calls
+            fd.all_reduce(b)
+            if cb.ipc_state.startswith("ipc"):
+                assert (cb.ipc_calls, cb.direct_calls) == (calls + 1, direct + 1), (calls, direct, cb.ipc_calls,
+                                                                                   cb.direct_calls)
+            assert torch.equal(a.cpu(), b.cpu()), f"direct all_reduce {dtype} n={n}: not dist.all_reduce's bits"
+    # On a side stream that is kept busy: the result is there once that stream is.
+    xs = [random_data(q, 50_000, torch.float32, 12) for q in range(WORLD)]
+    want = in_rank_order(xs, dist.ReduceOp.SUM, torch.float32)
+    s = torch.cuda.Stream()
+    t = xs[RANK].to(DEV)
+    torch.cuda.synchronize()
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(20_000_000)
+        fd.all_reduce(t)
+    s.synchronize()
+    assert torch.equal(t.cpu(), want)
+    # Captured in a CUDA graph and replayed.
+    if cb.ipc_state.startswith("ipc"):
+        g, x = torch.cuda.CUDAGraph(), torch.zeros(1024, device=DEV)
+        with torch.cuda.graph(g):
+            fd.all_reduce(x)
+        for i in range(3):
+            x.fill_(float(RANK + i))
+            g.replay()
+            torch.cuda.synchronize()
+            assert torch.all(x == sum(q + i for q in range(WORLD))), (i, x[:4])
+    dist.destroy_process_group()
+    print(f"direct rank {RANK} ok", flush=True)
+
+
+@batched(sc_direct)
+def test_direct_all_reduce_has_no_work_and_dist_bits(request):
     assert_ok(scenario_result(request))

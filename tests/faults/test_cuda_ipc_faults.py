@@ -105,7 +105,8 @@ def sc_ipc_sigkill():
     sees the death in /proc and raises the host abort word the phase kernels
     poll. ARGS[0]: "blocking" (FASTPAR_BLOCKING_WAIT=1: wait() raises) or
     "async" (the default wait(): it synchronizes once a peer is dead);
-    ARGS[1]: the op ("all_reduce" or "broadcast")."""
+    ARGS[1]: the op ("all_reduce", "broadcast", or "direct":
+    fastpar.distributed.all_reduce, which has no Work to wait on)."""
     mode, op = ARGS[0], ARGS[1]
     init(timeout_s=60)
     t = torch.ones(1024, device=DEV)
@@ -123,10 +124,15 @@ def sc_ipc_sigkill():
     def step(what):  # where the time goes, should a run ever hang again (a destroy once hung here)
         print(f"[{time.monotonic() - t0:6.2f}s] {what}", flush=True)
     try:
-        work = dist.all_reduce(t, async_op=True) if op == "all_reduce" else dist.broadcast(t, src=0, async_op=True)
-        step(f"{op} enqueued")
-        work.wait()
-        step("wait() returned")
+        if op == "direct":
+            fd.all_reduce(t)
+            step("direct all_reduce returned")
+        else:
+            work = (dist.all_reduce(t, async_op=True) if op == "all_reduce" else
+                    dist.broadcast(t, src=0, async_op=True))
+            step(f"{op} enqueued")
+            work.wait()
+            step("wait() returned")
         torch.cuda.synchronize()
         step("synchronize() returned")
         dist.all_reduce(t)  # refused at the start if wait() did not raise
@@ -151,7 +157,7 @@ def sc_ipc_sigkill():
 @pytest.mark.parametrize("layout,world", [("shared", 2), ("shared", 3)] +
                          ([("distinct", 2)] if NGPU >= 2 else []))
 @pytest.mark.parametrize("mode", ["blocking", "async"])
-@pytest.mark.parametrize("op", ["all_reduce", "broadcast"])
+@pytest.mark.parametrize("op", ["all_reduce", "broadcast", "direct"])
 def test_sigkilled_peer_makes_every_survivor_raise_within_seconds(layout, world, mode, op):
     if layout == "distinct" and not (torch.cuda.can_device_access_peer(0, 1) and
                                      torch.cuda.can_device_access_peer(1, 0)):

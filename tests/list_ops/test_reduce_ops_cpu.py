@@ -174,3 +174,41 @@ def test_allreduce_coalesced_many_small_tensors():
     for d in range(n):
         for j, e in enumerate(expected):
             assert torch.equal(per_dev[d][j], e), (d, j)
+
+
+def test_the_extension_entry_is_the_torch_op():
+    """fastpar.allreduce calls the op through fastpar._C._allreduce_: the same
+    dispatcher entry as torch.ops.fastpar.allreduce_, so the same bits and
+    the same checks, word for word."""
+    a = make_inputs(3, 1000, torch.bfloat16, ReduceOp.AVG, seed=3)
+    b = [t.clone() for t in a]
+    fastpar._C._allreduce_(a, 1, "ring")
+    torch.ops.fastpar.allreduce_(b, 1, "ring")
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    bad = [torch.ones(4), torch.ones(5)]
+    with pytest.raises(ValueError) as via_ops:
+        torch.ops.fastpar.allreduce_(bad, 0, "auto")
+    with pytest.raises(ValueError) as via_entry:
+        fastpar._C._allreduce_(bad, 0, "auto")
+    assert str(via_entry.value) == str(via_ops.value) and "tensors[1]" in str(via_entry.value)
+    # the op is tested by identity first, by value after
+    for op in (ReduceOp.MAX, ReduceOp(ReduceOp.MAX), "max", 4):
+        ts = [torch.tensor([1.0, 5.0]), torch.tensor([3.0, 2.0])]
+        fastpar.allreduce(ts, op)
+        assert ts[0].tolist() == [3.0, 5.0], op
+    with pytest.raises(TypeError, match=r"fastpar.allreduce: tensors\[1\] must be a Tensor, got int"):
+        fastpar.allreduce([torch.ones(2), 3])
+
+
+def test_allreduce_under_torch_compile():
+    """A compiled function sees torch.ops.fastpar.allreduce_ (the Python
+    entry would be opaque to the trace) and gets the same result."""
+    def step(x, y):
+        x2, y2 = x * 2, y * 2
+        fastpar.allreduce([x2, y2])
+        return x2 + 1
+
+    x, y = torch.arange(6.0), torch.ones(6)
+    compiled = torch.compile(step, backend="eager")
+    assert torch.equal(compiled(x, y), step(x, y))
+    assert torch.equal(compiled(x, y), x * 2 + y * 2 + 1)

@@ -24,12 +24,14 @@ def test_dry_run_writes_csv_summary_and_plots(tmp_path, capsys):
         assert len(list(csv.DictReader(f))) == len(rows)
     summary = (tmp_path / "summary.txt").read_text().splitlines()
     by_name = {line.split("  ")[0].strip(): line for line in summary}
-    # synthetic: one launch 5.8 us, k=2 7.5 us = 1.29 launches, k=8 14 us = 2.4 launches
+    # synthetic: one launch 5.8 us, k=2 6.5 us = 1.12 launches, k=8 14 us = 2.4 launches
     assert " met" in by_name["list allreduce 4 KiB, k=2, host per call, in launches"]
     assert "MISSED" in by_name["list allreduce 4 KiB, k=8, host per call, in launches"]
-    # synthetic: n ranks take (n - 1) times 2 ranks' time: 3 ranks 2x (met), 4 ranks 3x
-    assert " met" in by_name["3 ranks on one GPU, time / 2 ranks' from 256 KiB (worst)"]
-    assert "MISSED" in by_name["4 ranks on one GPU, time / 2 ranks' from 256 KiB (worst)"]
+    # synthetic: n ranks take (n - 1) times 2 ranks' time
+    assert "MISSED" in by_name["3 ranks on one GPU at 1 MiB, time / 2 ranks'"]
+    # synthetic: launch 6.9 us; direct 7 us host, dist 9 us - fake 2 us = 7 us: 1.01 launches each
+    assert " met" in by_name["direct call 4 KiB, 2 ranks on one GPU, host per call, in launches"]
+    assert " met" in by_name["dist.all_reduce 4 KiB minus torch's fake backend's, 2 ranks, host per call, in launches"]
     assert "not measured" in by_name["distinct GPUs, busbw / NCCL from 64 MiB (worst)"]
     assert "error: host: RuntimeError: synthetic failure" in summary
     assert " met" in by_name["registered / plain all_reduce time from 1 MiB (worst)"]  # synthetic: faster
@@ -53,36 +55,43 @@ def test_targets_take_the_worst_row_and_pair_ring_with_direct():
         rows.append(gs.list_row(gs.ONE_GPU, 2, "float32", "direct", size, d_t, "torch", 2 * d_t, 0.95 * d_t))
         rows.append(gs.list_row(gs.ONE_GPU, 2, "float32", "ring", size, r_t, "torch", 2 * d_t, 0.95 * d_t))
     lines = {t["target"]: t for t in gs.targets(rows)}
-    ring = lines["ring / direct GB/s from 1 MiB, one GPU (worst)"]
+    ring = lines["list ring / direct GB/s from 1 MiB, one GPU (worst)"]
     assert ring["measured"] == pytest.approx(1 / 3) and ring["status"] == "MISSED"
-    assert lines["direct / copy from 16 MiB (worst)"]["measured"] == pytest.approx(0.95)
-    assert lines["direct / copy from 16 MiB (worst)"]["status"] == "met"
+    assert lines["list direct / copy from 16 MiB (worst)"]["measured"] == pytest.approx(0.95)
+    assert lines["list direct / copy from 16 MiB (worst)"]["status"] == "met"
     assert lines["list allreduce 4 KiB, k=2, host per call, in launches"]["measured"] == "not measured"
 
 
 def test_gpu_targets_are_in_launches_and_copies_of_the_same_run():
     """A launch and a copy's rate measured in the 2-rank run's own process
-    are the units: 4 KiB host time over a launch, the 8N / 4N bytes of HBM
-    traffic at the copy's rate over the measured time."""
+    are the units: 4 KiB host time over a launch (torch's share, its fake
+    backend's time, taken off dist.all_reduce's), the 2kN bytes of HBM
+    traffic of a registered all_reduce at the copy's rate over its time."""
     one = "shared cuda:0"
     rows = [gs.ref_row("launch_us", one, 2, 10.0), gs.ref_row("copy_GBps", one, 2, 4000.0),
-            gs.ipc_row("fastpar", one, 2, 4 * 1024, 20e-6, 12e-6),
+            gs.ipc_row("fastpar", one, 2, 4 * 1024, 20e-6, 22e-6),
+            gs.ipc_row("torch fake backend", one, 2, 4 * 1024, None, 10e-6),
+            gs.ipc_row("fastpar direct", one, 2, 4 * 1024, 20e-6, 11e-6),
             gs.ipc_row("fastpar graph", one, 2, 4 * 1024, 7e-6, 6e-6),
             gs.ipc_row("fastpar", one, 2, 256 * 1024, 20e-6), gs.ipc_row("fastpar", one, 2, MiB, 40e-6),
             gs.ipc_row("fastpar", one, 2, 32 * MiB, 100e-6), gs.ipc_row("fastpar registered", one, 2, 32 * MiB, 50e-6),
+            gs.ipc_row("fastpar registered steps", one, 2, 32 * MiB, 80e-6),
             gs.ipc_row("fastpar", one, 3, MiB, 1.0), gs.ipc_row("fastpar", one, 3, 32 * MiB, 150e-6)]
     lines = {t["target"]: t for t in gs.targets(rows)}
-    host = lines["dist.all_reduce 4 KiB, 2 ranks on one GPU, host per call, in launches"]
-    assert host["measured"] == pytest.approx(1.2) and host["status"] == "met"
-    assert lines["the same replayed in a CUDA graph, host per replay, in launches"]["measured"] == pytest.approx(0.6)
+    over = lines["dist.all_reduce 4 KiB minus torch's fake backend's, 2 ranks, host per call, in launches"]
+    assert over["measured"] == pytest.approx(1.2) and over["status"] == "MISSED"
+    direct = lines["direct call 4 KiB, 2 ranks on one GPU, host per call, in launches"]
+    assert direct["measured"] == pytest.approx(1.1) and direct["status"] == "MISSED"
+    graph = lines["graph replay 4 KiB, 2 ranks on one GPU, host per replay, in launches"]
+    assert graph["measured"] == pytest.approx(0.6) and graph["status"] == "met"
     assert lines["2 ranks on one GPU, 1 MiB time / 256 KiB time"]["measured"] == pytest.approx(2.0)
-    plain = lines["2 ranks on one GPU from 8 MiB, of the ceiling (8N at the copy's rate), plain (worst)"]
-    assert plain["measured"] == pytest.approx(8 * 32 * MiB / 4000e9 / 100e-6)
-    reg = lines["2 ranks on one GPU from 8 MiB, of the ceiling (4N), registered (worst)"]
+    reg = lines["registered, 2 ranks on one GPU, from 8 MiB, of the 2kN ceiling (4N) (worst)"]
     assert reg["measured"] == pytest.approx(4 * 32 * MiB / 4000e9 / 50e-6)
-    three = lines["3 ranks on one GPU, time / 2 ranks' from 256 KiB (worst)"]
-    assert three["measured"] == pytest.approx(1.0 / 40e-6) and three["status"] == "MISSED"  # the 1 s calls
-    assert lines["4 ranks on one GPU, time / 2 ranks' from 256 KiB (worst)"]["measured"] == "not measured"
+    push = lines["registered push / registered step by step time, same run (worst)"]
+    assert push["measured"] == pytest.approx(50 / 80) and push["status"] == "met"
+    three = lines["3 ranks on one GPU at 1 MiB, time / 2 ranks'"]
+    assert three["measured"] == pytest.approx(1.0 / 40e-6) and three["status"] == "MISSED"  # the 1 s call
+    assert lines["4 ranks on one GPU at 1 MiB, time / 2 ranks'"]["measured"] == "not measured"
 
 
 def test_fused_two_shot_targets_use_the_k_rank_floor_and_the_same_runs_steps():
@@ -96,10 +105,9 @@ def test_fused_two_shot_targets_use_the_k_rank_floor_and_the_same_runs_steps():
             gs.ipc_row("fastpar two-shot steps", one, 3, 32 * MiB, 400e-6),
             gs.ipc_row("fastpar two-shot steps", one, 4, 32 * MiB, 500e-6)]
     lines = {t["target"]: t for t in gs.targets(rows)}
-    three = lines["3 ranks on one GPU from 8 MiB, of the ceiling (13N = (5k-2)N at the copy's rate), plain (worst)"]
-    assert three["measured"] == pytest.approx(13 * 32 * MiB / 3000e9 / 200e-6)
-    four = lines["4 ranks on one GPU from 8 MiB, of the ceiling (18N = (5k-2)N at the copy's rate), plain (worst)"]
-    assert four["measured"] == pytest.approx(18 * 32 * MiB / 2000e9 / 400e-6)  # the 1 MiB row is below 8 MiB
+    ceiling = lines["2, 3, 4 ranks on one GPU, plain, from 8 MiB, of the (5k-2)N ceiling at the copy's rate (worst)"]
+    # the worst of 3 ranks' 13N and 4 ranks' 18N (the 1 MiB row is below 8 MiB; no 2-rank rows)
+    assert ceiling["measured"] == pytest.approx(min(13 * 32 * MiB / 3000e9 / 200e-6, 18 * 32 * MiB / 2000e9 / 400e-6))
     fused = lines["fused two-shot / step-by-step two-shot time, same run (worst)"]
     assert fused["measured"] == pytest.approx(0.8) and fused["status"] == "met"
 

@@ -385,16 +385,17 @@ void Backend::direct_all_reduce(const at::Tensor& t, int64_t op) {
                     ", which is not one of SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR (0..7)");
   c10d::AllreduceOptions opts;
   opts.reduceOp = c10d::ReduceOp(static_cast<c10d::ReduceOp::RedOpType>(op));
-  if (!t.is_cpu() || cpu_hier_ || !t.is_contiguous()) {  // CUDA: wait() orders the current stream after it
+  if (t.is_sparse() || !t.is_contiguous()) {  // the sparse form, or staged: allreduce() and its Work
     std::vector<at::Tensor> ts{t};
     allreduce(ts, opts)->wait();
     return;
   }
-  // The CPU path of allreduce() without its Work and tensor list.
+  // allreduce() without its Work and tensor list.
   checks::tensor("all_reduce", "tensors[0]", t);
-  const ReduceOp rop = checks::reduction("all_reduce", opts.reduceOp, "tensors[0]", t);
+  checks::reducible("all_reduce", opts.reduceOp, "tensors[0]", t);
   ++calls_;
-  shm_->allreduce_now(t, rop, std::chrono::milliseconds(0));
+  at::Tensor in_place = t;
+  engine_for("all_reduce", "tensors[0]", t).allreduce_direct(in_place, opts);
 }
 
 void Backend::direct_broadcast(const at::Tensor& t, int64_t root) {

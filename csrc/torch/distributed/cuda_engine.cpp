@@ -298,7 +298,8 @@ c10::cuda::CUDAStream CudaEngine::begin_ipc(const char* op, int device, std::chr
   // A replay repeats the kernels' arguments as captured; every schedule but
   // the graphed all_reduce takes its phase numbers and slots from host
   // counters, so a replay would repeat a finished call's numbers.
-  TORCH_CHECK_VALUE(capturable || !capturing(stream), "fastpar.", op, ": cannot be captured in a CUDA graph over "
+  call_captured_ = capturing(stream);
+  TORCH_CHECK_VALUE(capturable || !call_captured_, "fastpar.", op, ": cannot be captured in a CUDA graph over "
                     "CUDA IPC (its steps are numbered by the host at enqueue; of fastpar's IPC calls, only "
                     "all_reduce up to FASTPAR_CUDA_IPC_SLOT_BYTES = ", slot_bytes_, " bytes can be captured); "
                     "run it outside the capture");
@@ -311,7 +312,7 @@ c10::cuda::CUDAStream CudaEngine::begin_ipc(const char* op, int device, std::chr
   // enqueued. A graphed all_reduce needs no order: it has its own slot and
   // device-side epochs, and a capturing stream may not wait on an event
   // recorded outside the capture.
-  if (phased && !capturing(stream)) {
+  if (phased && !call_captured_) {
     if (last_ipc_stream_ && *last_ipc_stream_ != stream) {
       PooledEvent e = ipc_event();
       e.record(*last_ipc_stream_);
@@ -328,8 +329,8 @@ c10::intrusive_ptr<c10d::Work> CudaEngine::ipc_work(c10d::OpType type, const cha
                                                      std::vector<at::Tensor> outputs,
                                                      const c10::cuda::CUDAStream& stream,
                                                      std::chrono::milliseconds timeout, bool host_wait) {
-  return c10::make_intrusive<IpcWork>(type, op, std::move(outputs), stream, ipc_event(), link_, getRank(), timeout,
-                                      blocking_wait_ || host_wait);
+  return c10::make_intrusive<IpcWork>(type, op, std::move(outputs), stream, call_captured_, ipc_event(), link_,
+                                      getRank(), timeout, blocking_wait_ || host_wait);
 }
 
 at::Tensor CudaEngine::registered_empty(const std::vector<int64_t>& sizes, at::ScalarType dtype, int device) {
@@ -424,6 +425,7 @@ fastpar._C.Backend, which hands it the checked calls on CUDA tensors.)")
       .def_property_readonly("dead_peer", &CudaEngine::dead_peer)
       .def_property_readonly("ipc_calls", &CudaEngine::ipc_calls)
       .def_property_readonly("fallback_calls", &CudaEngine::fallback_calls)
+      .def_property_readonly("direct_calls", &CudaEngine::direct_calls)
       .def_property_readonly("max_ipc_bytes", &CudaEngine::max_ipc_bytes)
       .def("_set_one_shot_max_bytes", &CudaEngine::set_one_shot_max_bytes, py::arg("bytes"))
       .def_property_readonly("one_shot_max_bytes", &CudaEngine::one_shot_max_bytes)

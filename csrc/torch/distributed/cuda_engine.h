@@ -78,6 +78,8 @@ class CudaEngine : public Engine {
   // cuda_engine_collectives.cpp, then cuda_engine_p2p.cpp.
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts) override;
+  // allreduce() without a Work or an event (cuda_engine_collectives.cpp).
+  void allreduce_direct(at::Tensor& t, const c10d::AllreduceOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                      const c10d::AllreduceCoalescedOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
@@ -143,6 +145,8 @@ class CudaEngine : public Engine {
   // The rank the peer watcher found dead, or -1.
   int dead_peer() const;
   int64_t ipc_calls() const { return ipc_calls_; }
+  // Of those, the all_reduce calls made without a Work (allreduce_direct).
+  int64_t direct_calls() const { return direct_calls_; }
   int64_t fallback_calls() const { return fallback_calls_; }
   int64_t max_ipc_bytes() const { return max_ipc_bytes_; }
   // Benchmarks compare all_reduce schedules at run time: one-shot up to this
@@ -174,6 +178,12 @@ class CudaEngine : public Engine {
   c10::intrusive_ptr<c10d::Work> run(const char* op, c10d::OpType type, const at::Tensor& t,
                                      std::chrono::milliseconds given_timeout, std::vector<at::Tensor> outputs,
                                      Adjust&& adjust, Launch&& launch, Fallback&& fallback, bool capturable = false);
+  template <class Adjust, class Launch>
+  std::optional<c10::cuda::CUDAStream> try_ipc(const char* op, const at::Tensor& t,
+                                               std::chrono::milliseconds timeout, std::unique_lock<std::mutex>& g,
+                                               Adjust&& adjust, Launch&& launch, bool capturable);
+  void launch_allreduce(cuda_ipc::IpcComm& c, const c10::cuda::CUDAStream& stream, const cuda_ipc::RouteQuery& q,
+                        at::Tensor& t, ReduceOp rop);
   // Sets IPC up at the first eligible-looking CUDA call (mu_ held) and checks
   // the tensor is on the IPC device; the query's setup-dependent fields.
   cuda_ipc::RouteQuery query_for(const char* op, const at::Tensor& t);
@@ -258,7 +268,10 @@ class CudaEngine : public Engine {
   std::string why_not_;        // why link_ is null, once set up
   bool group_shares_gpu_ = false;  // from setup, equal on every rank
   cuda_ipc::Mps mps_ = cuda_ipc::Mps::kUnknown;
-  std::atomic<int64_t> ipc_calls_{0}, fallback_calls_{0};
+  std::atomic<int64_t> ipc_calls_{0}, fallback_calls_{0}, direct_calls_{0};
+  // Whether the current stream of the call begin_ipc started is capturing a
+  // CUDA graph: asked once per call (mu_ held).
+  bool call_captured_ = false;
   std::atomic<int64_t> one_shot_max_bytes_{-1};
   std::vector<std::optional<c10::cuda::CUDAStream>> send_streams_, recv_streams_;  // per peer, taken at first p2p
   std::vector<cudaStream_t> own_streams_;  // those streams, given back to the cache by release_ipc

@@ -32,14 +32,26 @@ Work CudaEngine::run(const char* op, c10d::OpType type, const at::Tensor& t, std
                      std::vector<at::Tensor> outputs, Adjust&& adjust, Launch&& launch, Fallback&& fallback,
                      bool capturable) {
   std::unique_lock<std::mutex> g(mu_);
+  c10::cuda::CUDAGuard guard(t.device());
+  const std::chrono::milliseconds timeout = call_timeout(given, timeout_);
+  const std::optional<Stream> stream = try_ipc(op, t, timeout, g, adjust, launch, capturable);
+  if (!stream) return fallback();
+  return ipc_work(type, op, std::move(outputs), *stream, timeout);
+}
+
+// run()'s IPC half (mu_ held by `g`, `t`'s device current): the stream the
+// call is enqueued on, or none when the route hands it to the fallback (then
+// `g` is released).
+template <class Adjust, class Launch>
+std::optional<Stream> CudaEngine::try_ipc(const char* op, const at::Tensor& t, std::chrono::milliseconds timeout,
+                                          std::unique_lock<std::mutex>& g, Adjust&& adjust, Launch&& launch,
+                                          bool capturable) {
   RouteQuery q = query_for(op, t);
   adjust(q);
-  if (to_fallback(op, q, g)) return fallback();
-  const std::chrono::milliseconds timeout = call_timeout(given, timeout_);
-  c10::cuda::CUDAGuard guard(t.device());
+  if (to_fallback(op, q, g)) return std::nullopt;
   const Stream stream = begin_ipc(op, t, timeout, capturable);
   launch(link_->ep->comm(), stream, q);
-  return ipc_work(type, op, std::move(outputs), stream, timeout);
+  return stream;
 }
 
 namespace {
@@ -71,39 +83,68 @@ char* block(const at::Tensor& flat, int64_t block_bytes, int r) {
 
 }  // namespace
 
+// all_reduce's schedule for `t` over IPC, on `stream` (begin_ipc done).
+void CudaEngine::launch_allreduce(IpcComm& c, const Stream& stream, const RouteQuery& q, at::Tensor& t,
+                                  ReduceOp rop) {
+  const DType dt = *maybe_dtype(t.scalar_type());
+  if (call_captured_) {
+    // The kernel a replay can repeat (core/executors/cuda_ipc/ipc_fused_one_shot.h,
+    // "the all_reduce a CUDA graph can capture"): its own flags and
+    // slot, no host counter.
+    TORCH_CHECK_VALUE(q.nbytes <= slot_bytes_, "fastpar.all_reduce: a CUDA graph can capture an all_reduce "
+                      "over CUDA IPC of at most FASTPAR_CUDA_IPC_SLOT_BYTES = ", slot_bytes_,
+                      " bytes, but tensors[0] has ", q.nbytes, " bytes");
+    if (t.numel() > 0)
+      C10_CUDA_CHECK(cuda_ipc::allreduce_graphed(c, dt, rop, t.const_data_ptr(), t.data_ptr(), t.numel(), stream));
+  } else if (t.numel() > 0 && getSize() > 1) {
+    const int64_t reg = registered_offset(t);
+    if (cuda_ipc::prefer_one_shot(q.nbytes, c, one_shot_max_bytes_)) {
+      C10_CUDA_CHECK(cuda_ipc::allreduce_one_shot(c, dt, rop, t.const_data_ptr(), t.data_ptr(), t.numel(), stream));
+    } else if (reg >= 0) {
+      // A registered tensor (registered_empty): no copy-in. Every rank's
+      // must be; the offset in the descriptor makes a mix fail on every rank.
+      C10_CUDA_CHECK(cuda_ipc::allreduce_registered(c, dt, rop, reg, t.numel(), stream));
+    } else {
+      C10_CUDA_CHECK(cuda_ipc::allreduce_two_shot(c, dt, rop, t.const_data_ptr(), t.data_ptr(), t.numel(), stream));
+    }
+  }
+}
+
 Work CudaEngine::allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
   at::Tensor& t = tensors[0];
   const ReduceOp rop = reduction(opts.reduceOp);
   return run(
       "all_reduce", c10d::OpType::ALLREDUCE, t, opts.timeout, tensors, reducing(t, opts.reduceOp),
-      [&](IpcComm& c, const Stream& stream, const RouteQuery& q) {
-        const DType dt = *maybe_dtype(t.scalar_type());
-        if (capturing(stream)) {
-          // The kernel a replay can repeat (core/executors/cuda_ipc/ipc_fused_one_shot.h,
-          // "the all_reduce a CUDA graph can capture"): its own flags and
-          // slot, no host counter.
-          TORCH_CHECK_VALUE(q.nbytes <= slot_bytes_, "fastpar.all_reduce: a CUDA graph can capture an all_reduce "
-                            "over CUDA IPC of at most FASTPAR_CUDA_IPC_SLOT_BYTES = ", slot_bytes_,
-                            " bytes, but tensors[0] has ", q.nbytes, " bytes");
-          if (t.numel() > 0)
-            C10_CUDA_CHECK(cuda_ipc::allreduce_graphed(c, dt, rop, t.const_data_ptr(), t.data_ptr(), t.numel(),
-                                                       stream));
-        } else if (t.numel() > 0 && getSize() > 1) {
-          const int64_t reg = registered_offset(t);
-          if (cuda_ipc::prefer_one_shot(q.nbytes, c, one_shot_max_bytes_)) {
-            C10_CUDA_CHECK(
-                cuda_ipc::allreduce_one_shot(c, dt, rop, t.const_data_ptr(), t.data_ptr(), t.numel(), stream));
-          } else if (reg >= 0) {
-            // A registered tensor (registered_empty): no copy-in. Every rank's
-            // must be; the offset in the descriptor makes a mix fail on every rank.
-            C10_CUDA_CHECK(cuda_ipc::allreduce_registered(c, dt, rop, reg, t.numel(), stream));
-          } else {
-            C10_CUDA_CHECK(
-                cuda_ipc::allreduce_two_shot(c, dt, rop, t.const_data_ptr(), t.data_ptr(), t.numel(), stream));
-          }
-        }
-      },
+      [&](IpcComm& c, const Stream& stream, const RouteQuery& q) { launch_allreduce(c, stream, q, t, rop); },
       [&] { return fallback_->allreduce(tensors, opts); }, /*capturable=*/true);
+}
+
+// allreduce() without the Work, and so without its event: the kernels are on
+// the caller's current stream already, which is all the Work's wait() would
+// order. What else wait() does stays: the host blocks where it would (the
+// knob, a dead or aborted peer; never in a capture) and a failure this rank
+// has recorded is raised.
+void CudaEngine::allreduce_direct(at::Tensor& t, const c10d::AllreduceOptions& opts) {
+  std::unique_lock<std::mutex> g(mu_);
+  c10::cuda::CUDAGuard guard(t.device());
+  const std::chrono::milliseconds timeout = call_timeout(opts.timeout, timeout_);
+  const ReduceOp rop = reduction(opts.reduceOp);
+  const std::optional<Stream> stream = try_ipc(
+      "all_reduce", t, timeout, g, reducing(t, opts.reduceOp),
+      [&](IpcComm& c, const Stream& s, const RouteQuery& q) { launch_allreduce(c, s, q, t, rop); },
+      /*capturable=*/true);
+  if (!stream) {
+    std::vector<at::Tensor> ts{t};
+    fallback_->allreduce(ts, opts)->wait();
+    return;
+  }
+  ++direct_calls_;
+  const bool captured = call_captured_;
+  const std::shared_ptr<const IpcLink> link = link_;
+  g.unlock();
+  if (!captured && (blocking_wait_ || link->watcher.dead_rank() >= 0 || link->aborted.load()))
+    C10_CUDA_CHECK(cudaStreamSynchronize(stream->stream()));
+  link->throw_if_failed("all_reduce", getRank(), timeout);
 }
 
 Work CudaEngine::allreduce_coalesced(std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {

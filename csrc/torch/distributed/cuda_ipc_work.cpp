@@ -34,7 +34,7 @@ void IpcLink::throw_if_failed(const char* op, int rank, std::chrono::millisecond
 }
 
 IpcWork::IpcWork(c10d::OpType type, const char* op_name, std::vector<at::Tensor> outputs,
-                 c10::cuda::CUDAStream stream, PooledEvent done, std::shared_ptr<const IpcLink> link, int rank,
+                 c10::cuda::CUDAStream stream, bool captured, PooledEvent done, std::shared_ptr<const IpcLink> link, int rank,
                  std::chrono::milliseconds timeout, bool blocking_wait)
     : Work(rank, type),
       op_name_(op_name),
@@ -45,7 +45,7 @@ IpcWork::IpcWork(c10d::OpType type, const char* op_name, std::vector<at::Tensor>
       rank_(rank),
       timeout_(timeout),
       blocking_wait_(blocking_wait),
-      captured_(capturing(stream)) {
+      captured_(captured) {
   done_.record(stream_);
 }
 

@@ -75,9 +75,10 @@ struct IpcLink {
 class IpcWork : public c10d::Work {
  public:
   // Records the completion event `done` (from the backend's pool) on
-  // `stream`, where the kernels were enqueued.
+  // `stream`, where the kernels were enqueued; `captured`: `stream` is
+  // capturing a CUDA graph (as the engine found when it enqueued them).
   IpcWork(c10d::OpType type, const char* op_name, std::vector<at::Tensor> outputs, c10::cuda::CUDAStream stream,
-          PooledEvent done, std::shared_ptr<const IpcLink> link, int rank, std::chrono::milliseconds timeout,
+          bool captured, PooledEvent done, std::shared_ptr<const IpcLink> link, int rank, std::chrono::milliseconds timeout,
           bool blocking_wait);
 
   bool isCompleted() override;

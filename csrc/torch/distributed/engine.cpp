@@ -18,6 +18,11 @@ c10::intrusive_ptr<c10d::Work> enqueued_work(std::vector<at::Tensor> outputs) {
 // Every entry's Work is waited before the next starts: on the CPU the calls
 // have finished; on a GPU wait() only orders the caller's stream after them,
 // so the whole call is still enqueued without blocking the host.
+void Engine::allreduce_direct(at::Tensor& t, const c10d::AllreduceOptions& opts) {
+  std::vector<at::Tensor> ts{t};
+  allreduce(ts, opts)->wait();
+}
+
 c10::intrusive_ptr<c10d::Work> Engine::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                            const c10d::AllreduceCoalescedOptions& opts) {
   for (auto& t : tensors) {

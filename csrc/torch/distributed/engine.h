@@ -85,6 +85,12 @@ class Engine : public c10d::Backend {
   using c10d::Backend::Backend;
   const std::string getBackendName() const override { return "fastpar"; }
 
+  // all_reduce of one contiguous tensor the front has checked, without a Work
+  // (fastpar.distributed.all_reduce): when it returns, the call is done (CPU)
+  // or enqueued on the caller's current stream (CUDA), and a failure this rank
+  // knows of is raised. By default allreduce() and its Work's wait().
+  virtual void allreduce_direct(at::Tensor& t, const c10d::AllreduceOptions& opts);
+
   // Each entry in turn.
   c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                      const c10d::AllreduceCoalescedOptions& opts) override;

@@ -155,9 +155,9 @@ std::unique_lock<std::mutex> ShmEngine::start(std::chrono::milliseconds t) {
   return g;
 }
 
-void ShmEngine::allreduce_now(const at::Tensor& t, ReduceOp op, std::chrono::milliseconds timeout) {
-  auto g = start(timeout);
-  const Reduction r = reduction(t, op);
+void ShmEngine::allreduce_direct(at::Tensor& t, const c10d::AllreduceOptions& opts) {
+  auto g = start(opts.timeout);
+  const Reduction r = reduction(t, ReduceOp(int(opts.reduceOp.op_)));
   FASTPAR_RUN(cpu_shm::allreduce(*comm_, tuning_, placement_, t.data_ptr(), t.data_ptr(), r.count, r.dtype, r.op));
 }
 

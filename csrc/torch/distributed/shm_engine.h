@@ -67,8 +67,8 @@ class ShmEngine : public Engine {
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) override;
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
 
-  // all_reduce without a Work or a tensor list (fastpar.distributed.all_reduce).
-  void allreduce_now(const at::Tensor& t, ReduceOp op, std::chrono::milliseconds timeout);
+  // allreduce() without its Work or tensor list.
+  void allreduce_direct(at::Tensor& t, const c10d::AllreduceOptions& opts) override;
   at::Tensor registered_empty(const std::vector<int64_t>& sizes, at::ScalarType dtype, int device) override;
   bool is_registered(const at::Tensor& t) const override;
   // Benchmarks flip schedules at run time (every rank must set the same).
