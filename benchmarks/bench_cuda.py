@@ -309,21 +309,26 @@ def ipc_worker(args) -> None:
         dist.barrier(group=gloo)
         return slowest(event_time(lambda: dist.all_reduce(t, group=group), reps=3, agree=agreed_calls)), host
 
+    def with_engine(setting: str, value, restore, measure_):
+        """`measure_` with the CUDA engine's `setting` (its _set_<setting>) at
+        `value`, then back at `restore` (what the other rows run): the old
+        and the new form of a call, or another choice, in the same run."""
+        def measure(size):
+            engine = fd.get_fastpar_backend().cuda_engine
+            getattr(engine, "_set_" + setting)(value)
+            try:
+                return measure_(size)
+            finally:
+                getattr(engine, "_set_" + setting)(restore)
+        return measure
+
+    def fastpar_plain(size):
+        return plain(None, size)
+
     def registered(size):
         t = fd.registered_empty((size // 4,), torch.float32, device="cuda").fill_(1)
         dist.barrier(group=gloo)
         return slowest(event_time(lambda: dist.all_reduce(t), reps=3, agree=agreed_calls)), None
-
-    def registered_steps(size):
-        """The registered all_reduce step by step (m(n + 1) + 2 stream
-        operations, (3n - 1)N bytes) beside the push (one kernel, 2nN bytes)
-        that the "fastpar registered" rows run."""
-        engine = fd.get_fastpar_backend().cuda_engine
-        engine._set_ipc_two_shot("steps")
-        try:
-            return registered(size)
-        finally:
-            engine._set_ipc_two_shot("fused")
 
     def graphed(size):
         t = torch.ones(size // 4, device="cuda")
@@ -358,78 +363,75 @@ def ipc_worker(args) -> None:
         dist.barrier(group=gloo)
         return None, slowest(host_time(lambda: dist.all_reduce(t, group=fake), args.host_calls))
 
-    def two_shot_above_256k(size):
-        """The schedule 2 ranks ran from 256 KiB before one-shot took the
-        sizes up to its limit: the baseline of that choice, in the same run."""
-        engine = fd.get_fastpar_backend().cuda_engine
-        engine._set_one_shot_max_bytes(256 * KiB)
-        try:
-            return plain(None, size)
-        finally:
-            engine._set_one_shot_max_bytes(-1)
-
-    def two_shot_steps(size):
-        """The step-by-step two-shot (FASTPAR_CUDA_IPC_TWO_SHOT=steps: 2mn + 1
-        stream operations a call) beside the fused kernel (one) that the
-        "fastpar" rows run: both forms in the same run."""
-        engine = fd.get_fastpar_backend().cuda_engine
-        engine._set_ipc_two_shot("steps")
-        try:
-            return plain(None, size)
-        finally:
-            engine._set_ipc_two_shot("fused")
-
-    def other_collective(op: str, form: str):
-        """broadcast, all_gather_into_tensor or reduce_scatter_tensor (N bytes
-        per rank) in one form (FASTPAR_CUDA_IPC_COLLECTIVES): "fused", one
-        kernel a call, or "steps", a copy kernel per peer region and a phase
-        kernel per slot-sized piece. Both forms are timed in this run."""
+    def collective(op: str):
+        """broadcast, all_gather_into_tensor or reduce_scatter_tensor, N bytes per rank."""
         def measure(size):
-            engine = fd.get_fastpar_backend().cuda_engine
-            engine._set_ipc_collectives(form)
-            try:
-                t = torch.ones(size // 4, device="cuda")
-                if op == "broadcast":
-                    call = lambda: dist.broadcast(t, 0)  # noqa: E731
-                elif op == "all_gather":
-                    out = torch.empty(n * t.numel(), device="cuda")
-                    call = lambda: dist.all_gather_into_tensor(out, t)  # noqa: E731
-                else:
-                    whole = torch.ones(n * t.numel(), device="cuda")
-                    call = lambda: dist.reduce_scatter_tensor(t, whole)  # noqa: E731
-                dist.barrier(group=gloo)
-                return slowest(event_time(call, reps=3, agree=agreed_calls)), None
-            finally:
-                engine._set_ipc_collectives("steps")
+            t = torch.ones(size // 4, device="cuda")
+            if op == "broadcast":
+                call = lambda: dist.broadcast(t, 0)  # noqa: E731
+            elif op == "all_gather":
+                out = torch.empty(n * t.numel(), device="cuda")
+                call = lambda: dist.all_gather_into_tensor(out, t)  # noqa: E731
+            else:
+                whole = torch.ones(n * t.numel(), device="cuda")
+                call = lambda: dist.reduce_scatter_tensor(t, whole)  # noqa: E731
+            dist.barrier(group=gloo)
+            return slowest(event_time(call, reps=3, agree=agreed_calls)), None
         return measure
 
     # The "fastpar" rows run the fused two-shot (one kernel a call), whatever
     # the default: the new schedule is measured against the old in this run.
     fd.get_fastpar_backend().cuda_engine._set_ipc_two_shot("fused")
+    # ... and their flags at system scope: the "gpu-scope" rows are the other.
+    fd.get_fastpar_backend().cuda_engine._set_ipc_fence_scope("system")
 
     for name, group in groups:
         series(name, args.ipc_sizes, lambda size: plain(group, size))
     # the sizes that run two-shot (above the one-shot limit), in its other form
     one_shot_hi = fd.get_fastpar_backend().cuda_engine.one_shot_max_bytes
-    series("fastpar two-shot steps", [s for s in args.ipc_sizes if s > one_shot_hi], two_shot_steps)
+    # The step-by-step two-shot (2mn + 1 stream operations a call) beside the
+    # fused kernel (one) that the "fastpar" rows run.
+    series("fastpar two-shot steps", [s for s in args.ipc_sizes if s > one_shot_hi],
+           with_engine("ipc_two_shot", "steps", "fused", fastpar_plain))
+    # The schedule the plain rows did not run, from 256 KiB to 2 MiB: the
+    # one-shot limit per rank count (FASTPAR_CUDA_IPC_ONE_SHOT_MAX_BYTES) is
+    # read off the two in gpu_summary.py.
+    if rank == 0:
+        keep(gs.ref_row("one_shot_max_bytes", placement, n, one_shot_hi))
+    slot = int(os.environ.get("FASTPAR_CUDA_IPC_SLOT_BYTES", 8 * MiB))
+    if n > 2:
+        series("fastpar two-shot forced", [s for s in args.ipc_sizes if 256 * KiB <= s <= one_shot_hi],
+               with_engine("one_shot_max_bytes", 0, -1, fastpar_plain))
+        series("fastpar one-shot forced", [s for s in args.ipc_sizes if one_shot_hi < s <= min(2 * MiB, slot)],
+               with_engine("one_shot_max_bytes", slot, -1, fastpar_plain))
     if n == 2:  # 3 and 4 ranks are measured against 2 on the plain all_reduce only (the time it takes)
         series("fastpar direct", [s for s in args.ipc_sizes if s <= 256 * KiB], direct)
         series("torch fake backend", [s for s in args.ipc_sizes if s == 4 * KiB], fake_backend)
         # the sizes 2 ranks now run one-shot and ran two-shot before
         hi = fd.get_fastpar_backend().cuda_engine.one_shot_max_bytes
         series("fastpar two-shot above 256 KiB", [s for s in args.ipc_sizes if 256 * KiB < s <= hi],
-               two_shot_above_256k)
+               with_engine("one_shot_max_bytes", 256 * KiB, -1, fastpar_plain))
         # The same all_reduce on registered tensors (registered_empty: no
         # copy-in); the registered two-shot runs above the one-shot sizes.
         series("fastpar registered", [s for s in args.ipc_sizes if s > 256 * KiB], registered)
-        series("fastpar registered steps", [s for s in args.ipc_sizes if s > 256 * KiB], registered_steps)
-        # The other collectives, one kernel a call against step by step.
+        # ... step by step (m(n + 1) + 2 stream operations, (3n - 1)N bytes)
+        # beside the push (one kernel, 2nN bytes) of the rows above.
+        series("fastpar registered steps", [s for s in args.ipc_sizes if s > 256 * KiB],
+               with_engine("ipc_two_shot", "steps", "fused", registered))
+        # The other collectives, one kernel a call ("fused") against a copy
+        # kernel per peer region and a phase kernel per slot-sized piece.
         for op in ("broadcast", "all_gather", "reduce_scatter"):
             for form in ("fused", "steps"):
-                series(f"fastpar {op} {form}", [s for s in args.ipc_sizes if s >= MiB], other_collective(op, form))
+                series(f"fastpar {op} {form}", [s for s in args.ipc_sizes if s >= MiB],
+                       with_engine("ipc_collectives", form, "steps", collective(op)))
         # The same all_reduce captured in a CUDA graph (fastpar's graphed kernel):
         # one all_reduce per graph, so host time per replay is per call.
         series("fastpar graph", [s for s in args.ipc_sizes if s <= 256 * KiB], graphed)
+        if args.placement == "shared":  # the same calls with GPU-scope fences (all ranks on this GPU)
+            series("fastpar gpu-scope", [s for s in args.ipc_sizes if s <= 8 * MiB],
+                   with_engine("ipc_fence_scope", "gpu", "system", fastpar_plain))
+            series("fastpar graph gpu-scope", [s for s in args.ipc_sizes if s <= 256 * KiB],
+                   with_engine("ipc_fence_scope", "gpu", "system", graphed))
     dist.destroy_process_group()
 
 
@@ -481,9 +483,15 @@ def synthetic_rows(args) -> list:
              gs.host_row("direct", 8, 14e-6), gs.host_row("ring", 2, None, "RuntimeError: synthetic failure")]
     for n in args.ranks:
         rows += [gs.ref_row("launch_us", "shared cuda:0", n, 6.9), gs.ref_row("copy_GBps", "shared cuda:0", n, 4200)]
+        hi = 2 * MiB if n == 2 else 512 * KiB
+        rows.append(gs.ref_row("one_shot_max_bytes", "shared cuda:0", n, hi))
         for size in args.ipc_sizes:
             rows.append(gs.ipc_row("fastpar", "shared cuda:0", n, size, (n - 1) * (10e-6 + size / 500e9),
                                    9e-6 if size <= 256 * KiB else None))
+            if n > 2 and 256 * KiB <= size <= 2 * MiB:  # the other schedule: faster above 256 KiB
+                rows.append(gs.ipc_row("fastpar two-shot forced" if size <= hi else "fastpar one-shot forced",
+                                       "shared cuda:0", n, size, (n - 1) * (10e-6 + size / 500e9) *
+                                       (1.2 if size <= hi else 1.5)))
             if size > 256 * KiB:  # the step-by-step two-shot: 2mn + 1 operations of ~8 us
                 m = -(-size // (8 * MiB))
                 rows.append(gs.ipc_row("fastpar two-shot steps", "shared cuda:0", n, size,
@@ -493,6 +501,8 @@ def synthetic_rows(args) -> list:
             if size <= 256 * KiB:
                 rows.append(gs.ipc_row("fastpar graph", "shared cuda:0", n, size, 8e-6 + size / 500e9, 3e-6))
                 rows.append(gs.ipc_row("fastpar direct", "shared cuda:0", n, size, 9e-6 + size / 500e9, 7e-6))
+                rows.append(gs.ipc_row("fastpar graph gpu-scope", "shared cuda:0", n, size, 7e-6 + size / 500e9,
+                                       2.5e-6))
                 if size == 4 * KiB:
                     rows.append(gs.ipc_row("torch fake backend", "shared cuda:0", n, size, None, 2e-6))
             else:

@@ -158,6 +158,12 @@ def targets(rows: List[Dict]) -> List[Dict]:
     fake = fastpar_on_one(2, "torch fake backend")
     over_fake = ([(two[4 * KiB]["host_us"] - fake[4 * KiB]["host_us"]) / launch_two]
                  if 4 * KiB in two and 4 * KiB in fake else [])
+    # GPU-scope fences (every rank on this GPU) against system-scope ones,
+    # same call and size: eager and graphed all_reduce.
+    scoped = []
+    for base in ("fastpar", "fastpar graph"):
+        sys_rows, gpu_rows = fastpar_on_one(2, base), fastpar_on_one(2, base + " gpu-scope")
+        scoped += [r["us"] / sys_rows[b]["us"] for b, r in gpu_rows.items() if b in sys_rows]
     # The registered push (one kernel, 2kN bytes) against the registered
     # schedule step by step, same size.
     reg_steps = fastpar_on_one(2, "fastpar registered steps")
@@ -195,6 +201,8 @@ def targets(rows: List[Dict]) -> List[Dict]:
                 "<= 1", other_fused_vs_steps, "lower", 1),
         _target("registered push / registered step by step time, same run (worst)", "<= 1", push_vs_steps,
                 "lower", 1),
+        _target("GPU-scope / system-scope fences, 2 ranks on one GPU, eager and graphed, same run (worst)", "<= 1",
+                scoped, "lower", 1),
         _target("registered / plain all_reduce time from 1 MiB (worst)", "<= 1", registered_vs_plain, "lower", 1),
         _target("2 ranks on one GPU, 1 MiB time / 256 KiB time", "<= 1.5",
                 [two[MiB]["us"] / two[256 * KiB]["us"]] if MiB in two and 256 * KiB in two else [], "lower", 1.5),
@@ -203,6 +211,42 @@ def targets(rows: List[Dict]) -> List[Dict]:
                 [r["us"] for r in distinct if r["backend"] == "fastpar" and r["bytes"] == 256 * KiB], "lower", 10),
         _target("distinct GPUs, busbw / NCCL from 64 MiB (worst)", ">= 0.9", vs_nccl, "higher", 0.9),
     ]
+
+
+def one_shot_choice(rows: List[Dict]) -> List[Dict]:
+    """One-shot against two-shot all_reduce time, per rank count and size, on
+    one shared GPU, from the same run: the plain rows ran one-shot up to the
+    limit in force (the "one_shot_max_bytes" ref row) and two-shot above it;
+    the forced rows ran the other schedule. "limit" is the largest size up to
+    which one-shot was never slower (from the smallest size both ran): what
+    FASTPAR_CUDA_IPC_ONE_SHOT_MAX_BYTES should be on this GPU."""
+    one = "shared cuda:0"
+    ipc = [r for r in rows if r["part"] == "ipc" and r["placement"] == one and not r.get("error")]
+    limits = {r["ranks"]: r["value"] for r in rows
+              if r["part"] == "ref" and r["what"] == "one_shot_max_bytes" and r["placement"] == one}
+    out = []
+    for n, hi in sorted(limits.items()):
+        us = {(r["backend"], r["bytes"]): r["us"] for r in ipc if r["ranks"] == n}
+        pairs = []
+        for (backend, size), t in sorted(us.items(), key=lambda kv: kv[0][1]):
+            if backend != "fastpar":
+                continue
+            if size <= hi:
+                two = us.get(("fastpar two-shot forced", size), us.get(("fastpar two-shot above 256 KiB", size)))
+                if two is not None:
+                    pairs.append((size, t, two))
+            elif ("fastpar one-shot forced", size) in us:
+                pairs.append((size, us[("fastpar one-shot forced", size)], t))
+        limit = None
+        for size, t_one, t_two in pairs:
+            if t_one > t_two:
+                break
+            limit = size
+        for size, t_one, t_two in pairs:
+            out.append({"ranks": n, "size": human_bytes(size), "one_shot_us": t_one, "two_shot_us": t_two,
+                        "one/two": t_one / t_two, "limit in force": human_bytes(int(hi)),
+                        "limit measured": human_bytes(limit) if limit else "below the sizes run"})
+    return out
 
 
 def errors(rows: List[Dict]) -> List[str]:
@@ -230,6 +274,10 @@ def report(rows: List[Dict], out_dir: str, header: str = "") -> List[Dict]:
     if ipc:
         print_table(ipc, ["backend", "placement", "ranks", "size", "us", "host_us", "algbw_GBps", "busbw_GBps",
                           "error"], "dist.all_reduce across processes")
+    choice = one_shot_choice(rows)
+    if choice:
+        print_table(choice, list(choice[0]), "all_reduce one-shot vs two-shot, one GPU, same run "
+                    "(FASTPAR_CUDA_IPC_ONE_SHOT_MAX_BYTES)")
     lines = targets(rows)
     print_table(lines, ["target", "goal", "measured", "status"], "Targets and measured")
     errs = errors(rows)
@@ -242,6 +290,10 @@ def report(rows: List[Dict], out_dir: str, header: str = "") -> List[Dict]:
             m = t["measured"]
             f.write(f"{t['target']:<92} {t['goal']:>7}  {m if isinstance(m, str) else f'{m:.3g}':>12}  "
                     f"{t['status']}\n")
+        for n in sorted({c["ranks"] for c in choice}):
+            c = next(c for c in choice if c["ranks"] == n)
+            f.write(f"one-shot limit, {n} ranks on one GPU: measured {c['limit measured']}, "
+                    f"in force {c['limit in force']}\n")
         for e in errs:
             f.write(f"error: {e}\n")
     series: Dict[str, list] = {}

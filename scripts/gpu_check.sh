@@ -55,9 +55,11 @@ elif [ -x .venv/bin/python ]; then PY=.venv/bin/python
 else PY=python3
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-# The fused kernels are not the default until they have run here: the GPU tests run them.
+# The fused kernels and GPU-scope fences are not the default until they have
+# run here: the GPU tests run them (the system-scope kernels ran before).
 export FASTPAR_CUDA_IPC_TWO_SHOT=${FASTPAR_CUDA_IPC_TWO_SHOT:-fused}
 export FASTPAR_CUDA_IPC_COLLECTIVES=${FASTPAR_CUDA_IPC_COLLECTIVES:-fused}
+export FASTPAR_CUDA_IPC_FENCE_SCOPE=${FASTPAR_CUDA_IPC_FENCE_SCOPE:-gpu}
 FAILED=()
 STARTED_MPS=0
 # shellcheck source=gpu_check_phases.sh

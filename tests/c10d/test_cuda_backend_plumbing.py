@@ -26,7 +26,8 @@ def make():
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch):
     for k in ("FASTPAR_CUDA_IPC_MAX_BYTES", "FASTPAR_CUDA_IPC_SLOT_BYTES", "FASTPAR_BLOCKING_WAIT",
-              "FASTPAR_CUDA_IPC_TWO_SHOT", "FASTPAR_CUDA_IPC_COLLECTIVES"):
+              "FASTPAR_CUDA_IPC_TWO_SHOT", "FASTPAR_CUDA_IPC_COLLECTIVES", "FASTPAR_CUDA_IPC_ONE_SHOT_MAX_BYTES",
+              "FASTPAR_CUDA_IPC_FENCE_SCOPE"):
         monkeypatch.delenv(k, raising=False)
 
 
@@ -46,9 +47,32 @@ def test_knobs_from_the_environment(monkeypatch):
     monkeypatch.setenv("FASTPAR_BLOCKING_WAIT", "1")
     monkeypatch.setenv("FASTPAR_CUDA_IPC_TWO_SHOT", "fused")
     monkeypatch.setenv("FASTPAR_CUDA_IPC_COLLECTIVES", "fused")
+    monkeypatch.setenv("FASTPAR_CUDA_IPC_ONE_SHOT_MAX_BYTES", "65536")
+    monkeypatch.setenv("FASTPAR_CUDA_IPC_FENCE_SCOPE", "gpu")
     cb = make()
+    assert cb.ipc_fence_scope == "gpu"
     assert cb.max_ipc_bytes == 0 and cb.blocking_wait is True
     assert cb.ipc_two_shot == "fused" and cb.ipc_collectives == "fused"
+    assert cb.one_shot_max_bytes == 65536
+
+
+def test_fence_scope_defaults_to_system_and_is_set_by_name():
+    cb = make()
+    assert cb.ipc_fence_scope == "system"
+    cb._set_ipc_fence_scope("gpu")
+    assert cb.ipc_fence_scope == "gpu"
+    with pytest.raises(ValueError, match="ipc_fence_scope is 'device' but must be 'gpu' or 'system'"):
+        cb._set_ipc_fence_scope("device")
+    assert cb.ipc_fence_scope == "gpu"
+
+
+def test_one_shot_limit_defaults_by_rank_count_and_is_set_at_run_time():
+    cb = make()
+    assert cb.one_shot_max_bytes == 2 << 20  # 1 rank: the 2-rank default
+    cb._set_one_shot_max_bytes(4096)
+    assert cb.one_shot_max_bytes == 4096
+    cb._set_one_shot_max_bytes(-1)
+    assert cb.one_shot_max_bytes == 2 << 20
 
 
 def test_fused_forms_default_to_steps_and_are_set_by_name():
@@ -68,6 +92,8 @@ def test_fused_forms_default_to_steps_and_are_set_by_name():
     ("FASTPAR_BLOCKING_WAIT", "yes", "FASTPAR_BLOCKING_WAIT is 'yes' but must be 0 or 1"),
     ("FASTPAR_CUDA_IPC_TWO_SHOT", "fast", "FASTPAR_CUDA_IPC_TWO_SHOT is 'fast' but must be 'fused' or 'steps'"),
     ("FASTPAR_CUDA_IPC_COLLECTIVES", "1", "FASTPAR_CUDA_IPC_COLLECTIVES is '1' but must be 'fused' or 'steps'"),
+    ("FASTPAR_CUDA_IPC_FENCE_SCOPE", "sys", "FASTPAR_CUDA_IPC_FENCE_SCOPE is 'sys' but must be 'gpu' or 'system'"),
+    ("FASTPAR_CUDA_IPC_ONE_SHOT_MAX_BYTES", "-1", "FASTPAR_CUDA_IPC_ONE_SHOT_MAX_BYTES is '-1' but must be a byte count"),
 ])
 def test_bad_knobs_are_refused_by_name(monkeypatch, name, value, words):
     monkeypatch.setenv(name, value)

@@ -13,6 +13,8 @@ host abort word on the host (tooling/test_cuda_host_emulation.py), the
 backend's argument errors and knobs (test_cuda_backend_plumbing.py)."""
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -209,6 +211,9 @@ def sc_state():
     assert cb.shares_gpu == SHARED, (cb.shares_gpu, SHARED)
     if peer_access_everywhere():
         assert cb.ipc_state.startswith(f"ipc on cuda:{DEV.index}"), cb.ipc_state
+        # GPU-scope fences where asked for and every rank is on this GPU
+        asked = os.environ.get("FASTPAR_CUDA_IPC_FENCE_SCOPE") == "gpu"
+        assert cb.ipc_fence_scope == ("gpu" if asked and SHARED else "system"), cb.ipc_fence_scope
     if SHARED:
         assert "share a GPU" in cb.ipc_state, cb.ipc_state
         texts = [str(w.message) for w in caught]

@@ -34,7 +34,9 @@ def test_dry_run_writes_csv_summary_and_plots(tmp_path, capsys):
     assert " met" in by_name["dist.all_reduce 4 KiB minus torch's fake backend's, 2 ranks, host per call, in launches"]
     assert "not measured" in by_name["distinct GPUs, busbw / NCCL from 64 MiB (worst)"]
     assert "error: host: RuntimeError: synthetic failure" in summary
+    assert "one-shot limit, 3 ranks on one GPU: measured 256 KiB, in force 512 KiB" in summary
     assert " met" in by_name["registered / plain all_reduce time from 1 MiB (worst)"]  # synthetic: faster
+    assert " met" in by_name["GPU-scope / system-scope fences, 2 ranks on one GPU, eager and graphed, same run (worst)"]
     out = capsys.readouterr().out
     assert "Targets and measured" in out
     try:
@@ -110,6 +112,22 @@ def test_fused_two_shot_targets_use_the_k_rank_floor_and_the_same_runs_steps():
     assert ceiling["measured"] == pytest.approx(min(13 * 32 * MiB / 3000e9 / 200e-6, 18 * 32 * MiB / 2000e9 / 400e-6))
     fused = lines["fused two-shot / step-by-step two-shot time, same run (worst)"]
     assert fused["measured"] == pytest.approx(0.8) and fused["status"] == "met"
+
+
+def test_one_shot_limit_is_read_off_both_schedules_of_the_same_run():
+    """Up to the limit in force the plain rows are one-shot and the forced
+    rows two-shot, above it the other way round; the measured limit is the
+    largest size up to which one-shot was never slower."""
+    one = "shared cuda:0"
+    rows = [gs.ref_row("one_shot_max_bytes", one, 3, 512 * 1024),
+            gs.ipc_row("fastpar", one, 3, 256 * 1024, 10e-6), gs.ipc_row("fastpar two-shot forced", one, 3, 256 * 1024, 12e-6),
+            gs.ipc_row("fastpar", one, 3, 512 * 1024, 15e-6), gs.ipc_row("fastpar two-shot forced", one, 3, 512 * 1024, 16e-6),
+            gs.ipc_row("fastpar", one, 3, MiB, 20e-6), gs.ipc_row("fastpar one-shot forced", one, 3, MiB, 19e-6),
+            gs.ipc_row("fastpar", one, 3, 2 * MiB, 30e-6), gs.ipc_row("fastpar one-shot forced", one, 3, 2 * MiB, 45e-6)]
+    choice = gs.one_shot_choice(rows)
+    assert [c["one/two"] for c in choice] == pytest.approx([10 / 12, 15 / 16, 19 / 20, 45 / 30])
+    assert {c["limit measured"] for c in choice} == {"1 MiB"}
+    assert {c["limit in force"] for c in choice} == {"512 KiB"}
 
 
 def test_dry_run_has_both_two_shot_forms(tmp_path):

@@ -1,4 +1,6 @@
-"""What nvcc makes of the one-kernel collectives: the fused two-shot all_reduce
+"""What nvcc makes of the one-kernel collectives: the fused one-shot all_reduce
+and the one CUDA graphs capture (csrc/core/executors/cuda_ipc/ipc_fused_one_shot.cu),
+the fused two-shot all_reduce
 (csrc/core/executors/cuda_ipc/ipc_fused_two_shot.cu) and the fused broadcast,
 gather, scatter, all_to_all, reduce and reduce_scatter
 (csrc/core/executors/cuda_ipc/ipc_fused_collectives.cu), read from their
@@ -9,11 +11,13 @@ cubins for sm_90 (H100) with cuobjdump, without a GPU:
     since block b of each rank waits for block b of the others. That holds
     only if the registers per thread fit the SM's 65536 at that many blocks,
     and kTwoShotMaxBlocks fits an H100's 132 SMs;
+  * scope: the variant for ranks that all share one GPU orders its flags at
+    GPU scope, the other at system scope;
   * loads: the copy and reduce loops move 16-byte packs (LDG.E.128) with at
     least 4 of them issued before the first store that follows, so a thread
     has 64 bytes of loads in flight rather than one 16-byte round trip.
 Each file is compiled with -DFASTPAR_SASS_PROBE (two instances of each kernel,
-rank bounds 4 and 8: seconds instead of minutes of nvcc). Skipped without nvcc or cuobjdump, except
+each for both scopes and rank bounds 4 and 8: seconds instead of minutes of nvcc). Skipped without nvcc or cuobjdump, except
 under CI=true, where a missing tool fails."""
 import glob
 import os
@@ -28,6 +32,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 IPC = os.path.join(ROOT, "csrc", "core", "executors", "cuda_ipc")
 # (file, kernel name, its threads-per-block and blocks-per-SM constants)
 KERNELS = {
+    "one_shot": ("ipc_fused_one_shot.cu", "fused_one_shot_kernel", "kFusedThreads", "kFusedMinBlocksPerSm"),
+    "graph": ("ipc_fused_one_shot.cu", "fused_graph_kernel", "kFusedThreads", "kFusedMinBlocksPerSm"),
     "two_shot": ("ipc_fused_two_shot.cu", "fused_two_shot_kernel", "kTwoShotThreads", "kTwoShotMinBlocksPerSm"),
     "collectives": ("ipc_fused_collectives.cu", "fused_collective_kernel", "kFusedCollThreads",
                     "kFusedCollMinBlocksPerSm"),
@@ -101,8 +107,8 @@ def test_registers_fit_the_launch_shape(cubin):
     per_sm = _constant(os.path.join(IPC, cu), per_sm_name)
     max_blocks = _constant(ARENA, "kTwoShotMaxBlocks")
     kernels = {k: v for k, v in _functions(usage, "Function").items() if kernel in k}
-    # two probe instances, rank bounds 4 and 8
-    assert len(kernels) == 4, list(kernels)
+    # two probe instances x two memory scopes x rank bounds 4 and 8
+    assert len(kernels) == 8, list(kernels)
     for name, lines in kernels.items():
         regs = int(re.search(r"REG:(\d+)", "\n".join(lines)).group(1))
         assert regs * threads * per_sm <= SM90_REGISTERS_PER_SM, (
@@ -115,7 +121,7 @@ def test_registers_fit_the_launch_shape(cubin):
 def test_loops_keep_four_16_byte_loads_in_flight(cubin):
     (_, kernel, _, _), _, sass = cubin
     kernels = {k: v for k, v in _functions(sass, "Function").items() if kernel in k}
-    assert len(kernels) == 4, list(kernels)
+    assert len(kernels) == 8, list(kernels)
     for name, lines in kernels.items():
         wide = [l for l in lines if re.search(r"\bLDG\.E\.128\b|\bLD\.E\.128\b", l)]
         assert wide, f"{name}: no 16-byte loads (LDG.E.128)"
@@ -128,3 +134,21 @@ def test_loops_keep_four_16_byte_loads_in_flight(cubin):
                 run = 0
         assert best >= 4, f"{name}: at most {best} 16-byte loads issued before a store"
         assert any(re.search(r"\bSTG\.E\.128\b", l) for l in lines), f"{name}: no 16-byte stores"
+
+
+def test_one_gpu_variants_order_their_flags_at_gpu_scope(cubin):
+    """Each kernel is built for flags at system scope (DeviceMemory) and, for
+    groups whose ranks all share one GPU, at GPU scope (DeviceMemoryOneGpu):
+    there only the host's words (the abort word it writes, the status mirror
+    it reads) and the trap's fence stay at system scope."""
+    (_, kernel, _, _), _, sass = cubin
+    kernels = {k: "\n".join(v) for k, v in _functions(sass, "Function").items() if kernel in k}
+    one_gpu = {k: v for k, v in kernels.items() if "DeviceMemoryAtILb1E" in k}
+    system = {k: v for k, v in kernels.items() if "DeviceMemoryAtILb0E" in k}
+    assert len(one_gpu) == len(system) == 4, list(kernels)
+    count = lambda body, scope: len(re.findall(rf"\.STRONG\.{scope}\b", body))  # noqa: E731
+    for name, body in system.items():
+        twin = one_gpu[name.replace("DeviceMemoryAtILb0E", "DeviceMemoryAtILb1E")]
+        assert count(twin, "GPU") > count(body, "GPU"), f"{name}: the one-GPU twin has no more GPU-scope operations"
+        assert count(twin, "SYS") * 4 <= count(body, "SYS"), (
+            f"{name}: {count(body, 'SYS')} system-scope operations, its one-GPU twin still {count(twin, 'SYS')}")

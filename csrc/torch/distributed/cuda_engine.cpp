@@ -54,7 +54,9 @@ CudaEngine::CudaEngine(c10::intrusive_ptr<c10d::Store> store, int rank, int size
       blocking_wait_(knobs.blocking_wait),
       fused_two_shot_(knobs.ipc_fused_two_shot),
       fused_collectives_(knobs.ipc_fused_collectives),
-      registered_(std::make_shared<RegisteredArena>(knobs.registered_bytes)) {
+      registered_(std::make_shared<RegisteredArena>(knobs.registered_bytes)),
+      one_shot_max_bytes_(knobs.ipc_one_shot_max_bytes),
+      gpu_fence_scope_(knobs.ipc_gpu_fence_scope) {
   TORCH_CHECK_VALUE(fallback_, "fastpar.CudaEngine: fallback is None but a backend for CUDA tensors is required");
 }
 
@@ -171,6 +173,7 @@ void CudaEngine::set_up(int device) {
     throw;
   }
   group_shares_gpu_ = rv.group_shares_gpu;
+  all_on_one_gpu_ = getSize() > 1 && rv.ranks_on_my_gpu == getSize();
   mps_ = query_mps(device);
   if (cuda_ipc::sharing_warrants_warning(group_shares_gpu_, mps_)) {
     TORCH_WARN_ONCE("fastpar: ", cuda_ipc::gpu_sharing_note(group_shares_gpu_, mps_));
@@ -182,6 +185,8 @@ void CudaEngine::set_up(int device) {
     link->ep->comm().gpu_sharers = rv.ranks_on_my_gpu;  // the data kernels' grids share the GPU
     link->ep->comm().fused_two_shot = fused_two_shot_;
     link->ep->comm().fused_collectives = fused_collectives_;
+    link->ep->comm().one_gpu_scope = gpu_fence_scope_ && all_on_one_gpu_;
+    link->ep->comm().fused_grid_blocks = rv.fused_grid_blocks;
     link->watch(std::move(rv.pids), getRank());
     std::atomic_store(&link_, std::move(link));
   }
@@ -212,6 +217,21 @@ void CudaEngine::set_ipc_collectives(const std::string& form) {
   std::lock_guard<std::mutex> g(mu_);
   fused_collectives_ = fused;
   if (auto link = std::atomic_load(&link_)) link->ep->comm().fused_collectives = fused;
+}
+
+void CudaEngine::set_ipc_fence_scope(const std::string& scope) {
+  TORCH_CHECK_VALUE(scope == "system" || scope == "gpu", "fastpar: ipc_fence_scope is '", scope,
+                    "' but must be 'gpu' or 'system'");
+  std::lock_guard<std::mutex> g(mu_);
+  gpu_fence_scope_ = scope == "gpu";
+  if (auto link = std::atomic_load(&link_)) link->ep->comm().one_gpu_scope = gpu_fence_scope_ && all_on_one_gpu_;
+}
+
+std::string CudaEngine::ipc_fence_scope() const {
+  std::lock_guard<std::mutex> g(mu_);
+  const std::shared_ptr<IpcLink> link = std::atomic_load(&link_);
+  if (link) return link->ep->comm().one_gpu_scope ? "gpu" : "system";
+  return gpu_fence_scope_ ? "gpu" : "system";
 }
 
 void CudaEngine::set_one_shot_max_bytes(int64_t bytes) {
@@ -429,6 +449,8 @@ fastpar._C.Backend, which hands it the checked calls on CUDA tensors.)")
       .def_property_readonly("max_ipc_bytes", &CudaEngine::max_ipc_bytes)
       .def("_set_one_shot_max_bytes", &CudaEngine::set_one_shot_max_bytes, py::arg("bytes"))
       .def_property_readonly("one_shot_max_bytes", &CudaEngine::one_shot_max_bytes)
+      .def_property_readonly("ipc_fence_scope", &CudaEngine::ipc_fence_scope)
+      .def("_set_ipc_fence_scope", &CudaEngine::set_ipc_fence_scope, py::arg("scope"))
       .def_property_readonly("blocking_wait", &CudaEngine::blocking_wait)
       .def_property_readonly("ipc_two_shot", &CudaEngine::ipc_two_shot)
       .def("_set_ipc_two_shot", &CudaEngine::set_ipc_two_shot, py::arg("form"))

@@ -149,9 +149,10 @@ class CudaEngine : public Engine {
   int64_t direct_calls() const { return direct_calls_; }
   int64_t fallback_calls() const { return fallback_calls_; }
   int64_t max_ipc_bytes() const { return max_ipc_bytes_; }
-  // Benchmarks compare all_reduce schedules at run time: one-shot up to this
-  // many bytes (-1: cuda_ipc::default_one_shot_max_bytes). Every rank must
-  // set the same (a mix fails with a descriptor mismatch).
+  // all_reduce runs one-shot up to this many bytes (-1:
+  // cuda_ipc::default_one_shot_max_bytes); FASTPAR_CUDA_IPC_ONE_SHOT_MAX_BYTES
+  // sets it at construction, benchmarks at run time to compare the schedules.
+  // Every rank must set the same (a mix fails with a descriptor mismatch).
   void set_one_shot_max_bytes(int64_t bytes);
   // The limit in force for this group.
   int64_t one_shot_max_bytes() const {
@@ -167,6 +168,12 @@ class CudaEngine : public Engine {
   // reduce, reduce_scatter): "fused" or "steps", set as ipc_two_shot.
   const char* ipc_collectives() const { return fused_collectives_ ? "fused" : "steps"; }
   void set_ipc_collectives(const std::string& form);
+  // FASTPAR_CUDA_IPC_FENCE_SCOPE: "gpu" or "system", the scope the one-kernel
+  // calls order their flags at; once IPC is set up, the one in force ("gpu"
+  // only where every rank is on this GPU). The setter (benchmarks: both in
+  // one run) may differ between ranks: on one GPU either scope sees the other.
+  std::string ipc_fence_scope() const;
+  void set_ipc_fence_scope(const std::string& scope);
   c10::intrusive_ptr<c10d::Backend> fallback() const { return fallback_; }
 
  private:
@@ -273,6 +280,8 @@ class CudaEngine : public Engine {
   // CUDA graph: asked once per call (mu_ held).
   bool call_captured_ = false;
   std::atomic<int64_t> one_shot_max_bytes_{-1};
+  bool gpu_fence_scope_;         // FASTPAR_CUDA_IPC_FENCE_SCOPE=gpu (mu_)
+  bool all_on_one_gpu_ = false;  // from setup: every rank on this GPU
   std::vector<std::optional<c10::cuda::CUDAStream>> send_streams_, recv_streams_;  // per peer, taken at first p2p
   std::vector<cudaStream_t> own_streams_;  // those streams, given back to the cache by release_ipc
   // The stream of the last phased IPC call (begin_ipc): a call on another

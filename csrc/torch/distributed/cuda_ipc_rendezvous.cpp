@@ -5,6 +5,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <climits>
 #include <cstring>
 #include <sstream>
 #include <vector>
@@ -92,14 +94,20 @@ IpcRendezvous ipc_rendezvous(c10d::Store& store, int rank, int size, int device,
 
   // cfg: the knobs must match, or ranks would route the same call differently.
   std::ostringstream cfg;
-  cfg << max_ipc_bytes << " " << slot_bytes << " " << registered_bytes << " " << my_bus << " " << int64_t(getpid());
+  int sms = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) sms = 0;
+  cfg << max_ipc_bytes << " " << slot_bytes << " " << registered_bytes << " " << my_bus << " " << int64_t(getpid())
+      << " " << sms;
   const std::vector<std::string> cfgs = exchange(store, "cfg", rank, size, cfg.str(), timeout);
   std::vector<std::string> buses(static_cast<size_t>(size));
   out.pids.assign(size_t(size), -1);
+  int fewest_sms = INT_MAX;
   for (int q = 0; q < size; ++q) {
     std::istringstream in(cfgs[size_t(q)]);
     int64_t max_q = -1, slot_q = -1, reg_q = -1;
-    in >> max_q >> slot_q >> reg_q >> buses[size_t(q)] >> out.pids[size_t(q)];
+    int sms_q = 0;
+    in >> max_q >> slot_q >> reg_q >> buses[size_t(q)] >> out.pids[size_t(q)] >> sms_q;
+    fewest_sms = std::min(fewest_sms, sms_q);
     TORCH_CHECK_VALUE(max_q == max_ipc_bytes, "fastpar: FASTPAR_CUDA_IPC_MAX_BYTES is ", max_q, " on rank ", q, " but ",
                 max_ipc_bytes, " on rank ", rank, "; it must be equal on every rank (it picks each call's route)");
     TORCH_CHECK_VALUE(slot_q == slot_bytes, "fastpar: FASTPAR_CUDA_IPC_SLOT_BYTES is ", slot_q, " on rank ", q, " but ",
@@ -114,6 +122,18 @@ IpcRendezvous ipc_rendezvous(c10d::Store& store, int rank, int size, int device,
       if (buses[size_t(q)] != "unknown" && buses[size_t(q)] == buses[size_t(p)]) out.group_shares_gpu = true;
   for (int q = 0; q < size; ++q)
     if (q != rank && buses[size_t(q)] != "unknown" && buses[size_t(q)] == buses[size_t(rank)]) ++out.ranks_on_my_gpu;
+  // The one-kernel calls' grids: block b of every rank waits for block b of
+  // the others, so every grid on a GPU must be resident at once. The most
+  // ranks on one GPU (an unknown bus id: as if all shared one) share the
+  // fewest SMs of the group's GPUs at the kernels' blocks per SM.
+  int most_on_a_gpu = 1;
+  for (int q = 0; q < size; ++q) {
+    int on_q = 0;
+    for (int p = 0; p < size; ++p)
+      if (buses[size_t(q)] == "unknown" || buses[size_t(q)] == buses[size_t(p)]) ++on_q;
+    most_on_a_gpu = std::max(most_on_a_gpu, on_q);
+  }
+  out.fused_grid_blocks = cuda_ipc::fused_grid_blocks(fewest_sms, most_on_a_gpu);
   if (max_ipc_bytes == 0) {
     out.why_not = "FASTPAR_CUDA_IPC_MAX_BYTES=0";
     return out;

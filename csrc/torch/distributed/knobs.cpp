@@ -64,20 +64,23 @@ void apply_cpu_isa_knob() {
   }
 }
 
-// A "fused" / "steps" knob (unset: steps): true for fused.
-static bool env_fused(const char* name) {
+// A two-value knob: true for `on`, false for `off` or unset.
+static bool env_either(const char* name, const char* on, const char* off) {
   const char* v = std::getenv(name);
-  const std::string form = v ? v : "";
-  TORCH_CHECK_VALUE(form.empty() || form == "fused" || form == "steps", "fastpar: ", name, " is '", form,
-                    "' but must be 'fused' or 'steps'");
-  return form == "fused";
+  const std::string value = v ? v : "";
+  TORCH_CHECK_VALUE(value.empty() || value == on || value == off, "fastpar: ", name, " is '", value,
+                    "' but must be '", on, "' or '", off, "'");
+  return value == on;
 }
 
 CudaKnobs cuda_knobs() {
   return CudaKnobs{env_bytes("FASTPAR_CUDA_IPC_MAX_BYTES", cuda_ipc::kDefaultMaxIpcBytes, 0),
                    env_bytes("FASTPAR_CUDA_IPC_SLOT_BYTES", cuda_ipc::kDefaultSlotBytes, 4096),
                    env_bytes("FASTPAR_CUDA_IPC_REGISTERED_BYTES", 0, 0), env_flag("FASTPAR_BLOCKING_WAIT"),
-                   env_fused("FASTPAR_CUDA_IPC_TWO_SHOT"), env_fused("FASTPAR_CUDA_IPC_COLLECTIVES")};
+                   env_either("FASTPAR_CUDA_IPC_TWO_SHOT", "fused", "steps"),
+                   env_either("FASTPAR_CUDA_IPC_COLLECTIVES", "fused", "steps"),
+                   env_bytes("FASTPAR_CUDA_IPC_ONE_SHOT_MAX_BYTES", -1, 0),
+                   env_either("FASTPAR_CUDA_IPC_FENCE_SCOPE", "gpu", "system")};
 }
 
 }  // namespace distributed

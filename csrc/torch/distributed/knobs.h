@@ -27,6 +27,13 @@ struct CudaKnobs {
   bool ipc_fused_two_shot;  // FASTPAR_CUDA_IPC_TWO_SHOT: "steps" (default until the fused kernel has run on a GPU) or "fused" (one kernel a call)
   bool ipc_fused_collectives;  // FASTPAR_CUDA_IPC_COLLECTIVES: the same choice for broadcast, gather, scatter,
                                // all_to_all, reduce and reduce_scatter
+  // FASTPAR_CUDA_IPC_ONE_SHOT_MAX_BYTES: all_reduce runs one-shot up to this
+  // many bytes (and one slot); -1 when unset: cuda_ipc::default_one_shot_max_bytes.
+  int64_t ipc_one_shot_max_bytes;
+  // FASTPAR_CUDA_IPC_FENCE_SCOPE=gpu: the one-kernel calls of a group whose
+  // ranks all share one GPU order their flags at GPU scope ("system": always
+  // at system scope, the default until measured on a GPU).
+  bool ipc_gpu_fence_scope;
 };
 CudaKnobs cuda_knobs();
 

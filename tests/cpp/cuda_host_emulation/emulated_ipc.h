@@ -43,6 +43,7 @@ inline std::vector<std::string> take_traps() {
 // The host memory-ordering policy, as the CPU shared-memory transport's.
 struct HostMemory {
   static uint64_t load_acquire(const uint64_t* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+  static uint64_t load_acquire_host(const uint64_t* p) { return load_acquire(p); }
   static void store_release(uint64_t* p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
   static void pause() { std::this_thread::yield(); }
   static uint64_t now_ns() {
@@ -103,7 +104,10 @@ cudaError_t launch_fused_one_shot(DType dt, ReduceOp op, const FusedArgs& a, cud
         if (fused_prior_failure<HostMemory>(a.phase, b) != 0) return;
         for (int t = 0; t < kEmulatedThreads; ++t) fused_copy_in<scalar_t>(a, b, t, kEmulatedThreads);
         if (fused_block_barrier<HostMemory>(a, b) != flags::WaitStatus::kOk) return;
-        for (int t = 0; t < kEmulatedThreads; ++t) fused_reduce<scalar_t, kOp>(a, b, t, kEmulatedThreads);
+        for (int t = 0; t < kEmulatedThreads; ++t) {
+          if (fused_rank_bound(a.phase.size) == 4) fused_reduce<scalar_t, kOp, 4>(a, b, t, kEmulatedThreads);
+          else fused_reduce<scalar_t, kOp, kMaxIpcRanks>(a, b, t, kEmulatedThreads);
+        }
       });
     });
   });
@@ -128,7 +132,10 @@ cudaError_t launch_fused_graph(DType dt, ReduceOp op, const GraphArgs& a, cudaSt
         const int64_t off = graph_slot_offset(a, e);
         for (int t = 0; t < kEmulatedThreads; ++t) fused_copy_in<scalar_t>(a.f, b, t, kEmulatedThreads, off);
         if (graph_block_barrier<HostMemory>(a, b, e) != flags::WaitStatus::kOk) return;
-        for (int t = 0; t < kEmulatedThreads; ++t) fused_reduce<scalar_t, kOp>(a.f, b, t, kEmulatedThreads, off);
+        for (int t = 0; t < kEmulatedThreads; ++t) {
+          if (fused_rank_bound(a.f.phase.size) == 4) fused_reduce<scalar_t, kOp, 4>(a.f, b, t, kEmulatedThreads, off);
+          else fused_reduce<scalar_t, kOp, kMaxIpcRanks>(a.f, b, t, kEmulatedThreads, off);
+        }
         graph_done(a, b, e);
       });
     });

@@ -19,7 +19,8 @@
 //     ends the wait at the timeout; the host abort word (a 60 s timeout) ends
 //     it at once with its code; a
 //     later call on a failed communicator writes nothing; status word =
-//     host mirror.
+//     host mirror;
+//   * the grid cap (ipc_comm.h, fused_grid_blocks) and the block counts it bounds.
 // Exit status 0 = every check passed.
 #include <algorithm>
 #include <cstdio>
@@ -222,7 +223,31 @@ void check_failure(int n, Peer peer) {
 
 }  // namespace
 
+// The grid cap: every rank's grid on a GPU resident at once, from the fewest
+// SMs and the most ranks on one GPU, never past the arena's block flags.
+#define EXPECT(cond) expect((cond), #cond)
+void check_grid_cap() {
+  using cuda_ipc::fused_grid_blocks;
+  using cuda_ipc::kTwoShotMaxBlocks;
+  EXPECT(fused_grid_blocks(132, 1) == kTwoShotMaxBlocks);  // an H100 alone: the flags bound
+  EXPECT(fused_grid_blocks(108, 2) == 54);                 // 2 ranks on an A100: 108 SMs, not 128
+  EXPECT(fused_grid_blocks(132, 4) == 32);
+  EXPECT(fused_grid_blocks(0, 3) == kTwoShotMaxBlocks / 3);  // SMs unknown: as before
+  EXPECT(fused_grid_blocks(8, 16) == 1);                     // never below one block
+  cuda_ipc::IpcComm c{};
+  c.size = 4;
+  EXPECT(cuda_ipc::fused_grid_cap(c) == kTwoShotMaxBlocks / 4);  // not set up: as before
+  c.fused_grid_blocks = fused_grid_blocks(108, 4);
+  const int cap = cuda_ipc::fused_grid_cap(c);
+  EXPECT(cap == 27);
+  EXPECT(cuda_ipc::two_shot_blocks(int64_t(1) << 30, 4, 4, int64_t(1) << 21, 16 * 1024, cap) == 27);
+  EXPECT(cuda_ipc::fused_coll_blocks(int64_t(1) << 30, int64_t(1) << 23, 16 * 1024, cap) == 27);
+  EXPECT(cuda_ipc::two_shot_blocks(1000, 4, 4, int64_t(1) << 21, 16 * 1024, cap) == 1);  // small calls: unchanged
+}
+#undef EXPECT
+
 int main() {
+  check_grid_cap();
   for (int n = 2; n <= 5; ++n) check_bits(n);
   for (int n = 2; n <= 4; ++n)
     for (Peer p : {Peer::kStepByStep, Peer::kOtherCount, Peer::kAbsent, Peer::kHostAbort}) check_failure(n, p);

@@ -74,7 +74,7 @@ cudaError_t allreduce_two_shot(IpcComm& c, DType dt, ReduceOp op, const void* in
       a.chunk = chunk;
       a.chunks = m;
       a.contributions = n;
-      a.nblocks = two_shot_blocks(count, es, n, chunk, c.fused_bytes_per_block);
+      a.nblocks = two_shot_blocks(count, es, n, chunk, c.fused_bytes_per_block, fused_grid_cap(c));
       const cudaError_t e = launch_fused_two_shot(dt, op, a, stream);
       if (e != cudaSuccess) throw EnqueueFailed{e};
     });
@@ -108,7 +108,7 @@ cudaError_t allreduce_registered(IpcComm& c, DType dt, ReduceOp op, int64_t offs
       fused_coll_bind(a, c);
       for (int q = 0; q < n; ++q) a.src[q] = a.dst[q] = s.arena(q) + offset;
       a.contributions = n;
-      a.nblocks = fused_coll_blocks(a.piece, a.piece, n, c.fused_bytes_per_block);
+      a.nblocks = fused_coll_blocks(a.piece, a.piece, c.fused_bytes_per_block, fused_grid_cap(c));
       a.slice = fused_coll_slice(a.piece, a.piece, a.nblocks);
       const cudaError_t e = launch_fused_collective(dt, op, a, stream);
       if (e != cudaSuccess) throw EnqueueFailed{e};

@@ -54,7 +54,7 @@ cudaError_t run_fused(IpcComm& c, CollCall call, DType dt, ReduceOp op, FusedCol
     a.first_slot = s.next_round();
     for (int64_t i = 1; i < a.pieces; ++i) s.next_round();
     a.contributions = n;
-    a.nblocks = fused_coll_blocks(a.bytes, a.piece, n, c.fused_bytes_per_block);
+    a.nblocks = fused_coll_blocks(a.bytes, a.piece, c.fused_bytes_per_block, fused_grid_cap(c));
     a.slice = fused_coll_slice(a.bytes, a.piece, a.nblocks);
     const cudaError_t e = launch_fused_collective(dt, op, a, stream);
     if (e != cudaSuccess) throw EnqueueFailed{e};

@@ -5,6 +5,7 @@
 #include "../../transport/cuda_ipc/device_memory_order.cuh"
 #include "gpu_block.cuh"
 #include "ipc_fused_collectives.h"
+#include "kernel_variant.cuh"
 
 namespace fastpar {
 namespace cuda_ipc {
@@ -15,30 +16,34 @@ namespace {
 // every rank sharing one GPU resident together.
 constexpr int kFusedCollThreads = 512;
 constexpr int kFusedCollMinBlocksPerSm = 1;
+static_assert(kFusedCollMinBlocksPerSm == kFusedGridBlocksPerSm, "the grid cap (ipc_comm.h) counts this many");
 
-template <typename T, ReduceOp OP, int NMAX>
+template <class Mem, typename T, ReduceOp OP, int NMAX>
 __global__ void __launch_bounds__(kFusedCollThreads, kFusedCollMinBlocksPerSm)
     fused_collective_kernel(FusedCollArgs a) {
   __shared__ int shared;
   GpuBlock blk{&shared};
-  fused_coll_block<DeviceMemory, T, OP, NMAX>(a, int(blockIdx.x), blk);
+  fused_coll_block<Mem, T, OP, NMAX>(a, int(blockIdx.x), blk);
 }
 
 template <typename T, ReduceOp OP>
 struct LoadFusedColl {
   static cudaError_t run() {
-    cudaFuncAttributes attr;
-    const cudaError_t e = cudaFuncGetAttributes(&attr, fused_collective_kernel<T, OP, 4>);
-    return e != cudaSuccess ? e : cudaFuncGetAttributes(&attr, fused_collective_kernel<T, OP, kMaxIpcRanks>);
+    return for_each_kernel_variant([](auto v) {
+      using V = decltype(v);
+      cudaFuncAttributes attr;
+      return cudaFuncGetAttributes(&attr, fused_collective_kernel<typename V::Mem, T, OP, V::kRankBound>);
+    });
   }
 };
 
 template <typename T, ReduceOp OP>
 cudaError_t launch_instance(const FusedCollArgs& a, cudaStream_t stream) {
-  if (fused_rank_bound(a.phase.size) == 4)
-    fused_collective_kernel<T, OP, 4><<<unsigned(a.nblocks), kFusedCollThreads, 0, stream>>>(a);
-  else
-    fused_collective_kernel<T, OP, kMaxIpcRanks><<<unsigned(a.nblocks), kFusedCollThreads, 0, stream>>>(a);
+  with_kernel_variant(a.phase, [&](auto v) {
+    using V = decltype(v);
+    fused_collective_kernel<typename V::Mem, T, OP, V::kRankBound>
+        <<<unsigned(a.nblocks), kFusedCollThreads, 0, stream>>>(a);
+  });
   return cudaGetLastError();
 }
 

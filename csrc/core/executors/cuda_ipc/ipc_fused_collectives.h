@@ -96,14 +96,12 @@ struct FusedCollArgs {
 };
 
 // Blocks of a call: one per `per_block` bytes of its first piece, at most
-// kTwoShotMaxBlocks / n (n ranks sharing one GPU ask for the block flags'
-// 128 together), at least 1. A function of what every rank has alike.
-FASTPAR_HD int fused_coll_blocks(int64_t bytes, int64_t piece, int n, int64_t per_block) {
+// `cap` (fused_grid_cap, ipc_comm.h), at least 1. A function of what every
+// rank has alike.
+FASTPAR_HD int fused_coll_blocks(int64_t bytes, int64_t piece, int64_t per_block, int cap) {
   if (per_block < 1) per_block = 1;
-  if (n < 1) n = 1;
   const int64_t first = bytes < piece ? bytes : piece;
   int64_t b = (first + per_block - 1) / per_block;
-  const int64_t cap = kTwoShotMaxBlocks / n;
   if (b > cap) b = cap;
   return int(b < 1 ? 1 : b);
 }

@@ -4,44 +4,47 @@
 #include "../../kernels/reduce_ops.h"
 #include "../../transport/cuda_ipc/device_memory_order.cuh"
 #include "ipc_fused_one_shot.h"
+#include "kernel_variant.cuh"
 
 namespace fastpar {
 namespace cuda_ipc {
 namespace {
 
 constexpr int kFusedThreads = 512;
-// Two blocks per SM: caps registers at 64, which holds the 8 packs of the
-// rank loop (fused_reduce), and keeps block b of 8 ranks sharing one GPU
-// resident at once (8 x kFusedMaxBlocks blocks). Without the second bound
-// ptxas picks its own target and spills in the loop.
+// Two blocks per SM: caps registers at 64, which holds the 8 packs in
+// flight of the reduction (fused_reduce: 2 of each of up to 4 ranks, or 1 of
+// each of up to 8), and keeps block b of 8 ranks sharing one GPU resident at
+// once (8 x kFusedMaxBlocks blocks). Without the second bound ptxas picks its
+// own target and spills in the loop. tests/tooling/test_cuda_sass.py checks
+// the registers and the loads in flight.
 constexpr int kFusedMinBlocksPerSm = 2;
 
-template <typename T, ReduceOp OP>
+template <class Mem, typename T, ReduceOp OP, int NMAX>
 __global__ void __launch_bounds__(kFusedThreads, kFusedMinBlocksPerSm) fused_one_shot_kernel(FusedArgs a) {
   __shared__ int failed;
   const int b = int(blockIdx.x), t = int(threadIdx.x), nt = int(blockDim.x);
-  if (t == 0) failed = fused_prior_failure<DeviceMemory>(a.phase, b) != 0;
+  if (t == 0) failed = fused_prior_failure<Mem>(a.phase, b) != 0;
   __syncthreads();
   if (failed) return;  // an earlier call failed here: write nothing (the host raises it)
   fused_copy_in<T>(a, b, t, nt);
-  // Every thread's slot writes happen before thread 0's system-scope release.
+  // Every thread's slot writes happen before thread 0's release.
   __syncthreads();
-  if (t == 0) failed = fused_block_barrier<DeviceMemory>(a, b) != flags::WaitStatus::kOk;
+  if (t == 0) failed = fused_block_barrier<Mem>(a, b) != flags::WaitStatus::kOk;
   // Thread 0's acquire of the peers' flags orders the block's reads below.
   __syncthreads();
   if (failed) return;
-  fused_reduce<T, OP>(a, b, t, nt);
+  fused_reduce<T, OP, NMAX>(a, b, t, nt);
 }
 
 // As above, but a failure, earlier or in this replay, traps (graph_trap,
 // ipc_fused_one_shot.h): no host check follows a replay.
-template <typename T, ReduceOp OP>
+template <class Mem, typename T, ReduceOp OP, int NMAX>
 __global__ void __launch_bounds__(kFusedThreads, kFusedMinBlocksPerSm) fused_graph_kernel(GraphArgs a) {
   __shared__ int failed;
   __shared__ uint64_t epoch;
   const int b = int(blockIdx.x), t = int(threadIdx.x), nt = int(blockDim.x);
   if (t == 0) {
-    failed = graph_prior_failure<DeviceMemory>(a, b) != 0;
+    failed = graph_prior_failure<Mem>(a, b) != 0;
     epoch = graph_epoch(a, b);
   }
   __syncthreads();
@@ -49,19 +52,62 @@ __global__ void __launch_bounds__(kFusedThreads, kFusedMinBlocksPerSm) fused_gra
   const int64_t off = graph_slot_offset(a, epoch);
   fused_copy_in<T>(a.f, b, t, nt, off);
   __syncthreads();
-  if (t == 0) failed = graph_block_barrier<DeviceMemory>(a, b, epoch) != flags::WaitStatus::kOk;
+  if (t == 0) failed = graph_block_barrier<Mem>(a, b, epoch) != flags::WaitStatus::kOk;
   __syncthreads();
   if (failed) return;
-  fused_reduce<T, OP>(a.f, b, t, nt, off);
+  fused_reduce<T, OP, NMAX>(a.f, b, t, nt, off);
   // No second barrier: the next replay copies in to the other graph slot
   // (ipc_fused_one_shot.h).
   if (t == 0) graph_done(a, b, epoch);
 }
 
-// dtype x op dispatch of one of the kernels above.
+// The kernels' launches: the variant of the call (kernel_variant.cuh).
+template <typename T, ReduceOp OP>
+struct LaunchOneShot {
+  static void run(const FusedArgs& a, int nblocks, cudaStream_t s) {
+    with_kernel_variant(a.phase, [&](auto v) {
+      using V = decltype(v);
+      fused_one_shot_kernel<typename V::Mem, T, OP, V::kRankBound><<<unsigned(nblocks), kFusedThreads, 0, s>>>(a);
+    });
+  }
+};
+
+template <typename T, ReduceOp OP>
+struct LaunchGraph {
+  static void run(const GraphArgs& a, int nblocks, cudaStream_t s) {
+    with_kernel_variant(a.f.phase, [&](auto v) {
+      using V = decltype(v);
+      fused_graph_kernel<typename V::Mem, T, OP, V::kRankBound><<<unsigned(nblocks), kFusedThreads, 0, s>>>(a);
+    });
+  }
+};
+
+template <typename T, ReduceOp OP>
+struct LoadFusedKernels {
+  static cudaError_t run() {
+    return for_each_kernel_variant([](auto v) {
+      using V = decltype(v);
+      cudaFuncAttributes attr;
+      const cudaError_t e =
+          cudaFuncGetAttributes(&attr, fused_one_shot_kernel<typename V::Mem, T, OP, V::kRankBound>);
+      return e != cudaSuccess ? e
+                              : cudaFuncGetAttributes(&attr, fused_graph_kernel<typename V::Mem, T, OP, V::kRankBound>);
+    });
+  }
+};
+
+// Checks the launch, then dtype x op dispatch of one of the launches above.
 template <template <typename, ReduceOp> class Launch, class Args>
 cudaError_t dispatch_fused(DType dt, ReduceOp op, const Args& a, int nblocks, int size, cudaStream_t stream) {
   if (nblocks < 1 || nblocks > kFusedMaxBlocks || size > kMaxIpcRanks) return cudaErrorInvalidValue;
+#if defined(FASTPAR_SASS_PROBE)
+  // tests/tooling/test_cuda_sass.py compiles this file alone for its
+  // registers and SASS: float32 and bfloat16 SUM only, seconds of nvcc.
+  if (op != ReduceOp::SUM || (dt != DType::F32 && dt != DType::BF16)) return cudaErrorInvalidValue;
+  if (dt == DType::F32) Launch<float, ReduceOp::SUM>::run(a, nblocks, stream);
+  else Launch<bf16, ReduceOp::SUM>::run(a, nblocks, stream);
+  return cudaGetLastError();
+#else
   cudaError_t result = cudaErrorInvalidValue;  // stays so for an op without a kernel (cuda_reduce.cu)
   FASTPAR_DISPATCH_DTYPE(dt, [&] {
     FASTPAR_DISPATCH_OP(op, [&] {
@@ -70,34 +116,19 @@ cudaError_t dispatch_fused(DType dt, ReduceOp op, const Args& a, int nblocks, in
     });
   });
   return result;
+#endif
 }
-
-template <typename T, ReduceOp OP>
-struct LaunchOneShot {
-  static void run(const FusedArgs& a, int nblocks, cudaStream_t s) {
-    fused_one_shot_kernel<T, OP><<<unsigned(nblocks), kFusedThreads, 0, s>>>(a);
-  }
-};
-
-template <typename T, ReduceOp OP>
-struct LaunchGraph {
-  static void run(const GraphArgs& a, int nblocks, cudaStream_t s) {
-    fused_graph_kernel<T, OP><<<unsigned(nblocks), kFusedThreads, 0, s>>>(a);
-  }
-};
-
-template <typename T, ReduceOp OP>
-struct LoadFusedKernels {
-  static cudaError_t run() {
-    cudaFuncAttributes attr;
-    const cudaError_t e = cudaFuncGetAttributes(&attr, fused_one_shot_kernel<T, OP>);
-    return e != cudaSuccess ? e : cudaFuncGetAttributes(&attr, fused_graph_kernel<T, OP>);
-  }
-};
 
 }  // namespace
 
+#if defined(FASTPAR_SASS_PROBE)
+cudaError_t preload_fused_kernels() {
+  const cudaError_t e = LoadFusedKernels<float, ReduceOp::SUM>::run();
+  return e != cudaSuccess ? e : LoadFusedKernels<bf16, ReduceOp::SUM>::run();
+}
+#else
 cudaError_t preload_fused_kernels() { return for_each_kernel<LoadFusedKernels>(cudaSuccess); }
+#endif
 
 cudaError_t launch_fused_graph(DType dt, ReduceOp op, const GraphArgs& a, cudaStream_t stream) {
   return dispatch_fused<LaunchGraph>(dt, op, a, a.f.nblocks, a.f.phase.size, stream);

@@ -29,12 +29,13 @@
 // undefined, as with any failed call), but they only read within this rank's
 // own count of a peer's slot, and the call still fails on every rank.
 //
-// Data moves in 16-byte packs when every pointer is 16-byte aligned (as the
-// reduce kernel, core/kernels/cuda_reduce.cuh): a thread loads its pack from every
-// rank before combining, so the n peer loads are in flight together instead
-// of one round trip each; block ranges are whole packs (fused_range), an
-// exact scalar loop does the tail and misaligned buffers (a view at an odd
-// storage offset), with the same order and math, so the bits are the same.
+// Data moves in 16-byte packs when every pointer is 16-byte aligned, with the
+// other one-kernel collectives' loops (fused_loops.h): the copy-in keeps 4
+// packs per thread in flight, the reduction loads its packs from every rank
+// before combining (2 packs of each of up to 4 ranks, 1 of each of more);
+// block ranges are whole packs (fused_range), an exact scalar loop does the
+// tail and misaligned buffers (a view at an odd storage offset), with the
+// same order and math, so the bits are the same.
 //
 // Written once over a memory-ordering policy for the kernel
 // (ipc_fused_one_shot.cu) and the host emulation, which runs every block on a
@@ -123,104 +124,41 @@ FASTPAR_HD flags::WaitStatus fused_block_barrier(const FusedArgs& a, int b) {
   return s;
 }
 
-#if defined(__CUDA_ARCH__)
-#define FASTPAR_UNROLL _Pragma("unroll")
-#else
-#define FASTPAR_UNROLL
-#endif
-
-// Elements of T in one 16-byte access (core/kernels/cuda_reduce.cuh's Pack, one word).
-template <typename T>
-struct FusedPack {
-  static constexpr int kN = 16 / int(sizeof(T));
-  union {
-    uint4 w;
-    T e[kN];
-  };
-};
-
 // Block b's range [*lo, *hi), cut in whole packs.
 template <typename T>
 FASTPAR_HD void fused_block_range(const FusedArgs& a, int b, int64_t* lo, int64_t* hi) {
-  fused_range(a.count, a.nblocks, b, FusedPack<T>::kN, lo, hi);
+  fused_range(a.count, a.nblocks, b, 16 / int64_t(sizeof(T)), lo, hi);
 }
 
-// Block b's copy-in, thread `t` of `nt`.
+// Block b's copy-in, thread `t` of `nt` (fused_copy: 4 packs in flight).
 // `slot_off`: bytes past a.slots[q] where this call's slots start (the
 // graphed kernel's parity; 0 otherwise).
 template <typename T>
 FASTPAR_HD void fused_copy_in(const FusedArgs& a, int b, int t, int nt, int64_t slot_off = 0) {
-  constexpr int V = FusedPack<T>::kN;
   int64_t lo, hi;
   fused_block_range<T>(a, b, &lo, &hi);
-  const T* in = static_cast<const T*>(a.in);
   T* mine = reinterpret_cast<T*>(static_cast<char*>(a.slots[a.phase.rank]) + slot_off);
-  int64_t tail = lo;
-  if (fused_aligned(in) && fused_aligned(mine)) {
-    const int64_t packs = (hi - lo) / V;
-    const uint4* src = reinterpret_cast<const uint4*>(in + lo);
-    uint4* dst = reinterpret_cast<uint4*>(mine + lo);
-    for (int64_t v = t; v < packs; v += nt) dst[v] = src[v];
-    tail = lo + packs * V;
-  }
-  for (int64_t i = tail + t; i < hi; i += nt) mine[i] = in[i];
+  fused_copy<T>(mine + lo, static_cast<const T*>(a.in) + lo, hi - lo, t, nt);
 }
 
 // Block b's reduction in rank order 0..n-1 (the reduce kernel's order and
 // math, reduce_ops.h: identical bits), thread `t` of `nt`. Every source is a
 // slot, this rank's own too (the block's copy-in, ordered before by the
-// barrier), so the pointers stay kernel parameters rather than registers.
-// The rank loops run to kMaxIpcRanks with a guard, so every index is a
-// compile-time one and the values stay in registers; a pack is combined one
-// element at a time, so a single accumulator is live (1-byte types would
-// otherwise hold 16 and spill).
-template <typename T, ReduceOp OP>
+// barrier). FusedReduce (fused_loops.h) with rank bound NMAX
+// (fused_rank_bound): up to 4 ranks 2 packs of each rank in flight, so 2
+// ranks keep 4 loads in flight as the copies do; more, one pack of each.
+template <typename T, ReduceOp OP, int NMAX>
 FASTPAR_HD void fused_reduce(const FusedArgs& a, int b, int t, int nt, int64_t slot_off = 0) {
-  using A = acc_t<T>;
-  constexpr int V = FusedPack<T>::kN;
   int64_t lo, hi;
   fused_block_range<T>(a, b, &lo, &hi);
-  const int n = a.phase.size;
-  T* out = static_cast<T*>(a.out);
-  bool vec = fused_aligned(out);
-  FASTPAR_UNROLL
-  for (int q = 0; q < kMaxIpcRanks; ++q)
-    if (q < n) vec = vec && fused_aligned(static_cast<const char*>(a.slots[q]) + slot_off);
-  int64_t tail = lo;
-  if (vec) {
-    const int64_t packs = (hi - lo) / V;
-    for (int64_t v = t; v < packs; v += nt) {
-      const int64_t off = lo + v * V;
-      FusedPack<T> x[kMaxIpcRanks];
-      FASTPAR_UNROLL
-      for (int q = 0; q < kMaxIpcRanks; ++q)
-        if (q < n)
-          x[q].w = *reinterpret_cast<const uint4*>(
-              reinterpret_cast<const T*>(static_cast<const char*>(a.slots[q]) + slot_off) + off);
-      FusedPack<T> y;
-      FASTPAR_UNROLL
-      for (int k = 0; k < V; ++k) {
-        A acc = load_acc(x[0].e[k]);
-        FASTPAR_UNROLL
-        for (int q = 1; q < kMaxIpcRanks; ++q)
-          if (q < n) acc = combine<OP>(acc, load_acc(x[q].e[k]));
-        y.e[k] = store_acc<T>(finalize<OP>(acc, a.contributions));
-      }
-      *reinterpret_cast<uint4*>(out + off) = y.w;
-    }
-    tail = lo + packs * V;
-  }
-  for (int64_t i = tail + t; i < hi; i += nt) {
-    T x[kMaxIpcRanks];
-    FASTPAR_UNROLL
-    for (int q = 0; q < kMaxIpcRanks; ++q)
-      if (q < n) x[q] = reinterpret_cast<const T*>(static_cast<const char*>(a.slots[q]) + slot_off)[i];
-    A acc = load_acc(x[0]);
-    FASTPAR_UNROLL
-    for (int q = 1; q < kMaxIpcRanks; ++q)
-      if (q < n) acc = combine<OP>(acc, load_acc(x[q]));
-    out[i] = store_acc<T>(finalize<OP>(acc, a.contributions));
-  }
+  const T* src[NMAX];
+  FASTPAR_FUSED_UNROLL
+  for (int q = 0; q < NMAX; ++q)
+    src[q] = q < a.phase.size ? reinterpret_cast<const T*>(static_cast<const char*>(a.slots[q]) + slot_off) + lo
+                              : nullptr;
+  T* const dst[1] = {static_cast<T*>(a.out) + lo};
+  FusedReduce<T, OP, NMAX>::template run<kFusedReduceUnroll<NMAX>, 1>(src, a.phase.size, dst, 1, hi - lo,
+                                                                      a.contributions, t, nt);
 }
 
 // Enqueues the fused kernel (ipc_fused_one_shot.cu): a.nblocks blocks.
@@ -350,7 +288,6 @@ cudaError_t launch_fused_graph(DType dt, ReduceOp op, const GraphArgs& a, cudaSt
 // Loads every fused and graphed kernel now (see cuda_kernels::preload_reduce_kernels).
 cudaError_t preload_fused_kernels();
 
-#undef FASTPAR_UNROLL
 
 }  // namespace cuda_ipc
 }  // namespace fastpar

@@ -4,6 +4,7 @@
 #include "../../transport/cuda_ipc/device_memory_order.cuh"
 #include "gpu_block.cuh"
 #include "ipc_fused_two_shot.h"
+#include "kernel_variant.cuh"
 
 namespace fastpar {
 namespace cuda_ipc {
@@ -16,29 +17,33 @@ namespace {
 // checks the register count against these numbers.
 constexpr int kTwoShotThreads = 512;
 constexpr int kTwoShotMinBlocksPerSm = 1;
+static_assert(kTwoShotMinBlocksPerSm == kFusedGridBlocksPerSm, "the grid cap (ipc_comm.h) counts this many");
 
-template <typename T, ReduceOp OP, int NMAX>
+template <class Mem, typename T, ReduceOp OP, int NMAX>
 __global__ void __launch_bounds__(kTwoShotThreads, kTwoShotMinBlocksPerSm) fused_two_shot_kernel(TwoShotArgs a) {
   __shared__ int shared;
   GpuBlock blk{&shared};
-  two_shot_block<DeviceMemory, T, OP, NMAX>(a, int(blockIdx.x), blk);
+  two_shot_block<Mem, T, OP, NMAX>(a, int(blockIdx.x), blk);
 }
 
 template <typename T, ReduceOp OP>
 struct LoadTwoShot {
   static cudaError_t run() {
-    cudaFuncAttributes attr;
-    const cudaError_t e = cudaFuncGetAttributes(&attr, fused_two_shot_kernel<T, OP, 4>);
-    return e != cudaSuccess ? e : cudaFuncGetAttributes(&attr, fused_two_shot_kernel<T, OP, kMaxIpcRanks>);
+    return for_each_kernel_variant([](auto v) {
+      using V = decltype(v);
+      cudaFuncAttributes attr;
+      return cudaFuncGetAttributes(&attr, fused_two_shot_kernel<typename V::Mem, T, OP, V::kRankBound>);
+    });
   }
 };
 
 template <typename T, ReduceOp OP>
 cudaError_t launch_instance(const TwoShotArgs& a, cudaStream_t stream) {
-  if (fused_rank_bound(a.phase.size) == 4)
-    fused_two_shot_kernel<T, OP, 4><<<unsigned(a.nblocks), kTwoShotThreads, 0, stream>>>(a);
-  else
-    fused_two_shot_kernel<T, OP, kMaxIpcRanks><<<unsigned(a.nblocks), kTwoShotThreads, 0, stream>>>(a);
+  with_kernel_variant(a.phase, [&](auto v) {
+    using V = decltype(v);
+    fused_two_shot_kernel<typename V::Mem, T, OP, V::kRankBound>
+        <<<unsigned(a.nblocks), kTwoShotThreads, 0, stream>>>(a);
+  });
   return cudaGetLastError();
 }
 

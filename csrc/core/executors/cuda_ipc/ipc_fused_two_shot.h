@@ -86,18 +86,15 @@ static_assert(sizeof(GraphFlag) == 64, "one block flag per cache line");
 static_assert(sizeof(flags::ControlBlock) + sizeof(uint32_t) <= 320, "the one-shot's block flags start at 320");
 
 // Blocks of a call of `count` elements of `es` bytes among `n` ranks, each
-// block getting at least `per_block` bytes of a chunk's shard, at most
-// kTwoShotMaxBlocks / n: n ranks sharing one GPU then ask for 128 blocks of
-// 512 threads together, resident at once on an H100 (132 SMs x 2 blocks at
-// <= 64 registers) beside the SMs other kernels hold. A function of what
-// every rank has alike.
-FASTPAR_HD int two_shot_blocks(int64_t count, int64_t es, int n, int64_t chunk, int64_t per_block) {
+// block getting at least `per_block` bytes of a chunk's shard, at most `cap`
+// (fused_grid_cap, ipc_comm.h: every rank's grid on a GPU resident at once).
+// A function of what every rank has alike.
+FASTPAR_HD int two_shot_blocks(int64_t count, int64_t es, int n, int64_t chunk, int64_t per_block, int cap) {
   if (per_block < 1) per_block = 1;
   if (n < 1) n = 1;
   const int64_t first = count < chunk ? count : chunk;
   const int64_t shard = (first * es + n - 1) / n;
   int64_t b = (shard + per_block - 1) / per_block;
-  const int64_t cap = kTwoShotMaxBlocks / n;
   if (b > cap) b = cap;
   return int(b < 1 ? 1 : b);
 }

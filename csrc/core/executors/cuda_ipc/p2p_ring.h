@@ -94,7 +94,7 @@ FASTPAR_HD flags::WaitStatus p2p_wait_for(const P2PArgs& a, const uint64_t* word
       Mem::pause();
     }
     if (a.host_abort != nullptr) {
-      const uint64_t v = Mem::load_acquire(a.host_abort);
+      const uint64_t v = Mem::load_acquire_host(a.host_abort);
       if (v != 0) return flags::WaitStatus(int(v));
     }
     for (int q = 0; q < a.size; ++q)

@@ -24,6 +24,9 @@ struct PhaseArgs {
   int rank;
   int size;
   uint64_t timeout_ns;
+  // The one-kernel calls' flags at GPU scope (IpcComm::one_gpu_scope): their
+  // launches pick the kernels built over DeviceMemoryOneGpu.
+  bool one_gpu_scope;
 };
 
 // Enqueues on `stream` (a stream of the current device): if *status != 0,

@@ -2,8 +2,9 @@
 // peer), written once over a memory-ordering policy: ipc_phase_kernel.cuh runs it
 // as a one-thread kernel (DeviceMemory), and the host emulation
 // (tests/cpp/cuda_host_emulation) runs the very same code over host atomics.
-// Beyond flag_protocol.h's interface the policy has load_u32 and cas_u32 (the
-// status word), store_release_u32 (its host mirror) and trap(fmt, rank, cause)
+// Beyond flag_protocol.h's interface the policy has load_acquire_host (the
+// host abort word), load_u32 and cas_u32 (the status word), store_release_u32
+// (its host mirror) and trap(fmt, rank, cause)
 // (a captured kernel's failure, ipc_fused_one_shot.h): device_memory_order.cuh.
 #pragma once
 
@@ -35,7 +36,7 @@ struct PhasePoll {
   const PhaseArgs* a;
   FASTPAR_HD flags::WaitStatus operator()() const {
     if (a->host_abort != nullptr) {
-      const uint64_t v = Mem::load_acquire(a->host_abort);
+      const uint64_t v = Mem::load_acquire_host(a->host_abort);
       if (v != 0) return flags::WaitStatus(int(v));
     }
     for (int q = 0; q < a->size; ++q)

@@ -1,10 +1,15 @@
 // The memory-ordering policy of core/transport/flag_protocol.h for GPU code: the
 // device side of the one protocol the CPU shared-memory transport also runs.
 //
-// Scope .sys: the flag and the data it publishes are read by kernels on other
-// GPUs (over NVLink / PCIe through IPC mappings), so .gpu scope would not
-// order them for those readers. st.release / ld.acquire need sm_70+; we build
-// for sm_80 and sm_90.
+// Scope. DeviceMemory (.sys): the flag and the data it publishes are read by
+// kernels on other GPUs (over NVLink / PCIe through IPC mappings), so .gpu
+// scope would not order them for those readers. DeviceMemoryOneGpu (.gpu):
+// every rank of the group runs on this one GPU (processes sharing it), so
+// the device's own coherence point orders every reader, without the
+// system-scope release's wait for the writes to reach the system. Either
+// way the host abort word (pinned host memory the host writes) is read at
+// .sys scope: load_acquire_host. st.release / ld.acquire need sm_70+; we
+// build for sm_80 and sm_90.
 #pragma once
 
 #include <cstdint>
@@ -13,15 +18,29 @@
 namespace fastpar {
 namespace cuda_ipc {
 
-struct DeviceMemory {
+template <bool kOneGpu>
+struct DeviceMemoryAt {
   __device__ static uint64_t load_acquire(const uint64_t* p) {
+    uint64_t v;
+    if constexpr (kOneGpu)
+      asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    else
+      asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+  }
+  __device__ static void store_release(uint64_t* p, uint64_t v) {
+    if constexpr (kOneGpu)
+      asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+    else
+      asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+  }
+  // The host abort word (phase_step.h): written by the host.
+  __device__ static uint64_t load_acquire_host(const uint64_t* p) {
     uint64_t v;
     asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
     return v;
   }
-  __device__ static void store_release(uint64_t* p, uint64_t v) {
-    asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-  }
+
   // A short back-off: the spinning thread stops competing for issue slots and
   // for the link it polls over; 100 ns is well under a flag round trip.
   __device__ static void pause() { __nanosleep(100); }
@@ -55,6 +74,9 @@ struct DeviceMemory {
     __trap();
   }
 };
+
+using DeviceMemory = DeviceMemoryAt<false>;
+using DeviceMemoryOneGpu = DeviceMemoryAt<true>;
 
 }  // namespace cuda_ipc
 }  // namespace fastpar

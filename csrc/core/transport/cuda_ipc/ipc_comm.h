@@ -76,14 +76,44 @@ struct IpcComm {
   // false: the step-by-step schedules. Equal on every rank (a mix fails with
   // a mismatch naming schedule=fused).
   bool fused_collectives = true;
+  // Every rank of the group is on this GPU and the one-kernel calls may
+  // order their flags at GPU scope instead of system scope
+  // (device_memory_order.cuh: DeviceMemoryOneGpu). Need not be equal on every
+  // rank: on one GPU a system-scope release is seen by a GPU-scope acquire.
+  bool one_gpu_scope = false;
   // Bytes per block of the fused kernel (ipc_fused_one_shot.h; equal on every
   // rank; the host emulation lowers it so that small calls get many blocks).
   int64_t fused_bytes_per_block = 16 * 1024;
+  // The most blocks of one rank's fused two-shot or collectives grid
+  // (fused_grid_blocks below, set at setup; equal on every rank); 0: as if
+  // every rank shared one GPU of kTwoShotMaxBlocks resident blocks.
+  int fused_grid_blocks = 0;
   // Point-to-point chunk numbers (p2p_ring.h), counted at enqueue time:
   // chunks enqueued to rank d / from rank s so far.
   uint64_t p2p_sent[kMaxIpcRanks] = {};
   uint64_t p2p_received[kMaxIpcRanks] = {};
 };
+
+// Blocks per SM the fused two-shot and collectives kernels are built to keep
+// resident (their __launch_bounds__ minimum, which their .cu files assert).
+constexpr int kFusedGridBlocksPerSm = 1;
+
+// IpcComm::fused_grid_blocks of a group whose GPUs have at least `sms` SMs
+// (0: unknown) and at most `sharers` ranks on one GPU. Block b of every rank
+// waits for block b of the others, so the grids of all ranks on a GPU must be
+// resident together: they share its SMs at kFusedGridBlocksPerSm (an A100's
+// 108, not kTwoShotMaxBlocks), never past the arena's kTwoShotMaxBlocks flags.
+inline int fused_grid_blocks(int sms, int sharers) {
+  if (sharers < 1) sharers = 1;
+  int total = sms > 0 ? sms * kFusedGridBlocksPerSm : kTwoShotMaxBlocks;
+  if (total > kTwoShotMaxBlocks) total = kTwoShotMaxBlocks;
+  return total / sharers < 1 ? 1 : total / sharers;
+}
+
+// The grid cap of `c`'s fused two-shot and collectives calls.
+inline int fused_grid_cap(const IpcComm& c) {
+  return c.fused_grid_blocks > 0 ? c.fused_grid_blocks : fused_grid_blocks(0, c.size);
+}
 
 // Raises a host abort word (host address) to `code`, unless a code is there
 // already: the first cause stands. Release, pairing with the kernels'
