@@ -17,7 +17,12 @@ hosts, ranks in them: mpi_baseline.mpi_sweep_hosts), when mpirun and mpi4py
 are installed; otherwise the output says which is missing. Its result is
 checked (every element on every rank) before it is reported.
 
-A time is the slowest rank's mean over the iterations. The "link fraction" is
+A time is the slowest rank's mean over a round's calls, the median of
+--rounds rounds (default 3) that take turns between the implementations, so
+that a disturbance (another program on the cores) lands in one round of each
+and is left out. While each layout's torchrun ranks run (before Open MPI's),
+the cores that other work keeps busy are measured (/proc/stat less the ranks'
+own CPU time) and written with its rows ("others_cores"). The "link fraction" is
 the bytes every host must send and receive for an all_reduce of S bytes over
 H hosts, 2 (H-1)/H S, over the time and the link rate: 1.0 means the links
 were busy all the time with nothing but necessary bytes. "fp/mpi" is
@@ -41,6 +46,7 @@ import csv
 import datetime
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -66,7 +72,7 @@ def sizes(max_bytes: int) -> list[int]:
 
 
 # ----------------------------------------------------------------------------- worker (one rank, under torchrun)
-def worker(max_bytes: int, budget_s: float) -> None:
+def worker(max_bytes: int, budget_s: float, rounds: int) -> None:
     import torch
     import torch.distributed as dist
 
@@ -93,14 +99,17 @@ def worker(max_bytes: int, budget_s: float) -> None:
         dist.all_reduce(ctl, op=dist.ReduceOp.MAX)
         return float(ctl.item())
 
-    def timed(fn, active: bool) -> float:
-        """Slowest rank's mean seconds per call; ranks not `active` only wait."""
+    def calls_for(fn, active: bool) -> int:
+        """How many calls fill one round's share of the budget (every rank the same)."""
         dist.barrier()
         t0 = time.perf_counter()
         if active:
             fn()
         first = agree_max(time.perf_counter() - t0 if active else 0.0)
-        n = int(max(1, min(200, budget_s / max(first, 1e-6))))
+        return int(max(1, min(200, budget_s / rounds / max(first, 1e-6))))
+
+    def timed(fn, active: bool, n: int) -> float:
+        """Slowest rank's mean seconds per call over n calls; ranks not `active` only wait."""
         dist.barrier()
         t0 = time.perf_counter()
         if active:
@@ -110,13 +119,24 @@ def worker(max_bytes: int, budget_s: float) -> None:
 
     for nbytes in sizes(max_bytes):
         t = torch.ones(nbytes // 4)
-        rows = {
-            "fastpar": timed(lambda: dist.all_reduce(t), True),
-            "gloo": timed(lambda: dist.all_reduce(t, group=world_gloo), True),
-            "intra": timed(lambda: (dist.reduce(t, dst=hosts[host[rank]][0], group=mine),
-                                    dist.broadcast(t, src=hosts[host[rank]][0], group=mine)), True),
-            "inter": timed(lambda: dist.all_reduce(t, group=leaders_gloo), rank in leaders),
+        impls = {
+            "fastpar": (lambda: dist.all_reduce(t), True),
+            "gloo": (lambda: dist.all_reduce(t, group=world_gloo), True),
+            "intra": (lambda: (dist.reduce(t, dst=hosts[host[rank]][0], group=mine),
+                               dist.broadcast(t, src=hosts[host[rank]][0], group=mine)), True),
+            "inter": (lambda: dist.all_reduce(t, group=leaders_gloo), rank in leaders),
         }
+        calls = {impl: calls_for(fn, active) for impl, (fn, active) in impls.items()}
+        # Rounds that take turns, each starting with the next implementation:
+        # a disturbance (another program on the shared cores) lands in one
+        # round of each, and the median leaves it out.
+        times = {impl: [] for impl in impls}
+        turn = list(impls)
+        for k in range(rounds):
+            for impl in turn[k % len(turn):] + turn[:k % len(turn)]:
+                fn, active = impls[impl]
+                times[impl].append(timed(fn, active, calls[impl]))
+        rows = {impl: statistics.median(ts) for impl, ts in times.items()}
         if rank == 0:
             for impl, sec in rows.items():
                 print("BENCH " + json.dumps({"bytes": nbytes, "impl": impl, "seconds": sec}), flush=True)
@@ -125,13 +145,35 @@ def worker(max_bytes: int, budget_s: float) -> None:
 
 
 # ----------------------------------------------------------------------------- driver
-def run_layout(H: int, R: int, rate: str, max_bytes: int, budget_s: float, timeout: float) -> list[dict]:
+def busy_cpu_s() -> float:
+    """CPU seconds this machine has been busy since boot, every core: /proc/stat's user, nice, system, irq,
+    softirq and steal (guest time is already in user and nice)."""
+    with open("/proc/stat") as f:
+        user, nice, system, idle, iowait, irq, softirq, steal = (int(x) for x in f.readline().split()[1:9])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu_s() -> float:
+    """CPU seconds of this process and of its children that have been waited for (the hosts' ranks, through torchrun)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def run_layout(H: int, R: int, rate: str, max_bytes: int, budget_s: float, rounds: int,
+               timeout: float) -> tuple[list[dict], float]:
+    """The rows of one layout, and the cores that other work kept busy while its
+    ranks ran, on average: busy CPU time that is not the ranks', the driver's or
+    their children's, over the wall time. That is other programs, and the
+    kernel's network work done outside the ranks (ksoftirqd); a run that other
+    programs disturbed shows it here."""
     from netns_hosts import Hosts
 
     with Hosts(H, rate=rate) as hs:
         env = lambda h: hs.env({"PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),  # noqa: E731
                                 "FASTPAR_BIND_CORES": "0"})
-        script = [os.path.abspath(__file__), "--worker", "--max-bytes", str(max_bytes), "--budget", str(budget_s)]
+        script = [os.path.abspath(__file__), "--worker", "--max-bytes", str(max_bytes), "--budget", str(budget_s),
+                  "--rounds", str(rounds)]
+        busy0, own0, wall0 = busy_cpu_s(), own_cpu_s(), time.monotonic()
         procs = [hs.popen(h, hs.torchrun_argv(h, R, script, run_id=f"bench{os.getpid()}"), env=env(h),
                           stderr=subprocess.STDOUT) for h in range(H)]
         deadline = time.monotonic() + timeout
@@ -145,6 +187,7 @@ def run_layout(H: int, R: int, rate: str, max_bytes: int, budget_s: float, timeo
             outs.append(out)
             if p.returncode != 0:
                 raise RuntimeError(f"{H}x{R} at {rate}: host {h}'s torchrun exited {p.returncode}:\n{out[-4000:]}")
+        others = ((busy_cpu_s() - busy0) - (own_cpu_s() - own0)) / (time.monotonic() - wall0)
         mpi = mpi_baseline.mpi_sweep_hosts(hs, [R] * H, sizes(max_bytes), budget_s=budget_s) \
             if mpi_baseline.available() else None
     rows = [json.loads(line[6:]) for out in outs for line in out.splitlines() if line.startswith("BENCH ")]
@@ -155,8 +198,8 @@ def run_layout(H: int, R: int, rate: str, max_bytes: int, budget_s: float, timeo
             raise RuntimeError(f"{H}x{R} at {rate}: Open MPI's all_reduce gave {wrong} (bytes: value), not {want}")
         rows += [{"bytes": b, "impl": "openmpi", "seconds": sec} for b, sec in mpi["seconds"].items()]
     for r in rows:
-        r.update(layout=f"{H}x{R}", hosts=H, ranks_per_host=R, rate=rate)
-    return rows
+        r.update(layout=f"{H}x{R}", hosts=H, ranks_per_host=R, rate=rate, others_cores=others)
+    return rows, others
 
 
 def link_fraction(row: dict) -> float:
@@ -180,10 +223,12 @@ def report(rows: list[dict], out_dir: str, fit_rows: list[dict] | None = None) -
     csv_path = os.path.join(out_dir, "bench_hosts.csv")
     with open(csv_path, "w", newline="") as f:
         wr = csv.DictWriter(f, fieldnames=["rate", "layout", "hosts", "ranks_per_host", "bytes", "impl", "seconds",
-                                           "link_fraction"])
+                                           "link_fraction", "others_cores"])
         wr.writeheader()
         for r in rows:
-            wr.writerow({**r, "link_fraction": f"{link_fraction(r):.4f}"})
+            others = r.get("others_cores")
+            wr.writerow({**r, "link_fraction": f"{link_fraction(r):.4f}",
+                         "others_cores": "" if others is None else f"{others:.3f}"})
     model = hosts_model.fit(fit_rows or rows)
     errs = {(e["rate"], e["layout"], e["bytes"]): e for e in hosts_model.errors(rows, model, fit_rows)}
     by = {(r["rate"], r["layout"], r["bytes"], r["impl"]): r for r in rows}
@@ -203,6 +248,9 @@ def report(rows: list[dict], out_dir: str, fit_rows: list[dict] | None = None) -
         print(f"{rate:>6} {layout:>6} {fmt_bytes(nbytes):>9} | {g['seconds'] * 1e3:9.3f} {r['seconds'] * 1e3:10.3f} "
               f"{g['seconds'] / r['seconds']:7.2f} |{mpi_cols} {link_fraction(g):14.3f} {link_fraction(r):7.3f} | "
               f"{e['model_s'] * 1e3:8.3f} {pct(e['error'])} {pct(e['error_held_out'])} {pct(e['error_levels_only'])}")
+    for (rate, layout), others in sorted({(r["rate"], r["layout"]): r.get("others_cores") for r in rows}.items()):
+        if others is not None:
+            print(f"{rate} {layout}: other work kept {others:.2f} cores busy while the ranks ran")
     if has_mpi:
         print("\nfp/mpi: fastpar's time over Open MPI's (mpirun across the same hosts, the same links; below 1: "
               "fastpar is faster)")
@@ -248,7 +296,10 @@ def read_csvs(paths: str) -> list[dict]:
         with open(path) as f:
             rows += [{"rate": r["rate"], "layout": r["layout"], "hosts": int(r["hosts"]),
                       "ranks_per_host": int(r["ranks_per_host"]), "bytes": int(r["bytes"]), "impl": r["impl"],
-                      "seconds": float(r["seconds"])} for r in csv.DictReader(f)]
+                      "seconds": float(r["seconds"]),
+                      # runs before this column was written have none
+                      "others_cores": float(r["others_cores"]) if r.get("others_cores") else None}
+                     for r in csv.DictReader(f)]
     return rows
 
 
@@ -286,6 +337,9 @@ def main() -> None:
     ap.add_argument("--rates", default=None, help="comma-separated tc rates (default 1gbit,10gbit)")
     ap.add_argument("--layouts", default=None, help="comma-separated HxR (default 2x2,2x3,3x2)")
     ap.add_argument("--budget", type=float, default=0.4, help="seconds of timed calls per size and implementation")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="rounds that take turns between the implementations, each a share of --budget; "
+                         "a time is the median of its rounds")
     ap.add_argument("--out", default=".", help="folder for the CSV, PNG and model")
     ap.add_argument("--from-csv", default=None,
                     help="report (table, model, plot) from earlier runs' CSVs (comma-separated: runs in pieces)")
@@ -293,7 +347,7 @@ def main() -> None:
                     help="fit the model on these CSVs (another run) and show its errors on --from-csv's rows")
     a = ap.parse_args()
     if a.worker:
-        worker(a.max_bytes, a.budget)
+        worker(a.max_bytes, a.budget, a.rounds)
         return
     if a.fit_from and not a.from_csv:
         raise SystemExit("bench_hosts.py: --fit-from needs --from-csv (the rows that the model is tested on)")
@@ -308,6 +362,8 @@ def main() -> None:
     max_bytes = a.max_bytes or ((16 << 20) if a.quick else (256 << 20))
     rates = (a.rates or ("1gbit" if a.quick else "1gbit,10gbit")).split(",")
     layouts = (a.layouts or ("2x2,3x2" if a.quick else "2x2,2x3,3x2")).split(",")
+    if a.rounds < 1:
+        raise SystemExit(f"bench_hosts.py: --rounds is {a.rounds} but must be at least 1")
     for r in rates:
         if r not in RATES:
             raise SystemExit(f"bench_hosts.py: --rates has {r!r}; known rates: {', '.join(RATES)}")
@@ -316,8 +372,10 @@ def main() -> None:
         for layout in layouts:
             H, R = (int(x) for x in layout.split("x"))
             t0 = time.monotonic()
-            rows += run_layout(H, R, rate, max_bytes, a.budget, timeout=900)
-            print(f"{layout} at {rate}: {time.monotonic() - t0:.0f} s", flush=True)
+            got, others = run_layout(H, R, rate, max_bytes, a.budget, a.rounds, timeout=900)
+            rows += got
+            print(f"{layout} at {rate}: {time.monotonic() - t0:.0f} s; other work kept {others:.2f} of the "
+                  f"{os.cpu_count()} cores busy while the ranks ran", flush=True)
     report(rows, a.out)
 
 
