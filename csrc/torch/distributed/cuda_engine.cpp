@@ -173,7 +173,6 @@ void CudaEngine::set_up(int device) {
     throw;
   }
   group_shares_gpu_ = rv.group_shares_gpu;
-  all_on_one_gpu_ = getSize() > 1 && rv.ranks_on_my_gpu == getSize();
   mps_ = query_mps(device);
   if (cuda_ipc::sharing_warrants_warning(group_shares_gpu_, mps_)) {
     TORCH_WARN_ONCE("fastpar: ", cuda_ipc::gpu_sharing_note(group_shares_gpu_, mps_));
@@ -185,7 +184,7 @@ void CudaEngine::set_up(int device) {
     link->ep->comm().gpu_sharers = rv.ranks_on_my_gpu;  // the data kernels' grids share the GPU
     link->ep->comm().fused_two_shot = fused_two_shot_;
     link->ep->comm().fused_collectives = fused_collectives_;
-    link->ep->comm().one_gpu_scope = gpu_fence_scope_ && all_on_one_gpu_;
+    link->ep->comm().one_gpu_scope = gpu_fence_scope_ && cuda_ipc::all_on_one_gpu(link->ep->comm());
     link->ep->comm().fused_grid_blocks = rv.fused_grid_blocks;
     link->watch(std::move(rv.pids), getRank());
     std::atomic_store(&link_, std::move(link));
@@ -224,7 +223,8 @@ void CudaEngine::set_ipc_fence_scope(const std::string& scope) {
                     "' but must be 'gpu' or 'system'");
   std::lock_guard<std::mutex> g(mu_);
   gpu_fence_scope_ = scope == "gpu";
-  if (auto link = std::atomic_load(&link_)) link->ep->comm().one_gpu_scope = gpu_fence_scope_ && all_on_one_gpu_;
+  if (auto link = std::atomic_load(&link_))
+    link->ep->comm().one_gpu_scope = gpu_fence_scope_ && cuda_ipc::all_on_one_gpu(link->ep->comm());
 }
 
 std::string CudaEngine::ipc_fence_scope() const {

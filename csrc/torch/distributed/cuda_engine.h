@@ -280,8 +280,7 @@ class CudaEngine : public Engine {
   // CUDA graph: asked once per call (mu_ held).
   bool call_captured_ = false;
   std::atomic<int64_t> one_shot_max_bytes_{-1};
-  bool gpu_fence_scope_;         // FASTPAR_CUDA_IPC_FENCE_SCOPE=gpu (mu_)
-  bool all_on_one_gpu_ = false;  // from setup: every rank on this GPU
+  bool gpu_fence_scope_;  // FASTPAR_CUDA_IPC_FENCE_SCOPE=gpu (mu_)
   std::vector<std::optional<c10::cuda::CUDAStream>> send_streams_, recv_streams_;  // per peer, taken at first p2p
   std::vector<cudaStream_t> own_streams_;  // those streams, given back to the cache by release_ipc
   // The stream of the last phased IPC call (begin_ipc): a call on another

@@ -142,7 +142,7 @@ void CudaEngine::allreduce_direct(at::Tensor& t, const c10d::AllreduceOptions& o
   const bool captured = call_captured_;
   const std::shared_ptr<const IpcLink> link = link_;
   g.unlock();
-  if (!captured && (blocking_wait_ || link->watcher.dead_rank() >= 0 || link->aborted.load()))
+  if (!captured && (blocking_wait_ || link->must_block()))
     C10_CUDA_CHECK(cudaStreamSynchronize(stream->stream()));
   link->throw_if_failed("all_reduce", getRank(), timeout);
 }

@@ -66,8 +66,7 @@ bool IpcWork::wait(std::chrono::milliseconds timeout) {
   // captured kernels have not run; a replay's failure shows at the next wait).
   // A timeout given to wait() blocks the host too, as ProcessGroupNCCL's
   // Work does: the caller asked to know within that time.
-  const bool sync = (blocking_wait_ || timeout != ::kNoTimeout || link_->watcher.dead_rank() >= 0 ||
-                     link_->aborted.load()) &&
+  const bool sync = (blocking_wait_ || timeout != ::kNoTimeout || link_->must_block()) &&
                     !captured_ && !capturing(c10::cuda::getCurrentCUDAStream(stream_.device_index()));
   if (sync) {
     if (timeout <= ::kNoTimeout) {

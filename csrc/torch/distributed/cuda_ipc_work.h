@@ -66,6 +66,10 @@ struct IpcLink {
   // control-block abort word every survivor's kernels stop too.
   void watch(std::vector<int64_t> pids, int rank);
   cuda_ipc::FailureFacts facts() const;
+  // A peer died or abort() was called: a wait for this rank's calls blocks
+  // the host (bounded: the kernels stop within one poll) so the failure
+  // surfaces at once, whatever FASTPAR_BLOCKING_WAIT says.
+  bool must_block() const { return watcher.dead_rank() >= 0 || aborted.load(); }
   // Raises DistBackendError if this rank's kernels recorded a failure or
   // abort() was called. A dead peer alone does not raise: a peer that ended
   // after its last call is no failure of calls that completed.

@@ -110,6 +110,9 @@ inline int fused_grid_blocks(int sms, int sharers) {
   return total / sharers < 1 ? 1 : total / sharers;
 }
 
+// Every rank of `c` is on this rank's GPU: the condition of one_gpu_scope.
+inline bool all_on_one_gpu(const IpcComm& c) { return c.size > 1 && c.gpu_sharers == c.size; }
+
 // The grid cap of `c`'s fused two-shot and collectives calls.
 inline int fused_grid_cap(const IpcComm& c) {
   return c.fused_grid_blocks > 0 ? c.fused_grid_blocks : fused_grid_blocks(0, c.size);
