@@ -13,15 +13,6 @@
 #include "distributed/cuda_engine.h"
 #endif
 
-namespace fastpar {
-namespace ops {
-Tuning& tuning() {
-  static Tuning t;
-  return t;
-}
-}  // namespace ops
-}  // namespace fastpar
-
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "fastpar collective kernels (CPU, and CUDA when built with it)";
 #ifdef FASTPAR_WITH_CUDA
@@ -50,6 +41,22 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // The one-GPU list ring in one launch (true) or one launch per segment.
   m.def("_set_ring_one_launch", [](bool on) { fastpar::ops::tuning().ring_one_launch = on; });
   m.def("_get_ring_one_launch", [] { return fastpar::ops::tuning().ring_one_launch; });
+  // The CUDA list ops' device model (tuning.h, DeviceModel): "real", or a
+  // test model that takes every entry on one GPU to be on a GPU of its own.
+  m.def("_set_list_device_model", [](const std::string& model) {
+    fastpar::ops::tuning().device_model = fastpar::ops::device_model_from(model);
+  });
+  m.def("_get_list_device_model",
+        [] { return std::string(fastpar::ops::device_model_name(fastpar::ops::tuning().device_model)); });
+  m.def("_list_op_paths", [] {
+    const auto& p = fastpar::ops::list_op_paths();
+    py::dict d;
+    d["allreduce_one_launch"] = p.allreduce_one_launch.load();
+    d["allreduce_direct"] = p.allreduce_direct.load();
+    d["allreduce_ring"] = p.allreduce_ring.load();
+    d["staging_buffers"] = p.staging_buffers.load();
+    return d;
+  });
   // The CPU reduce loops' instruction set (docs/measurements.md): the one in
   // use (FASTPAR_CPU_ISA or the best supported) and the best this CPU has.
   fastpar::distributed::apply_cpu_isa_knob();

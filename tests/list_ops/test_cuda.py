@@ -527,6 +527,105 @@ def test_every_pair_of_devices():
             assert_bitwise(ts[1], ts[0].cpu())
 
 
+# ------------------------------------------ the distinct-GPU branches, on one GPU
+#
+# A test device model (fastpar._C._set_list_device_model, csrc/torch/ops/tuning.h)
+# takes every list entry to be on a GPU of its own: side streams and events as
+# across GPUs, and peer reads in place ("distinct_peer") or staging copies
+# ("distinct_staging"). On one GPU these are the branches that would otherwise
+# first run on several; the results must be the real model's bits.
+
+DISTINCT_MODELS = ["distinct_peer", "distinct_staging"]
+# On several GPUs the tests above run the real branches; the paths counted
+# below assume every entry on cuda:0.
+one_gpu = pytest.mark.skipif(NGPU != 1, reason="the device models stand in for several GPUs on one")
+
+
+@pytest.fixture(params=DISTINCT_MODELS)
+def distinct_model(request):
+    old = fastpar._C._get_list_device_model()
+    fastpar._C._set_list_device_model(request.param)
+    yield request.param
+    fastpar._C._set_list_device_model(old)
+
+
+def test_list_device_model_is_real_by_default_and_checked():
+    assert fastpar._C._get_list_device_model() == "real"
+    with pytest.raises(ValueError, match="model must be one of 'real', 'distinct_peer', 'distinct_staging', got 'fake'"):
+        fastpar._C._set_list_device_model("fake")
+    assert fastpar._C._get_list_device_model() == "real"
+    assert set(fastpar._C._list_op_paths()) == {"allreduce_one_launch", "allreduce_direct", "allreduce_ring",
+                                                "staging_buffers"}
+
+
+def paths_delta(fn):
+    before = fastpar._C._list_op_paths()
+    fn()
+    after = fastpar._C._list_op_paths()
+    return {k: after[k] - before[k] for k in after}
+
+
+@needs_gpu
+@one_gpu
+@pytest.mark.parametrize("n,dtype,op,size,algorithm,offset", matrix(
+    40, 10, n=NS, dtype=DTYPES, op=OPS, size=[1, 17, 1000, BIG], algorithm=ALGORITHMS, offset=OFFSETS))
+def test_allreduce_as_distinct_devices(n, dtype, op, size, algorithm, offset, distinct_model):
+    """Every entry on cuda:0, taken as its own GPU: 'auto' and 'direct' run a
+    kernel per shard on side streams (with peer access) or fall to the ring
+    (without: 'direct' is refused by name); the ring runs each rank on a
+    stream of its own with accumulators and, without peer access, staging
+    buffers. The bits are the reference's."""
+    inputs = exact_data(n, size, dtype, op, seed=size * 37 + op)
+    tensors = [on_device(t, 0, offset) for t in inputs]
+    if algorithm == "direct" and distinct_model == "distinct_staging":
+        with pytest.raises(ValueError, match="algorithm 'direct' needs peer access between every pair of devices, "
+                                             "but cuda:0 cannot access cuda:0"):
+            ops.allreduce_(tensors, op, algorithm)
+        return
+    delta = paths_delta(lambda: ops.allreduce_(tensors, op, algorithm))
+    for t in tensors:
+        assert_bitwise(t, reference(inputs, op))
+    assert delta["allreduce_one_launch"] == 0
+    ring = algorithm == "ring" or distinct_model == "distinct_staging"
+    assert delta["allreduce_ring" if ring else "allreduce_direct"] == 1, delta
+    if ring and distinct_model == "distinct_staging":
+        assert delta["staging_buffers"] == n, delta
+
+
+@needs_gpu
+@one_gpu
+@pytest.mark.parametrize("n,dtype,op,size,offset", matrix(
+    20, 11, n=NS, dtype=DTYPES, op=OPS, size=[1, 17, 1000, BIG], offset=OFFSETS))
+def test_reduce_and_reduce_scatter_as_distinct_devices(n, dtype, op, size, offset, distinct_model):
+    """Without peer access every input is read through a staging copy on the
+    output's GPU (n for a reduce, n x n for a reduce_scatter); with it, none.
+    The bits are the real model's (the same tests' checks)."""
+    staged = distinct_model == "distinct_staging"
+    delta = paths_delta(lambda: test_reduce(n, dtype, op, size, offset, "separate_elsewhere"))
+    assert delta["staging_buffers"] == (n if staged else 0), delta
+    delta = paths_delta(lambda: test_reduce_scatter(n, dtype, op, size, offset, False))
+    assert delta["staging_buffers"] == (n * n if staged else 0), delta
+
+
+@needs_gpu
+@pytest.mark.parametrize("n,dtype,size,offset", matrix(
+    10, 12, n=NS, dtype=DTYPES, size=[1, 17, 1000, BIG], offset=OFFSETS))
+def test_copies_as_distinct_devices(n, dtype, size, offset, distinct_model):
+    """allgather and broadcast on side streams with events, as across GPUs:
+    the real model's results."""
+    test_allgather(n, dtype, size, offset, False)
+    test_broadcast(dtype, size, "cuda_other", offset)
+    test_broadcast(dtype, size, "cpu", offset)
+
+
+@needs_gpu
+def test_side_streams_order_as_distinct_devices(distinct_model):
+    """The ops' side streams wait for the current stream's producers and are
+    waited on by its consumers, with every entry taken as its own GPU."""
+    test_allreduce_orders_against_current_streams()
+    test_copy_many_scatter_and_gather(torch.float32, 2**20 + 3)
+
+
 @needs_gpu
 def test_opcheck_schema_on_cuda():
     """The CUDA kernels honour the schemas' mutation annotations (what they

@@ -50,6 +50,16 @@
 
 #include "../kernels/half_types.h"  // FASTPAR_HD
 
+// The spin loops below (and the kernels' own) stay loops on the device:
+// nvcc unrolls a constant kPollSpins trip count, copying every wait that is
+// inlined into a kernel many times over for no gain in how soon it sees the
+// flag.
+#if defined(__CUDA_ARCH__)
+#define FASTPAR_SPIN_LOOP _Pragma("unroll 1")
+#else
+#define FASTPAR_SPIN_LOOP
+#endif
+
 namespace fastpar {
 namespace flags {
 
@@ -119,6 +129,7 @@ template <class Mem, class Poll>
 FASTPAR_HD WaitStatus wait_posted(const ControlBlock* peer, uint64_t seq, uint64_t deadline_ns,
                                   Poll&& poll) {
   for (;;) {
+    FASTPAR_SPIN_LOOP
     for (int i = 0; i < kPollSpins; ++i) {
       if (Mem::load_acquire(&peer->flag) >= seq) return WaitStatus::kOk;
       Mem::pause();

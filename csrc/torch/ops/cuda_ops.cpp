@@ -62,6 +62,9 @@ void grant_allocator_peer_access(c10::DeviceIndex device, c10::DeviceIndex peer)
 }
 
 bool peer_ok(c10::DeviceIndex device, c10::DeviceIndex peer) {
+  // The test model without peer access (tuning.h): every read of another
+  // entry goes through a staging copy, even on one GPU.
+  if (tuning().device_model == DeviceModel::kDistinctStaging) return false;
   bool ok = false;
   C10_CUDA_CHECK(cuda_p2p::ensure_peer_access(device, peer, &ok));
   if (ok && device != peer) grant_allocator_peer_access(device, peer);
@@ -100,6 +103,7 @@ std::vector<c10::DeviceIndex> devices_of(at::TensorList ts) {
 const void* readable_on(SideStreams& ss, c10::DeviceIndex device, const at::Tensor& t, int64_t offset,
                         int64_t count, std::vector<at::Tensor>& temps) {
   if (peer_ok(device, dev(t))) return cptr(t, offset);
+  ++list_op_paths().staging_buffers;
   at::Tensor staging = at::empty({count}, t.options().device(at::kCUDA, device));
   ss.record(staging);
   temps.push_back(staging);
@@ -126,8 +130,10 @@ void launch_reduce_on(SideStreams& ss, c10::DeviceIndex device, DType dt, Reduce
 
 // ---------------------------------------------------------------- allreduce
 
-// The device every tensor is on, or -1 when they span several.
+// The device every tensor is on, or -1 when they span several (or, under a
+// test device model, tuning.h, when there are several entries).
 c10::DeviceIndex common_device(at::TensorList ts) {
+  if (tuning().device_model != DeviceModel::kReal && ts.size() > 1) return -1;
   const c10::DeviceIndex d = dev(ts[0]);
   for (const auto& t : ts)
     if (dev(t) != d) return -1;
@@ -199,6 +205,10 @@ void allreduce_ring(at::TensorList tensors, DType dt, ReduceOp rop) {
   // One device and n <= 8: the executor reduces segment by segment on the
   // current stream and needs no accumulators (ring_allreduce.h).
   const bool no_acc = n <= kMaxReducePtrs && common_device(tensors) >= 0;
+  // Under a test device model (tuning.h) every rank runs on a stream of its
+  // own, as ranks on distinct GPUs do, so the executor's events between the
+  // ranks' streams run on one GPU too.
+  const bool own_streams = tuning().device_model != DeviceModel::kReal;
   std::vector<at::Tensor> temps;
   std::vector<cuda_p2p::RingRank> ranks;
   for (int r = 0; r < n; ++r) {
@@ -211,12 +221,15 @@ void allreduce_ring(at::TensorList tensors, DType dt, ReduceOp rop) {
     }
     at::Tensor acc = at::empty({span * acc_bytes}, opts);
     at::Tensor staging;
-    if (!peer_ok(dev(t), dev(left))) staging = at::empty({span * acc_bytes}, opts);
+    if (!peer_ok(dev(t), dev(left))) {
+      staging = at::empty({span * acc_bytes}, opts);
+      ++list_op_paths().staging_buffers;
+    }
     ss.record(t);
     ss.record(acc);
     ss.record(staging);
-    ranks.push_back({int(dev(t)), ss.stream(dev(t)).stream(), t.data_ptr(), acc.data_ptr(),
-                     staging.defined() ? staging.data_ptr() : nullptr});
+    const cudaStream_t stream = own_streams ? ss.fork(dev(t)).stream() : ss.stream(dev(t)).stream();
+    ranks.push_back({int(dev(t)), stream, t.data_ptr(), acc.data_ptr(), staging.defined() ? staging.data_ptr() : nullptr});
     temps.push_back(acc);
     if (staging.defined()) temps.push_back(staging);
   }
@@ -246,10 +259,13 @@ void allreduce_cuda(at::TensorList tensors, int64_t op, c10::string_view algorit
       algo == "direct" ||
       (algo == "auto" && n <= size_t(kMaxReducePtrs) && (one >= 0 || missing_peer_pair(tensors).first < 0));
   if (direct && one >= 0) {
+    ++list_op_paths().allreduce_one_launch;
     allreduce_one_launch(tensors, dt, rop, one);
   } else if (direct) {
+    ++list_op_paths().allreduce_direct;
     allreduce_direct(tensors, dt, rop);
   } else {
+    ++list_op_paths().allreduce_ring;
     allreduce_ring(tensors, dt, rop);
   }
 }

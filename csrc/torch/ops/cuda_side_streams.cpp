@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "../../core/transport/cuda_p2p/handle_cache.h"
+#include "tuning.h"
 
 namespace fastpar {
 namespace ops {
@@ -42,8 +43,9 @@ SideStreams::SideStreams(const std::vector<c10::DeviceIndex>& devices) {
     if (std::find(devices_.begin(), devices_.end(), d) == devices_.end()) devices_.push_back(d);
   // One device: nothing runs concurrently with anything else, so the op's work
   // goes on the current stream itself; no events, no record_stream, and a
-  // CUDA graph capture records it like any torch op.
-  if (devices_.size() == 1) {
+  // CUDA graph capture records it like any torch op. Not under a test device
+  // model (tuning.h), which runs the side streams' path on one GPU.
+  if (devices_.size() == 1 && tuning().device_model == DeviceModel::kReal) {
     on_current_ = true;
     sides_.push_back(c10::cuda::getCurrentCUDAStream(devices_[0]));
     return;
@@ -78,9 +80,18 @@ void SideStreams::record(const at::Tensor& t) const {
   t.record_stream(sides_[index_of(t.device().index())].unwrap());
 }
 
+c10::cuda::CUDAStream SideStreams::fork(c10::DeviceIndex device) {
+  TORCH_INTERNAL_ASSERT(!on_current_, "fastpar: fork() needs side streams");
+  const c10::cuda::CUDAStream side = stream(device);
+  forks_.push_back(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device));
+  wait_all({forks_.back()}, {side});
+  return forks_.back();
+}
+
 void SideStreams::join() {
   joined_ = true;
   if (on_current_) return;
+  if (!forks_.empty()) wait_all(sides_, forks_);
   wait_all(current_streams(devices_), sides_);
   wait_all(sides_, sides_);
 }

@@ -42,6 +42,13 @@ class SideStreams {
   // record_stream on the side stream of t's device (t must be on an involved device).
   void record(const at::Tensor& t) const;
 
+  // Another stream of `device` (not on the current stream), ordered after the
+  // work on its side stream so far; join() orders the side streams after it,
+  // so record() on the side stream covers it too. For work that must run on
+  // streams of its own even on one device: the ring's ranks under a test
+  // device model (tuning.h).
+  c10::cuda::CUDAStream fork(c10::DeviceIndex device);
+
   // Orders the current streams (and the side streams among themselves) after
   // all the work enqueued on the side streams. Call once, after the last launch.
   void join();
@@ -51,6 +58,7 @@ class SideStreams {
 
   std::vector<c10::DeviceIndex> devices_;
   std::vector<c10::cuda::CUDAStream> sides_;
+  std::vector<c10::cuda::CUDAStream> forks_;
   bool joined_ = false;
   bool on_current_ = false;  // one device: the side stream is its current stream
 };

@@ -91,7 +91,38 @@ void run_blocks(int nblocks, Block block) {
   for (auto& t : blocks) t.join();
 }
 
-// The fused one-shot kernel (ipc_fused_one_shot.cu): the same steps per block.
+// The block policy of the emulated kernels (gpu_block.cuh's GpuBlock on the
+// GPU): the block's kEmulatedThreads "threads" one after the other between
+// its synchronization points. A barrier's waits, which the GPU runs at once,
+// one thread per peer, run here after the arrival, one after the other, in
+// thread order in even blocks and in reverse in odd ones: two of the orders
+// the GPU may run them in. The waits need no order among themselves: each reads only its peer's
+// words, a failed one records through the status word's compare-and-swap
+// (the first stands), and the others then stop on the status word
+// (OwnStatusPoll), as on the GPU.
+struct HostBlock {
+  template <class F>
+  bool leader(F f) {
+    return f();
+  }
+  template <class F>
+  void threads(F f) {
+    for (int t = 0; t < kEmulatedThreads; ++t) f(t, kEmulatedThreads);
+  }
+  template <class Phase>
+  bool barrier(const Phase& ph) {
+    bool failed = ph.arrive();  // thread 0
+    const int n = ph.p.size;
+    for (int i = 1; i < n; ++i) {
+      const int t = ph.b % 2 == 0 ? i : n - i;
+      if (ph.wait(barrier_peer(ph.p.rank, n, t))) failed = true;
+    }
+    return failed;
+  }
+};
+
+// The fused one-shot kernel (ipc_fused_one_shot.cu): one_shot_block itself,
+// every block on a thread of its own.
 cudaError_t launch_fused_one_shot(DType dt, ReduceOp op, const FusedArgs& a, cudaStream_t) {
   if (a.nblocks < 1 || a.nblocks > kFusedMaxBlocks) return cudaErrorInvalidValue;
   if (fake_cuda::launch_refused()) return cudaGetLastError();
@@ -101,22 +132,17 @@ cudaError_t launch_fused_one_shot(DType dt, ReduceOp op, const FusedArgs& a, cud
   FASTPAR_DISPATCH_DTYPE(dt, [&] {
     FASTPAR_DISPATCH_OP(op, [&] {
       run_blocks(a.nblocks, [&](int b) {
-        if (fused_prior_failure<HostMemory>(a.phase, b) != 0) return;
-        for (int t = 0; t < kEmulatedThreads; ++t) fused_copy_in<scalar_t>(a, b, t, kEmulatedThreads);
-        if (fused_block_barrier<HostMemory>(a, b) != flags::WaitStatus::kOk) return;
-        for (int t = 0; t < kEmulatedThreads; ++t) {
-          if (fused_rank_bound(a.phase.size) == 4) fused_reduce<scalar_t, kOp, 4>(a, b, t, kEmulatedThreads);
-          else fused_reduce<scalar_t, kOp, kMaxIpcRanks>(a, b, t, kEmulatedThreads);
-        }
+        HostBlock blk;
+        if (fused_rank_bound(a.phase.size) == 4) one_shot_block<HostMemory, scalar_t, kOp, 4>(a, b, blk);
+        else one_shot_block<HostMemory, scalar_t, kOp, kMaxIpcRanks>(a, b, blk);
       });
     });
   });
   return cudaGetLastError();  // as ipc_fused_one_shot.cu: a stale error too
 }
 
-// The graphed kernel (ipc_fused_one_shot.cu's fused_graph_kernel), emulated the
-// same way: per block, the earlier-failure check (block 0 traps), epoch,
-// copy-in to the epoch's graph slot, barrier (a failed one traps), reduction.
+// The graphed kernel (ipc_fused_one_shot.cu's fused_graph_kernel): graph_block
+// itself, emulated the same way.
 inline std::atomic<int> g_graph_launches{0};
 
 cudaError_t launch_fused_graph(DType dt, ReduceOp op, const GraphArgs& a, cudaStream_t) {
@@ -127,16 +153,9 @@ cudaError_t launch_fused_graph(DType dt, ReduceOp op, const GraphArgs& a, cudaSt
   FASTPAR_DISPATCH_DTYPE(dt, [&] {
     FASTPAR_DISPATCH_OP(op, [&] {
       run_blocks(a.f.nblocks, [&](int b) {
-        if (graph_prior_failure<HostMemory>(a, b) != 0) return;
-        const uint64_t e = graph_epoch(a, b);
-        const int64_t off = graph_slot_offset(a, e);
-        for (int t = 0; t < kEmulatedThreads; ++t) fused_copy_in<scalar_t>(a.f, b, t, kEmulatedThreads, off);
-        if (graph_block_barrier<HostMemory>(a, b, e) != flags::WaitStatus::kOk) return;
-        for (int t = 0; t < kEmulatedThreads; ++t) {
-          if (fused_rank_bound(a.f.phase.size) == 4) fused_reduce<scalar_t, kOp, 4>(a.f, b, t, kEmulatedThreads, off);
-          else fused_reduce<scalar_t, kOp, kMaxIpcRanks>(a.f, b, t, kEmulatedThreads, off);
-        }
-        graph_done(a, b, e);
+        HostBlock blk;
+        if (fused_rank_bound(a.f.phase.size) == 4) graph_block<HostMemory, scalar_t, kOp, 4>(a, b, blk);
+        else graph_block<HostMemory, scalar_t, kOp, kMaxIpcRanks>(a, b, blk);
       });
     });
   });
@@ -148,16 +167,6 @@ cudaError_t launch_fused_graph(DType dt, ReduceOp op, const GraphArgs& a, cudaSt
 // "threads" one after the other between the block's flag steps.
 inline std::atomic<int> g_two_shot_launches{0};
 
-struct HostBlock {
-  template <class F>
-  bool leader(F f) {
-    return f();
-  }
-  template <class F>
-  void threads(F f) {
-    for (int t = 0; t < kEmulatedThreads; ++t) f(t, kEmulatedThreads);
-  }
-};
 
 // What the kernel reads plus writes: per chunk, the publish and the copy-out
 // of every other shard (each read once, written once) and the reduction of

@@ -16,7 +16,12 @@
 //     after any failure (graphed or eager) traps on block 0 and writes
 //     nothing, and replays that succeed never trap;
 //   * graphed and eager calls in another order on each rank fail on both
-//     (timeout or abort) without writing, rather than hang.
+//     (timeout or abort) without writing, rather than hang;
+//   * a peer that never comes among several (4 ranks, rank 3 absent): the
+//     barrier waits for each peer on a thread of its own, so the waits for the
+//     peers that came succeed and the one for the absent peer fails; every
+//     caller records a timeout or its peer's abort, mirror included, and a
+//     replay traps naming it.
 // Exit status 0 = every check passed.
 #include <algorithm>
 #include <atomic>
@@ -314,6 +319,45 @@ void check_misordered() {
   }
 }
 
+// Ranks 0-2 of 4 call, rank 3 never does. Every block's barrier waits for
+// ranks 1-3 (or 0-2) at once on the GPU, in both orders here (odd blocks
+// wait in reverse: the absent peer first, then the others stop on the status
+// word). Every caller fails with a timeout (it gave up on rank 3) or the
+// abort of a peer that did, its mirror equal, at least one with the timeout.
+void check_missing_peer(bool graphed) {
+  constexpr int n = 4;
+  Arenas arenas(n, kSlot);
+  uint32_t status[n] = {}, mirror[n] = {};
+  cuda_ipc::take_traps();
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n - 1; ++r) {
+    threads.emplace_back([&, r] {
+      cuda_ipc::IpcComm c = comm_for(arenas, r, kSlot);
+      c.timeout_ns = 300ull * 1000 * 1000;
+      c.host_status = &mirror[r];
+      std::vector<float> in(1000, 1.0f);  // kFusedMaxBlocks blocks (comm_for: 64 bytes a block)
+      if (graphed) cuda_ipc::allreduce_graphed(c, DType::F32, ReduceOp::SUM, in.data(), in.data(), 1000, nullptr);
+      else cuda_ipc::allreduce_one_shot(c, DType::F32, ReduceOp::SUM, in.data(), in.data(), 1000, nullptr);
+      cuda_ipc::read_status(c, nullptr, &status[r]);
+    });
+  }
+  for (auto& t : threads) t.join();
+  const std::vector<std::string> lines = cuda_ipc::take_traps();
+  const char* test = graphed ? "missing peer, graphed" : "missing peer, eager";
+  char what[200];
+  int timeouts = 0;
+  for (int r = 0; r < n - 1; ++r) {
+    const uint32_t s = status[r];
+    timeouts += s == uint32_t(flags::WaitStatus::kTimeout);
+    std::snprintf(what, sizeof(what), "%s: rank %d status %u, mirror %u", test, r, s, mirror[r]);
+    expect((s == uint32_t(flags::WaitStatus::kTimeout) || s == kAborted) && mirror[r] == s, what);
+    std::snprintf(what, sizeof(what), "%s: rank %d trapped %s", test, r, graphed ? "naming its failure" : "never");
+    expect(graphed ? traps_of(lines, r, cuda_ipc::graph_failure_cause(s)) >= 1 : traps_of(lines, r, "") == 0, what);
+  }
+  std::snprintf(what, sizeof(what), "%s: %d of the callers timed out on the absent peer", test, timeouts);
+  expect(timeouts >= 1, what);
+}
+
 }  // namespace
 
 int main() {
@@ -331,6 +375,8 @@ int main() {
   check_lone_replay(false);
   check_lone_replay(true);
   check_misordered();
+  check_missing_peer(false);
+  check_missing_peer(true);
   std::printf("%ld checks, %ld failures\n", long(checks.load()), long(failures.load()));
   return failures == 0 ? 0 : 1;
 }

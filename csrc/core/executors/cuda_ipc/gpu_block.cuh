@@ -1,7 +1,10 @@
-// The block policy of the one-kernel collectives on the GPU (two_shot_block,
-// fused_coll_block: leader(f), threads(f)); the host emulation has its own
-// (emulated_ipc.h's HostBlock), so the kernels' block bodies run on both.
+// The block policy of the one-kernel calls on the GPU (one_shot_block,
+// graph_block, two_shot_block, fused_coll_block: leader(f), threads(f),
+// barrier(phase)); the host emulation has its own (emulated_ipc.h's
+// HostBlock), so the kernels' block bodies run on both.
 #pragma once
+
+#include "phase_step.h"  // barrier_peer
 
 namespace fastpar {
 namespace cuda_ipc {
@@ -20,6 +23,22 @@ struct GpuBlock {
   template <class F>
   __device__ void threads(F f) {
     f(int(threadIdx.x), int(blockDim.x));
+  }
+  // The barrier of a phase object (phase_step.h, BlockPhase): thread 0
+  // releases the block's flag while threads 1 .. n-1 wait, thread t for peer
+  // (rank + t) % n, all at once (a warp's threads spinning on different words
+  // make progress independently from Volta on). The first __syncthreads()
+  // orders every thread's writes before thread 0's release; the last, which
+  // also ORs the failures, orders every wait's acquire before any thread's
+  // reads. Threads are at least kMaxIpcRanks (the kernels' static_asserts).
+  template <class Phase>
+  __device__ bool barrier(const Phase& ph) {
+    __syncthreads();
+    const int t = int(threadIdx.x), n = ph.p.size;
+    bool failed = false;
+    if (t == 0) failed = ph.arrive();
+    else if (t < n) failed = ph.wait(barrier_peer(ph.p.rank, n, t));
+    return __syncthreads_or(failed ? 1 : 0) != 0;
   }
 };
 

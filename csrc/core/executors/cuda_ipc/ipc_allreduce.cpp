@@ -60,9 +60,9 @@ cudaError_t allreduce_two_shot(IpcComm& c, DType dt, ReduceOp op, const void* in
       TwoShotArgs a{};
       a.phase = ipc_steps::phase_args(c, CollCall{Coll::kAllreduce, count, dt, -1, int(op), kAuxFusedTwoShot});
       c.seq += uint64_t(m);  // phases desc.seq .. desc.seq + m
-      a.self_blocks = two_shot_flags_of(c.bases[c.rank]);
+      a.self_blocks = block_flags_of(c.bases[c.rank]);
       for (int q = 0; q < n; ++q) {
-        a.peer_blocks[q] = two_shot_flags_of(c.bases[q]);
+        a.peer_blocks[q] = block_flags_of(c.bases[q]);
         a.slot0[q] = slot_of(c.bases[q], c.slot_bytes, 0);
       }
       a.slot_stride = int64_t(slot_stride(c.slot_bytes));

@@ -15,6 +15,7 @@ namespace {
 // 128 registers a thread for the reduction's packs in flight, the blocks of
 // every rank sharing one GPU resident together.
 constexpr int kFusedCollThreads = 512;
+static_assert(kFusedCollThreads >= kMaxIpcRanks, "the barrier waits for each peer on a thread of its own");
 constexpr int kFusedCollMinBlocksPerSm = 1;
 static_assert(kFusedCollMinBlocksPerSm == kFusedGridBlocksPerSm, "the grid cap (ipc_comm.h) counts this many");
 

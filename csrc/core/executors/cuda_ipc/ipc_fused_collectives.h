@@ -77,8 +77,8 @@ FASTPAR_HD bool fused_coll_reduces(FusedColl k) {
 
 struct FusedCollArgs {
   PhaseArgs phase;  // desc.seq: piece 0's phase; piece i's is desc.seq + i
-  GraphFlag* self_blocks;
-  const GraphFlag* peer_blocks[kMaxIpcRanks];
+  FlagLine* self_blocks;
+  const FlagLine* peer_blocks[kMaxIpcRanks];
   char* slot0[kMaxIpcRanks];  // every rank's slot 0; slot j at + j * slot_stride
   int64_t slot_stride;
   int first_slot;  // piece i's slot is (first_slot + i) % flags::kSlots
@@ -264,15 +264,12 @@ FASTPAR_HD void fused_registered_reduce(const FusedCollArgs& a, int b, int t, in
 
 template <class Mem, typename T, ReduceOp OP, int NMAX, class Blk>
 FASTPAR_HD void fused_registered_block(const FusedCollArgs& a, int b, Blk& blk) {
-  if (blk.leader([&] {
-        return block_phase<Mem>(a.phase, a.self_blocks, a.peer_blocks, b, 0) != flags::WaitStatus::kOk;
-      }))
-    return;
+  if (blk.barrier(block_phase<Mem>(a.phase, a.self_blocks, a.peer_blocks, b, 0))) return;
   blk.threads([&](int t, int nt) { fused_registered_reduce<T, OP, NMAX>(a, b, t, nt); });
-  blk.leader([&] { return block_phase<Mem>(a.phase, a.self_blocks, a.peer_blocks, b, 1) != flags::WaitStatus::kOk; });
+  blk.barrier(block_phase<Mem>(a.phase, a.self_blocks, a.peer_blocks, b, 1));
 }
 
-// The whole call for block b (Blk as two_shot_block's: leader(f), threads(f)).
+// The whole call for block b (Blk as two_shot_block's: leader, threads, barrier).
 // T, OP and NMAX matter only to the reducing kinds; the copies move bytes.
 template <class Mem, typename T, ReduceOp OP, int NMAX, class Blk>
 FASTPAR_HD void fused_coll_block(const FusedCollArgs& a, int b, Blk& blk) {
@@ -285,10 +282,7 @@ FASTPAR_HD void fused_coll_block(const FusedCollArgs& a, int b, Blk& blk) {
   }
   for (int64_t i = 0; i < a.pieces; ++i) {
     blk.threads([&](int t, int nt) { fused_coll_publish(a, i, b, t, nt); });
-    if (blk.leader([&] {
-          return block_phase<Mem>(a.phase, a.self_blocks, a.peer_blocks, b, i) != flags::WaitStatus::kOk;
-        }))
-      return;
+    if (blk.barrier(block_phase<Mem>(a.phase, a.self_blocks, a.peer_blocks, b, i))) return;
     blk.threads([&](int t, int nt) { fused_coll_read<T, OP, NMAX>(a, i, b, t, nt); });
   }
 }
@@ -296,9 +290,9 @@ FASTPAR_HD void fused_coll_block(const FusedCollArgs& a, int b, Blk& blk) {
 // Points `a` at `c`'s arenas: this rank's and the peers' block flags and
 // slots. Host code.
 inline void fused_coll_bind(FusedCollArgs& a, const IpcComm& c) {
-  a.self_blocks = two_shot_flags_of(c.bases[c.rank]);
+  a.self_blocks = block_flags_of(c.bases[c.rank]);
   for (int q = 0; q < c.size; ++q) {
-    a.peer_blocks[q] = two_shot_flags_of(c.bases[q]);
+    a.peer_blocks[q] = block_flags_of(c.bases[q]);
     a.slot0[q] = slot_of(c.bases[q], c.slot_bytes, 0);
   }
   a.slot_stride = int64_t(slot_stride(c.slot_bytes));

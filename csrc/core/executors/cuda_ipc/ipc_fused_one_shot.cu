@@ -3,6 +3,7 @@
 // can capture.
 #include "../../kernels/reduce_ops.h"
 #include "../../transport/cuda_ipc/device_memory_order.cuh"
+#include "gpu_block.cuh"
 #include "ipc_fused_one_shot.h"
 #include "kernel_variant.cuh"
 
@@ -19,46 +20,22 @@ constexpr int kFusedThreads = 512;
 // the registers and the loads in flight.
 constexpr int kFusedMinBlocksPerSm = 2;
 
+static_assert(kFusedThreads >= kMaxIpcRanks, "the barrier waits for each peer on a thread of its own");
+
 template <class Mem, typename T, ReduceOp OP, int NMAX>
 __global__ void __launch_bounds__(kFusedThreads, kFusedMinBlocksPerSm) fused_one_shot_kernel(FusedArgs a) {
-  __shared__ int failed;
-  const int b = int(blockIdx.x), t = int(threadIdx.x), nt = int(blockDim.x);
-  if (t == 0) failed = fused_prior_failure<Mem>(a.phase, b) != 0;
-  __syncthreads();
-  if (failed) return;  // an earlier call failed here: write nothing (the host raises it)
-  fused_copy_in<T>(a, b, t, nt);
-  // Every thread's slot writes happen before thread 0's release.
-  __syncthreads();
-  if (t == 0) failed = fused_block_barrier<Mem>(a, b) != flags::WaitStatus::kOk;
-  // Thread 0's acquire of the peers' flags orders the block's reads below.
-  __syncthreads();
-  if (failed) return;
-  fused_reduce<T, OP, NMAX>(a, b, t, nt);
+  __shared__ int shared;
+  GpuBlock blk{&shared};
+  one_shot_block<Mem, T, OP, NMAX>(a, int(blockIdx.x), blk);
 }
 
 // As above, but a failure, earlier or in this replay, traps (graph_trap,
 // ipc_fused_one_shot.h): no host check follows a replay.
 template <class Mem, typename T, ReduceOp OP, int NMAX>
 __global__ void __launch_bounds__(kFusedThreads, kFusedMinBlocksPerSm) fused_graph_kernel(GraphArgs a) {
-  __shared__ int failed;
-  __shared__ uint64_t epoch;
-  const int b = int(blockIdx.x), t = int(threadIdx.x), nt = int(blockDim.x);
-  if (t == 0) {
-    failed = graph_prior_failure<Mem>(a, b) != 0;
-    epoch = graph_epoch(a, b);
-  }
-  __syncthreads();
-  if (failed) return;
-  const int64_t off = graph_slot_offset(a, epoch);
-  fused_copy_in<T>(a.f, b, t, nt, off);
-  __syncthreads();
-  if (t == 0) failed = graph_block_barrier<Mem>(a, b, epoch) != flags::WaitStatus::kOk;
-  __syncthreads();
-  if (failed) return;
-  fused_reduce<T, OP, NMAX>(a.f, b, t, nt, off);
-  // No second barrier: the next replay copies in to the other graph slot
-  // (ipc_fused_one_shot.h).
-  if (t == 0) graph_done(a, b, epoch);
+  __shared__ int shared;
+  GpuBlock blk{&shared};
+  graph_block<Mem, T, OP, NMAX>(a, int(blockIdx.x), blk);
 }
 
 // The kernels' launches: the variant of the call (kernel_variant.cuh).

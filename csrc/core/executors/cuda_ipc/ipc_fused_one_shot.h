@@ -9,25 +9,27 @@
 // (fused_range), the same on every rank because nblocks and the cut depend
 // only on the element count and dtype, which the descriptor makes equal.
 // Block b of every rank copies range b of its input into its slot, then
-// (thread 0, after __syncthreads) release-stores its block flag b = seq and
-// waits for every peer's block flag b >= seq; then the block reduces range b
-// from every rank's slot (its own included). A block only ever reads
-// the range the peers' block b published, so blocks of one grid never wait
-// for each other: no co-residency is needed within a rank.
+// posts its block flag b = seq (ipc_arena.h, block_flags_of; thread 0, after
+// the block's copy-in) and waits for every peer's block flag b >= seq (one
+// thread per peer, phase_step.h's BlockPhase); then the block reduces range b
+// from every rank's slot (its own included). A block only ever reads the
+// range the peers' block b published, so blocks of one grid never wait for
+// each other: no co-residency is needed within a rank.
 //
 // Descriptor and abort semantics stay the phase protocol's: block 0 also
 // posts the control block's flag with the call's descriptor (flags::post,
 // after its block flag) and checks every peer's descriptor (wait_and_check),
 // so a desynced peer (another op, count, dtype or a phase-kernel call) fails
 // with kMismatch, and the next phase-kernel call (flag seq + 1) stays in
-// order. Every wait polls the host abort word and every peer's abort word
-// (PhasePoll) and has the deadline; a failure writes the status word, its
-// host mirror and this rank's abort word, the first failure of the rank
-// winning (record_failure: a block that gave up on a peer's abort does not
-// bury block 0's mismatch). Blocks other than 0 do not compare descriptors:
-// on a desync they may reduce before block 0 has failed (the output is then
-// undefined, as with any failed call), but they only read within this rank's
-// own count of a peer's slot, and the call still fails on every rank.
+// order. Every wait polls the host abort word, every peer's abort word and
+// this rank's status word (OwnStatusPoll) and has the deadline; a failure
+// writes the status word, its host mirror and this rank's abort word, the
+// first failure of the rank winning (record_failure: a block that gave up on
+// a peer's abort does not bury block 0's mismatch). Blocks other than 0 do
+// not compare descriptors: on a desync they may reduce before block 0 has
+// failed (the output is then undefined, as with any failed call), but they
+// only read within this rank's own count of a peer's slot, and the call
+// still fails on every rank.
 //
 // Data moves in 16-byte packs when every pointer is 16-byte aligned, with the
 // other one-kernel collectives' loops (fused_loops.h): the copy-in keeps 4
@@ -37,10 +39,11 @@
 // tail and misaligned buffers (a view at an odd storage offset), with the
 // same order and math, so the bits are the same.
 //
-// Written once over a memory-ordering policy for the kernel
+// Written once over a memory-ordering policy (Mem) and a block policy (Blk,
+// as the fused two-shot's: leader, threads, barrier), so the kernel
 // (ipc_fused_one_shot.cu) and the host emulation, which runs every block on a
-// thread of its own (started in reverse order and staggered), since the GPU
-// runs them in any order and at once.
+// thread of its own (started in reverse order and staggered, since the GPU
+// runs them in any order and at once), run the same code.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -56,17 +59,8 @@
 namespace fastpar {
 namespace cuda_ipc {
 
-// Block flags live in the arena header, after the control block and the
-// status word (zeroed with the header at allocation).
-constexpr size_t kBlockFlagsOffset = 320;
-static_assert(sizeof(flags::ControlBlock) + sizeof(uint32_t) <= kBlockFlagsOffset, "block flags overlap");
-static_assert(kBlockFlagsOffset + kFusedMaxBlocks * sizeof(uint64_t) <= kHeaderBytes, "block flags overflow");
 // A block gets at least IpcComm::fused_bytes_per_block bytes (16 KiB):
 // below it, a block's flag round trip costs more than its share of the copy.
-
-FASTPAR_HD uint64_t* block_flags_of(void* base) {
-  return reinterpret_cast<uint64_t*>(static_cast<char*>(base) + kBlockFlagsOffset);
-}
 
 // Blocks for `bytes` at `per_block` bytes per block (IpcComm's, equal on
 // every rank): a function of the call's size only.
@@ -88,8 +82,8 @@ FASTPAR_HD void fused_range(int64_t count, int nblocks, int b, int64_t align, in
 
 struct FusedArgs {
   PhaseArgs phase;                             // control blocks, status, host words, descriptor, rank, size, timeout
-  uint64_t* self_blocks;                       // this rank's block flags
-  const uint64_t* peer_blocks[kMaxIpcRanks];   // every rank's
+  FlagLine* self_blocks;                       // this rank's block flags (block_flags_of)
+  const FlagLine* peer_blocks[kMaxIpcRanks];   // every rank's
   const void* in;                              // this rank's input (count elements)
   void* out;                                   // may be `in`
   void* slots[kMaxIpcRanks];                   // every rank's slot of this call (slots[rank] is written)
@@ -97,32 +91,6 @@ struct FusedArgs {
   int contributions;                           // the AVG divisor
   int nblocks;
 };
-
-// Thread 0 of block b, once the block's copy-in is done (__syncthreads):
-// arrive, then wait for block b of every peer. Returns the failure, if any,
-// already recorded (status word, mirror, abort word).
-template <class Mem>
-FASTPAR_HD flags::WaitStatus fused_block_barrier(const FusedArgs& a, int b) {
-  const PhaseArgs& p = a.phase;
-  Mem::store_release(&a.self_blocks[b], p.desc.seq);
-  if (b == 0) flags::post<Mem>(p.self, p.desc);
-  const uint64_t deadline = flags::deadline_after(Mem::now_ns(), p.timeout_ns);
-  const PhasePoll<Mem> poll{&p};
-  flags::WaitStatus s = flags::WaitStatus::kOk;
-  flags::OpDesc theirs{};
-  int q = 0;
-  for (; q < p.size && s == flags::WaitStatus::kOk; ++q) {
-    if (q == p.rank) continue;
-    if (b == 0) {
-      s = flags::wait_and_check<Mem>(p.peers[q], p.desc, deadline, poll, &theirs);
-    } else {
-      if (Mem::load_acquire(&p.peers[q]->abort) != 0) s = flags::WaitStatus::kPeerAborted;
-      else s = fused_wait_flag<Mem>(&a.peer_blocks[q][b], p.desc.seq, deadline, poll);
-    }
-  }
-  if (s != flags::WaitStatus::kOk) record_failure<Mem>(p, s, q - 1, &theirs);
-  return s;
-}
 
 // Block b's range [*lo, *hi), cut in whole packs.
 template <typename T>
@@ -159,6 +127,16 @@ FASTPAR_HD void fused_reduce(const FusedArgs& a, int b, int t, int nt, int64_t s
   T* const dst[1] = {static_cast<T*>(a.out) + lo};
   FusedReduce<T, OP, NMAX>::template run<kFusedReduceUnroll<NMAX>, 1>(src, a.phase.size, dst, 1, hi - lo,
                                                                       a.contributions, t, nt);
+}
+
+// The whole call for block b: copy-in, barrier (phase desc.seq), reduction.
+template <class Mem, typename T, ReduceOp OP, int NMAX, class Blk>
+FASTPAR_HD void one_shot_block(const FusedArgs& a, int b, Blk& blk) {
+  // An earlier call failed here: write nothing (the host raises it).
+  if (blk.leader([&] { return fused_prior_failure<Mem>(a.phase, b) != 0; })) return;
+  blk.threads([&](int t, int nt) { fused_copy_in<T>(a, b, t, nt); });
+  if (blk.barrier(block_phase<Mem>(a.phase, a.self_blocks, a.peer_blocks, b, 0))) return;
+  blk.threads([&](int t, int nt) { fused_reduce<T, OP, NMAX>(a, b, t, nt); });
 }
 
 // Enqueues the fused kernel (ipc_fused_one_shot.cu): a.nblocks blocks.
@@ -209,6 +187,7 @@ cudaError_t launch_fused_one_shot(DType dt, ReduceOp op, const FusedArgs& a, cud
 
 struct GraphArgs {
   FusedArgs f;  // in, out, count, nblocks, contributions; slots = every rank's graph slot 0; block flags unused
+                // (GraphControl::start are the graphed calls')
   int64_t parity_stride;  // bytes from graph slot 0 to graph slot 1
   GraphControl* self;
   const GraphControl* peers[kMaxIpcRanks];
@@ -249,38 +228,69 @@ FASTPAR_HD uint32_t graph_prior_failure(const GraphArgs& a, int b) {
   return s;
 }
 
-// Thread 0 of block b, epoch e, after the block's copy-in: the barrier. A
-// failure is recorded, then trapped on (graph_trap); the return is for the
-// emulation.
+// Block b's barrier of epoch e (a phase object, phase_step.h): arrive
+// (block 0 first writes the call's descriptor, seq = e, in desc[e % 2],
+// published by the release), and the wait for peer q, which block 0 follows
+// with the comparison of q's descriptor. A failure is recorded, then trapped
+// on (graph_trap); the return is for the emulation.
 template <class Mem>
-FASTPAR_HD flags::WaitStatus graph_block_barrier(const GraphArgs& a, int b, uint64_t e) {
-  const PhaseArgs& p = a.f.phase;
-  flags::OpDesc mine = p.desc;
-  mine.seq = e;
-  if (b == 0) a.self->desc[e & 1u] = mine;  // published by the release below
-  Mem::store_release(&a.self->start[b].value, e);
-  const uint64_t deadline = flags::deadline_after(Mem::now_ns(), p.timeout_ns);
-  const PhasePoll<Mem> poll{&p};
-  flags::WaitStatus s = flags::WaitStatus::kOk;
-  flags::OpDesc theirs{};
-  int q = 0;
-  for (; q < p.size && s == flags::WaitStatus::kOk; ++q) {
-    if (q == p.rank) continue;
-    s = fused_wait_flag<Mem>(&a.peers[q]->start[b].value, e, deadline, poll);
+struct GraphPhase {
+  const PhaseArgs& p;
+  const GraphArgs& a;
+  int b;
+  uint64_t e;
+
+  FASTPAR_HD flags::OpDesc mine() const {
+    flags::OpDesc d = p.desc;
+    d.seq = e;
+    return d;
+  }
+
+  FASTPAR_HD bool arrive() const {
+    if (b == 0) a.self->desc[e & 1u] = mine();
+    Mem::store_release(&a.self->start[b].value, e);
+    return false;
+  }
+
+  FASTPAR_HD bool wait(int q) const {
+    const uint64_t deadline = flags::deadline_after(Mem::now_ns(), p.timeout_ns);
+    const OwnStatusPoll<Mem> poll{&p};
+    flags::OpDesc theirs{};
+    flags::WaitStatus s = fused_wait_flag<Mem>(&a.peers[q]->start[b].value, e, deadline, poll);
     // The peer rewrites desc[e % 2] only at epoch e + 2, after our flag of e + 1.
     if (s == flags::WaitStatus::kOk && b == 0) {
       theirs = a.peers[q]->desc[e & 1u];
-      if (!flags::same_call(mine, theirs)) s = flags::WaitStatus::kMismatch;
+      if (!flags::same_call(mine(), theirs)) s = flags::WaitStatus::kMismatch;
     }
+    if (s == flags::WaitStatus::kOk) return false;
+    graph_trap<Mem>(p, record_failure<Mem>(p, s, q, &theirs), false);
+    return true;
   }
-  if (s != flags::WaitStatus::kOk) graph_trap<Mem>(p, record_failure<Mem>(p, s, q - 1, &theirs), false);
-  return s;
-}
+};
 
-// Block b's epoch for this call (thread 0 reads it before the copy-in; only
-// block b of this rank ever writes it, after its reads).
+// Block b's epoch for this call (read before the copy-in; only block b of
+// this rank ever writes it, at the end of the call, graph_done).
 FASTPAR_HD uint64_t graph_epoch(const GraphArgs& a, int b) { return a.self->epoch[b].value + 1; }
 FASTPAR_HD void graph_done(const GraphArgs& a, int b, uint64_t e) { a.self->epoch[b].value = e; }
+
+// The whole graphed call for block b: the earlier-failure check (block 0
+// traps), the epoch, the copy-in to the epoch's graph slot, the barrier (a
+// failure traps), the reduction. No second barrier: the next replay copies in
+// to the other graph slot.
+template <class Mem, typename T, ReduceOp OP, int NMAX, class Blk>
+FASTPAR_HD void graph_block(const GraphArgs& a, int b, Blk& blk) {
+  if (blk.leader([&] { return graph_prior_failure<Mem>(a, b) != 0; })) return;
+  // The epoch is read where it is used rather than kept: only this block
+  // writes it (graph_done, at the end), and a value live across the copy
+  // and reduction loops costs them registers.
+  blk.threads([&](int t, int nt) { fused_copy_in<T>(a.f, b, t, nt, graph_slot_offset(a, graph_epoch(a, b))); });
+  if (blk.barrier(GraphPhase<Mem>{a.f.phase, a, b, graph_epoch(a, b)})) return;
+  blk.threads([&](int t, int nt) { fused_reduce<T, OP, NMAX>(a.f, b, t, nt, graph_slot_offset(a, graph_epoch(a, b))); });
+  blk.leader([&] {
+    graph_done(a, b, graph_epoch(a, b));
+    return false;
+  });
+}
 
 // Enqueues the graphed kernel (ipc_fused_one_shot.cu): a.f.nblocks blocks.
 cudaError_t launch_fused_graph(DType dt, ReduceOp op, const GraphArgs& a, cudaStream_t stream);

@@ -16,6 +16,7 @@ namespace {
 // resident together on an H100's 132 SMs. tests/tooling/test_cuda_sass.py
 // checks the register count against these numbers.
 constexpr int kTwoShotThreads = 512;
+static_assert(kTwoShotThreads >= kMaxIpcRanks, "the barrier waits for each peer on a thread of its own");
 constexpr int kTwoShotMinBlocksPerSm = 1;
 static_assert(kTwoShotMinBlocksPerSm == kFusedGridBlocksPerSm, "the grid cap (ipc_comm.h) counts this many");
 

@@ -32,8 +32,9 @@
 // Memory ordering, per flag:
 //   * block flag b (this rank's, written by thread 0 of block b with
 //     st.release.sys after __syncthreads()): the block's slot writes (publish,
-//     reduce) happen before it, so a peer's block b that acquires it
-//     (ld.acquire.sys, then __syncthreads() before its threads read) sees them;
+//     reduce) happen before it, so a peer's block b whose thread acquires it
+//     (ld.acquire.sys, then __syncthreads_or() before its threads read) sees
+//     them (one waiting thread per peer: phase_step.h's BlockPhase);
 //   * slot reuse: block b rewrites a slot region (its slice) only after
 //     waiting for a phase that block b of every peer posts after its last read
 //     of that region: the protocol's rotation argument (flag_protocol.h) holds
@@ -61,8 +62,8 @@
 // order and math (reduce_ops.h: fp32 accumulation for half types).
 //
 // Written once over a memory-ordering policy (Mem) and a block policy (Blk:
-// how the block's threads run the data loops and share thread 0's flag
-// results), so the kernel (ipc_fused_two_shot.cu) and the host emulation,
+// how the block's threads run the data loops, share thread 0's results and
+// meet at the barriers), so the kernel (ipc_fused_two_shot.cu) and the host emulation,
 // which runs every block on a thread of its own, run the same code.
 #pragma once
 
@@ -78,12 +79,6 @@
 
 namespace fastpar {
 namespace cuda_ipc {
-
-FASTPAR_HD GraphFlag* two_shot_flags_of(void* base) {
-  return reinterpret_cast<GraphFlag*>(static_cast<char*>(base) + kTwoShotFlagsOffset);
-}
-static_assert(sizeof(GraphFlag) == 64, "one block flag per cache line");
-static_assert(sizeof(flags::ControlBlock) + sizeof(uint32_t) <= 320, "the one-shot's block flags start at 320");
 
 // Blocks of a call of `count` elements of `es` bytes among `n` ranks, each
 // block getting at least `per_block` bytes of a chunk's shard, at most `cap`
@@ -101,8 +96,8 @@ FASTPAR_HD int two_shot_blocks(int64_t count, int64_t es, int n, int64_t chunk, 
 
 struct TwoShotArgs {
   PhaseArgs phase;  // desc.seq: the call's first phase; phase j of the call is desc.seq + j
-  GraphFlag* self_blocks;
-  const GraphFlag* peer_blocks[kMaxIpcRanks];
+  FlagLine* self_blocks;
+  const FlagLine* peer_blocks[kMaxIpcRanks];
   char* slot0[kMaxIpcRanks];  // every rank's slot 0; slot i at + i * slot_stride
   int64_t slot_stride;
   const void* in;                            // this rank's input (count elements)
@@ -222,12 +217,15 @@ FASTPAR_HD void two_shot_reduce(const TwoShotArgs& a, int64_t k, int b, int t, i
 }
 
 // The whole call for block b. Blk supplies
-//   bool leader(f): the block's threads synchronized, f() run by thread 0,
-//                   its result seen by every thread (synchronized again);
-//   void threads(f): f(t, nt) for each thread t of the block's nt.
-// On the GPU leader() is __syncthreads(), thread 0, shared memory,
-// __syncthreads(): the block's writes happen before thread 0's release, and
-// thread 0's acquire before the block's reads.
+//   bool leader(f):   the block's threads synchronized, f() run by thread 0,
+//                     its result seen by every thread (synchronized again);
+//   void threads(f):  f(t, nt) for each thread t of the block's nt;
+//   bool barrier(ph): a phase object's (phase_step.h) arrive() on thread 0
+//                     and wait(q) on thread q for every peer q, between two
+//                     block synchronizations; true when any failed.
+// On the GPU (gpu_block.cuh) the first synchronization orders the block's
+// writes before thread 0's release, the last the waits' acquires before the
+// block's reads.
 template <class Mem, typename T, ReduceOp OP, int NMAX, class Blk>
 FASTPAR_HD void two_shot_block(const TwoShotArgs& a, int b, Blk& blk) {
   static_assert(NMAX == 4 || NMAX == kMaxIpcRanks, "fused_rank_bound's values");
@@ -235,20 +233,14 @@ FASTPAR_HD void two_shot_block(const TwoShotArgs& a, int b, Blk& blk) {
   if (blk.leader([&] { return fused_prior_failure<Mem>(a.phase, b) != 0; })) return;
   blk.threads([&](int t, int nt) { two_shot_publish<T>(a, 0, b, t, nt); });
   for (int64_t k = 0; k < a.chunks; ++k) {
-    if (blk.leader([&] {
-          return block_phase<Mem>(a.phase, a.self_blocks, a.peer_blocks, b, k) != flags::WaitStatus::kOk;
-        }))
-      return;
+    if (blk.barrier(block_phase<Mem>(a.phase, a.self_blocks, a.peer_blocks, b, k))) return;
     blk.threads([&](int t, int nt) {
       if (k > 0) two_shot_copy_out<T>(a, k - 1, b, t, nt);
       two_shot_reduce<T, OP, NMAX>(a, k, b, t, nt);
       if (k + 1 < a.chunks) two_shot_publish<T>(a, k + 1, b, t, nt);
     });
   }
-  if (blk.leader([&] {
-        return block_phase<Mem>(a.phase, a.self_blocks, a.peer_blocks, b, a.chunks) != flags::WaitStatus::kOk;
-      }))
-    return;
+  if (blk.barrier(block_phase<Mem>(a.phase, a.self_blocks, a.peer_blocks, b, a.chunks))) return;
   blk.threads([&](int t, int nt) { two_shot_copy_out<T>(a, a.chunks - 1, b, t, nt); });
 }
 

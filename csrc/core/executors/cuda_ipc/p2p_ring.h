@@ -89,6 +89,7 @@ template <class Mem>
 FASTPAR_HD flags::WaitStatus p2p_wait_for(const P2PArgs& a, const uint64_t* word, uint64_t target) {
   const uint64_t deadline = flags::deadline_after(Mem::now_ns(), a.timeout_ns);
   for (;;) {
+    FASTPAR_SPIN_LOOP
     for (int i = 0; i < flags::kPollSpins; ++i) {
       if (Mem::load_acquire(word) >= target) return flags::WaitStatus::kOk;
       Mem::pause();

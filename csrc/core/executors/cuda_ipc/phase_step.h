@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "../../transport/flag_protocol.h"
+#include "../../transport/cuda_ipc/ipc_arena.h"
 #include "phase_launch.h"
 
 namespace fastpar {
@@ -68,6 +69,7 @@ struct PhasePoll {
 template <class Mem, class Poll>
 FASTPAR_HD flags::WaitStatus fused_wait_flag(const uint64_t* word, uint64_t seq, uint64_t deadline, const Poll& poll) {
   for (;;) {
+    FASTPAR_SPIN_LOOP
     for (int i = 0; i < flags::kPollSpins; ++i) {
       if (Mem::load_acquire(word) >= seq) return flags::WaitStatus::kOk;
       Mem::pause();
@@ -120,40 +122,71 @@ struct OwnStatusPoll {
   }
 };
 
-// The one-kernel collectives' phase (ipc_fused_two_shot.h,
-// ipc_fused_collectives.h), run by thread 0 of block b for phase j of the call
-// (desc.seq + j), after the block's writes of the phase (the caller
-// synchronizes the block first): post the block's flag, then wait for block b
-// of every peer. Block 0 also posts the control block's flag with the
-// descriptor and checks every peer's (flags::wait_and_check), so the
-// descriptor check of every phase stays; other blocks wait on their flag only.
-// Returns the failure, if any, recorded.
+// A one-kernel call's barrier: block b posts its flag, then waits for block b
+// of every peer. It is cut in two so that a block waits for its peers at once,
+// one thread per peer (the block policy's barrier(): gpu_block.cuh, and the
+// host emulation's HostBlock), not one peer after another from thread 0: with
+// k ranks the last flag to arrive is then seen after one poll, not after up to
+// k - 1 more remote loads. A phase object has
+//   p         the call's PhaseArgs (size, rank: which threads wait);
+//   arrive()  run by thread 0 after the block's writes of the phase (the
+//             policy synchronizes the block first): the release of the flag.
+//             True when this rank has already failed: nothing is posted;
+//   wait(q)   run by thread t = 1 .. size-1 for peer q = barrier_peer(rank,
+//             size, t), at the same time as arrive() and the other waits: the
+//             acquire of peer q's flag. True on a failure, already recorded
+//             (record_failure: the first one of the rank stands, so waits
+//             that fail together do not bury each other).
+// The policy synchronizes the block again before the reads that the waits
+// order. Every wait polls this rank's status word (OwnStatusPoll), so once one
+// thread or block has failed, the others stop instead of waiting out the
+// deadline.
+
+// The peer that thread t (1 .. n-1) of a barrier waits for: each peer but
+// this rank once, and thread 0 free to arrive.
+FASTPAR_HD int barrier_peer(int rank, int n, int t) { return (rank + t) % n; }
+
+// The eager one-kernel calls' phase (ipc_fused_one_shot.h,
+// ipc_fused_two_shot.h, ipc_fused_collectives.h): phase j of the call
+// (desc.seq + j) on block b's flag (ipc_arena.h, block_flags_of). Block 0 also
+// posts the control block's flag with the descriptor and checks every peer's
+// (flags::wait_and_check), so the descriptor check of every phase stays;
+// other blocks wait on their flag only.
 template <class Mem>
-FASTPAR_HD flags::WaitStatus block_phase(const PhaseArgs& p, GraphFlag* self_blocks,
-                                         const GraphFlag* const* peer_blocks, int b, int64_t j) {
+struct BlockPhase {
+  const PhaseArgs& p;
+  FlagLine* self_blocks;
+  const FlagLine* const* peer_blocks;
+  int b;
+  flags::OpDesc mine;  // the call's descriptor at this phase
+
+  FASTPAR_HD bool arrive() const {
+    // Another block of this rank failed: stop before posting a phase whose
+    // data that block never wrote.
+    if (Mem::load_u32(p.status) != 0) return true;
+    Mem::store_release(&self_blocks[b].value, mine.seq);
+    if (b == 0) flags::post<Mem>(p.self, mine);
+    return false;
+  }
+
+  FASTPAR_HD bool wait(int q) const {
+    const uint64_t deadline = flags::deadline_after(Mem::now_ns(), p.timeout_ns);
+    const OwnStatusPoll<Mem> poll{&p};
+    flags::OpDesc theirs{};
+    const flags::WaitStatus s = b == 0 ? flags::wait_and_check<Mem>(p.peers[q], mine, deadline, poll, &theirs)
+                                       : fused_wait_flag<Mem>(&peer_blocks[q][b].value, mine.seq, deadline, poll);
+    if (s == flags::WaitStatus::kOk) return false;
+    record_failure<Mem>(p, s, q, &theirs, &mine);
+    return true;
+  }
+};
+
+template <class Mem>
+FASTPAR_HD BlockPhase<Mem> block_phase(const PhaseArgs& p, FlagLine* self_blocks, const FlagLine* const* peer_blocks,
+                                       int b, int64_t j) {
   flags::OpDesc mine = p.desc;
   mine.seq = p.desc.seq + uint64_t(j);
-  // Another block of this rank failed: stop before posting a phase whose
-  // data that block never wrote.
-  const uint32_t own = Mem::load_u32(p.status);
-  if (own != 0) return flags::WaitStatus(int(own));
-  Mem::store_release(&self_blocks[b].value, mine.seq);
-  if (b == 0) flags::post<Mem>(p.self, mine);
-  const uint64_t deadline = flags::deadline_after(Mem::now_ns(), p.timeout_ns);
-  const OwnStatusPoll<Mem> poll{&p};
-  flags::WaitStatus s = flags::WaitStatus::kOk;
-  flags::OpDesc theirs{};
-  int q = 0;
-  for (; q < p.size && s == flags::WaitStatus::kOk; ++q) {
-    if (q == p.rank) continue;
-    if (b == 0) {
-      s = flags::wait_and_check<Mem>(p.peers[q], mine, deadline, poll, &theirs);
-    } else {
-      s = fused_wait_flag<Mem>(&peer_blocks[q][b].value, mine.seq, deadline, poll);
-    }
-  }
-  if (s != flags::WaitStatus::kOk) record_failure<Mem>(p, s, q - 1, &theirs, &mine);
-  return s;
+  return BlockPhase<Mem>{p, self_blocks, peer_blocks, b, mine};
 }
 
 template <class Mem>

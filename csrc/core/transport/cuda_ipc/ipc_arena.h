@@ -2,7 +2,7 @@
 // exports with cudaIpcGetMemHandle and every peer process maps.
 //
 //   [ flags::ControlBlock | status word | pad ]  kHeaderBytes: 512, then the
-//   [ fused two-shot's block flags ]             kTwoShotMaxBlocks cache lines
+//   [ block flags of the one-kernel calls ]      kTwoShotMaxBlocks cache lines
 //   [ data slot 0 ]                              slot_bytes (rounded to 512)
 //   [ data slot 1 ]                              (flags::kSlots rotating slots)
 //   [ P2PControl | pad ]                         kP2PControlBytes
@@ -49,12 +49,14 @@ constexpr int64_t kDefaultSlotBytes = int64_t(8) << 20;
 
 
 constexpr int kMaxIpcRanks = 8;  // = the reduce kernel's source limit: one per GPU of a node
-// Blocks of the fused two-shot kernel (executors/cuda_ipc/ipc_fused_two_shot.h):
-// one flag per block, each on a cache line of its own (written by one block,
-// spun on by the same block of every peer), after the header's first 512 bytes.
+// Blocks of the fused two-shot kernel (executors/cuda_ipc/ipc_fused_two_shot.h),
+// the most of any one-kernel call. Every eager one-kernel call (the fused
+// one-shot, two-shot and collectives) has one flag per block, each on a cache
+// line of its own (written by one block, spun on by the same block of every
+// peer), after the header's first 512 bytes: block_flags_of.
 constexpr int kTwoShotMaxBlocks = 128;
-constexpr size_t kTwoShotFlagsOffset = 512;
-constexpr size_t kHeaderBytes = kTwoShotFlagsOffset + size_t(kTwoShotMaxBlocks) * 64;
+constexpr size_t kBlockFlagsOffset = 512;
+constexpr size_t kHeaderBytes = kBlockFlagsOffset + size_t(kTwoShotMaxBlocks) * 64;
 constexpr size_t kSlotAlign = 512;  // keeps every slot 16-byte aligned for the uint4 path
 
 static_assert(sizeof(flags::ControlBlock) + sizeof(uint32_t) <= kHeaderBytes, "header overflows");
@@ -111,18 +113,27 @@ FASTPAR_HD char* p2p_chunk_of(void* base, size_t slot_bytes, int dst, uint64_t s
 constexpr int kFusedMaxBlocks = 16;
 
 // One word per cache line: each is written by one process, spun on by others.
-struct alignas(64) GraphFlag {
+struct alignas(64) FlagLine {
   uint64_t value;
   uint64_t pad[7];
 };
+static_assert(sizeof(FlagLine) == 64, "one flag per cache line");
+
+// The block flags of the eager one-kernel calls: flag b is the last phase
+// (flags::OpDesc::seq) block b of the owner has posted. Phases are numbered
+// by one counter for every call of a communicator, so the flags only grow,
+// whichever kernel and block count posted them last.
+FASTPAR_HD FlagLine* block_flags_of(void* base) {
+  return reinterpret_cast<FlagLine*>(static_cast<char*>(base) + kBlockFlagsOffset);
+}
 
 // The graph region's control (owner-written): per block, the calls it has
 // completed (`epoch`, read only by the owner) and the epoch whose barrier it
 // has reached; block 0's descriptor of each call, in the entry of the call's
 // parity (a peer reads epoch e's while this rank may already write e + 1's).
 struct GraphControl {
-  GraphFlag start[kFusedMaxBlocks];
-  GraphFlag epoch[kFusedMaxBlocks];
+  FlagLine start[kFusedMaxBlocks];
+  FlagLine epoch[kFusedMaxBlocks];
   flags::OpDesc desc[2];
 };
 
