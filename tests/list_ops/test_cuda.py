@@ -568,7 +568,7 @@ def paths_delta(fn):
 @needs_gpu
 @one_gpu
 @pytest.mark.parametrize("n,dtype,op,size,algorithm,offset", matrix(
-    40, 10, n=NS, dtype=DTYPES, op=OPS, size=[1, 17, 1000, BIG], algorithm=ALGORITHMS, offset=OFFSETS))
+    10, 10, n=NS, dtype=DTYPES, op=OPS, size=[1, 17, 1000, BIG], algorithm=ALGORITHMS, offset=OFFSETS))
 def test_allreduce_as_distinct_devices(n, dtype, op, size, algorithm, offset, distinct_model):
     """Every entry on cuda:0, taken as its own GPU: 'auto' and 'direct' run a
     kernel per shard on side streams (with peer access) or fall to the ring
@@ -595,7 +595,7 @@ def test_allreduce_as_distinct_devices(n, dtype, op, size, algorithm, offset, di
 @needs_gpu
 @one_gpu
 @pytest.mark.parametrize("n,dtype,op,size,offset", matrix(
-    20, 11, n=NS, dtype=DTYPES, op=OPS, size=[1, 17, 1000, BIG], offset=OFFSETS))
+    6, 11, n=NS, dtype=DTYPES, op=OPS, size=[1, 17, 1000, BIG], offset=OFFSETS))
 def test_reduce_and_reduce_scatter_as_distinct_devices(n, dtype, op, size, offset, distinct_model):
     """Without peer access every input is read through a staging copy on the
     output's GPU (n for a reduce, n x n for a reduce_scatter); with it, none.
@@ -609,7 +609,7 @@ def test_reduce_and_reduce_scatter_as_distinct_devices(n, dtype, op, size, offse
 
 @needs_gpu
 @pytest.mark.parametrize("n,dtype,size,offset", matrix(
-    10, 12, n=NS, dtype=DTYPES, size=[1, 17, 1000, BIG], offset=OFFSETS))
+    4, 12, n=NS, dtype=DTYPES, size=[1, 17, 1000, BIG], offset=OFFSETS))
 def test_copies_as_distinct_devices(n, dtype, size, offset, distinct_model):
     """allgather and broadcast on side streams with events, as across GPUs:
     the real model's results."""
