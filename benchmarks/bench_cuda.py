@@ -384,6 +384,9 @@ def ipc_worker(args) -> None:
     fd.get_fastpar_backend().cuda_engine._set_ipc_two_shot("fused")
     # ... and their flags at system scope: the "gpu-scope" rows are the other.
     fd.get_fastpar_backend().cuda_engine._set_ipc_fence_scope("system")
+    # ... and thread 0 waiting for the peers in turn: the "per-peer barrier"
+    # rows wait for each on a thread of its own.
+    fd.get_fastpar_backend().cuda_engine._set_ipc_barrier("serial")
 
     for name, group in groups:
         series(name, args.ipc_sizes, lambda size: plain(group, size))
@@ -404,6 +407,10 @@ def ipc_worker(args) -> None:
                with_engine("one_shot_max_bytes", 0, -1, fastpar_plain))
         series("fastpar one-shot forced", [s for s in args.ipc_sizes if one_shot_hi < s <= min(2 * MiB, slot)],
                with_engine("one_shot_max_bytes", slot, -1, fastpar_plain))
+        # With more than one peer: the barrier's waits at once, one thread per
+        # peer, against the plain rows' one after the other.
+        series("fastpar per-peer barrier", [s for s in args.ipc_sizes if s <= MiB],
+               with_engine("ipc_barrier", "per_peer", "serial", fastpar_plain))
     if n == 2:  # 3 and 4 ranks are measured against 2 on the plain all_reduce only (the time it takes)
         series("fastpar direct", [s for s in args.ipc_sizes if s <= 256 * KiB], direct)
         series("torch fake backend", [s for s in args.ipc_sizes if s == 4 * KiB], fake_backend)

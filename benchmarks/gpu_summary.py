@@ -164,6 +164,12 @@ def targets(rows: List[Dict]) -> List[Dict]:
     for base in ("fastpar", "fastpar graph"):
         sys_rows, gpu_rows = fastpar_on_one(2, base), fastpar_on_one(2, base + " gpu-scope")
         scoped += [r["us"] / sys_rows[b]["us"] for b, r in gpu_rows.items() if b in sys_rows]
+    # The barrier with a thread per peer against thread 0's loop, 3 and 4
+    # ranks up to 1 MiB, same call and size.
+    per_peer = []
+    for ranks in (3, 4):
+        serial_rows, per_peer_rows = fastpar_on_one(ranks), fastpar_on_one(ranks, "fastpar per-peer barrier")
+        per_peer += [r["us"] / serial_rows[b]["us"] for b, r in per_peer_rows.items() if b in serial_rows]
     # The registered push (one kernel, 2kN bytes) against the registered
     # schedule step by step, same size.
     reg_steps = fastpar_on_one(2, "fastpar registered steps")
@@ -203,6 +209,8 @@ def targets(rows: List[Dict]) -> List[Dict]:
                 "lower", 1),
         _target("GPU-scope / system-scope fences, 2 ranks on one GPU, eager and graphed, same run (worst)", "<= 1",
                 scoped, "lower", 1),
+        _target("per-peer / serial barrier, 3 and 4 ranks on one GPU up to 1 MiB, same run (worst)", "<= 1",
+                per_peer, "lower", 1),
         _target("registered / plain all_reduce time from 1 MiB (worst)", "<= 1", registered_vs_plain, "lower", 1),
         _target("2 ranks on one GPU, 1 MiB time / 256 KiB time", "<= 1.5",
                 [two[MiB]["us"] / two[256 * KiB]["us"]] if MiB in two and 256 * KiB in two else [], "lower", 1.5),

@@ -55,11 +55,13 @@ elif [ -x .venv/bin/python ]; then PY=.venv/bin/python
 else PY=python3
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-# The fused kernels and GPU-scope fences are not the default until they have
-# run here: the GPU tests run them (the system-scope kernels ran before).
+# The fused kernels, GPU-scope fences and per-peer barriers are not the
+# default until they have run here: the GPU tests run them (the system-scope
+# kernels with serial barriers ran before).
 export FASTPAR_CUDA_IPC_TWO_SHOT=${FASTPAR_CUDA_IPC_TWO_SHOT:-fused}
 export FASTPAR_CUDA_IPC_COLLECTIVES=${FASTPAR_CUDA_IPC_COLLECTIVES:-fused}
 export FASTPAR_CUDA_IPC_FENCE_SCOPE=${FASTPAR_CUDA_IPC_FENCE_SCOPE:-gpu}
+export FASTPAR_CUDA_IPC_BARRIER=${FASTPAR_CUDA_IPC_BARRIER:-per_peer}
 FAILED=()
 STARTED_MPS=0
 # shellcheck source=gpu_check_phases.sh

@@ -27,7 +27,7 @@ def make():
 def clean_env(monkeypatch):
     for k in ("FASTPAR_CUDA_IPC_MAX_BYTES", "FASTPAR_CUDA_IPC_SLOT_BYTES", "FASTPAR_BLOCKING_WAIT",
               "FASTPAR_CUDA_IPC_TWO_SHOT", "FASTPAR_CUDA_IPC_COLLECTIVES", "FASTPAR_CUDA_IPC_ONE_SHOT_MAX_BYTES",
-              "FASTPAR_CUDA_IPC_FENCE_SCOPE"):
+              "FASTPAR_CUDA_IPC_FENCE_SCOPE", "FASTPAR_CUDA_IPC_BARRIER"):
         monkeypatch.delenv(k, raising=False)
 
 
@@ -49,8 +49,9 @@ def test_knobs_from_the_environment(monkeypatch):
     monkeypatch.setenv("FASTPAR_CUDA_IPC_COLLECTIVES", "fused")
     monkeypatch.setenv("FASTPAR_CUDA_IPC_ONE_SHOT_MAX_BYTES", "65536")
     monkeypatch.setenv("FASTPAR_CUDA_IPC_FENCE_SCOPE", "gpu")
+    monkeypatch.setenv("FASTPAR_CUDA_IPC_BARRIER", "per_peer")
     cb = make()
-    assert cb.ipc_fence_scope == "gpu"
+    assert cb.ipc_fence_scope == "gpu" and cb.ipc_barrier == "per_peer"
     assert cb.max_ipc_bytes == 0 and cb.blocking_wait is True
     assert cb.ipc_two_shot == "fused" and cb.ipc_collectives == "fused"
     assert cb.one_shot_max_bytes == 65536
@@ -64,6 +65,16 @@ def test_fence_scope_defaults_to_system_and_is_set_by_name():
     with pytest.raises(ValueError, match="ipc_fence_scope is 'device' but must be 'gpu' or 'system'"):
         cb._set_ipc_fence_scope("device")
     assert cb.ipc_fence_scope == "gpu"
+
+
+def test_barrier_defaults_to_serial_and_is_set_by_name():
+    cb = make()
+    assert cb.ipc_barrier == "serial"
+    cb._set_ipc_barrier("per_peer")
+    assert cb.ipc_barrier == "per_peer"
+    with pytest.raises(ValueError, match="ipc_barrier is 'parallel' but must be 'per_peer' or 'serial'"):
+        cb._set_ipc_barrier("parallel")
+    assert cb.ipc_barrier == "per_peer"
 
 
 def test_one_shot_limit_defaults_by_rank_count_and_is_set_at_run_time():
@@ -93,6 +104,7 @@ def test_fused_forms_default_to_steps_and_are_set_by_name():
     ("FASTPAR_CUDA_IPC_TWO_SHOT", "fast", "FASTPAR_CUDA_IPC_TWO_SHOT is 'fast' but must be 'fused' or 'steps'"),
     ("FASTPAR_CUDA_IPC_COLLECTIVES", "1", "FASTPAR_CUDA_IPC_COLLECTIVES is '1' but must be 'fused' or 'steps'"),
     ("FASTPAR_CUDA_IPC_FENCE_SCOPE", "sys", "FASTPAR_CUDA_IPC_FENCE_SCOPE is 'sys' but must be 'gpu' or 'system'"),
+    ("FASTPAR_CUDA_IPC_BARRIER", "threads", "FASTPAR_CUDA_IPC_BARRIER is 'threads' but must be 'per_peer' or 'serial'"),
     ("FASTPAR_CUDA_IPC_ONE_SHOT_MAX_BYTES", "-1", "FASTPAR_CUDA_IPC_ONE_SHOT_MAX_BYTES is '-1' but must be a byte count"),
 ])
 def test_bad_knobs_are_refused_by_name(monkeypatch, name, value, words):

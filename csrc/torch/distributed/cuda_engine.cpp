@@ -56,7 +56,8 @@ CudaEngine::CudaEngine(c10::intrusive_ptr<c10d::Store> store, int rank, int size
       fused_collectives_(knobs.ipc_fused_collectives),
       registered_(std::make_shared<RegisteredArena>(knobs.registered_bytes)),
       one_shot_max_bytes_(knobs.ipc_one_shot_max_bytes),
-      gpu_fence_scope_(knobs.ipc_gpu_fence_scope) {
+      gpu_fence_scope_(knobs.ipc_gpu_fence_scope),
+      per_peer_waits_(knobs.ipc_per_peer_waits) {
   TORCH_CHECK_VALUE(fallback_, "fastpar.CudaEngine: fallback is None but a backend for CUDA tensors is required");
 }
 
@@ -185,6 +186,7 @@ void CudaEngine::set_up(int device) {
     link->ep->comm().fused_two_shot = fused_two_shot_;
     link->ep->comm().fused_collectives = fused_collectives_;
     link->ep->comm().one_gpu_scope = gpu_fence_scope_ && cuda_ipc::all_on_one_gpu(link->ep->comm());
+    link->ep->comm().per_peer_waits = per_peer_waits_;
     link->ep->comm().fused_grid_blocks = rv.fused_grid_blocks;
     link->watch(std::move(rv.pids), getRank());
     std::atomic_store(&link_, std::move(link));
@@ -232,6 +234,19 @@ std::string CudaEngine::ipc_fence_scope() const {
   const std::shared_ptr<IpcLink> link = std::atomic_load(&link_);
   if (link) return link->ep->comm().one_gpu_scope ? "gpu" : "system";
   return gpu_fence_scope_ ? "gpu" : "system";
+}
+
+void CudaEngine::set_ipc_barrier(const std::string& form) {
+  TORCH_CHECK_VALUE(form == "serial" || form == "per_peer", "fastpar: ipc_barrier is '", form,
+                    "' but must be 'per_peer' or 'serial'");
+  std::lock_guard<std::mutex> g(mu_);
+  per_peer_waits_ = form == "per_peer";
+  if (auto link = std::atomic_load(&link_)) link->ep->comm().per_peer_waits = per_peer_waits_;
+}
+
+std::string CudaEngine::ipc_barrier() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return per_peer_waits_ ? "per_peer" : "serial";
 }
 
 void CudaEngine::set_one_shot_max_bytes(int64_t bytes) {
@@ -451,6 +466,8 @@ fastpar._C.Backend, which hands it the checked calls on CUDA tensors.)")
       .def_property_readonly("one_shot_max_bytes", &CudaEngine::one_shot_max_bytes)
       .def_property_readonly("ipc_fence_scope", &CudaEngine::ipc_fence_scope)
       .def("_set_ipc_fence_scope", &CudaEngine::set_ipc_fence_scope, py::arg("scope"))
+      .def_property_readonly("ipc_barrier", &CudaEngine::ipc_barrier)
+      .def("_set_ipc_barrier", &CudaEngine::set_ipc_barrier, py::arg("form"))
       .def_property_readonly("blocking_wait", &CudaEngine::blocking_wait)
       .def_property_readonly("ipc_two_shot", &CudaEngine::ipc_two_shot)
       .def("_set_ipc_two_shot", &CudaEngine::set_ipc_two_shot, py::arg("form"))

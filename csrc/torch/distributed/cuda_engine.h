@@ -174,6 +174,10 @@ class CudaEngine : public Engine {
   // one run) may differ between ranks: on one GPU either scope sees the other.
   std::string ipc_fence_scope() const;
   void set_ipc_fence_scope(const std::string& scope);
+  // FASTPAR_CUDA_IPC_BARRIER: "per_peer" or "serial", how the one-kernel
+  // calls' barriers wait (IpcComm::per_peer_waits). May differ between ranks.
+  std::string ipc_barrier() const;
+  void set_ipc_barrier(const std::string& form);
   c10::intrusive_ptr<c10d::Backend> fallback() const { return fallback_; }
 
  private:
@@ -281,6 +285,7 @@ class CudaEngine : public Engine {
   bool call_captured_ = false;
   std::atomic<int64_t> one_shot_max_bytes_{-1};
   bool gpu_fence_scope_;  // FASTPAR_CUDA_IPC_FENCE_SCOPE=gpu (mu_)
+  bool per_peer_waits_;   // FASTPAR_CUDA_IPC_BARRIER=per_peer (mu_)
   std::vector<std::optional<c10::cuda::CUDAStream>> send_streams_, recv_streams_;  // per peer, taken at first p2p
   std::vector<cudaStream_t> own_streams_;  // those streams, given back to the cache by release_ipc
   // The stream of the last phased IPC call (begin_ipc): a call on another

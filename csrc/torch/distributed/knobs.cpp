@@ -80,7 +80,8 @@ CudaKnobs cuda_knobs() {
                    env_either("FASTPAR_CUDA_IPC_TWO_SHOT", "fused", "steps"),
                    env_either("FASTPAR_CUDA_IPC_COLLECTIVES", "fused", "steps"),
                    env_bytes("FASTPAR_CUDA_IPC_ONE_SHOT_MAX_BYTES", -1, 0),
-                   env_either("FASTPAR_CUDA_IPC_FENCE_SCOPE", "gpu", "system")};
+                   env_either("FASTPAR_CUDA_IPC_FENCE_SCOPE", "gpu", "system"),
+                   env_either("FASTPAR_CUDA_IPC_BARRIER", "per_peer", "serial")};
 }
 
 }  // namespace distributed

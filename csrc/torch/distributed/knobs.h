@@ -34,6 +34,10 @@ struct CudaKnobs {
   // ranks all share one GPU order their flags at GPU scope ("system": always
   // at system scope, the default until measured on a GPU).
   bool ipc_gpu_fence_scope;
+  // FASTPAR_CUDA_IPC_BARRIER=per_peer: the one-kernel calls' barriers wait
+  // for each peer on a thread of its own ("serial": thread 0 waits for them
+  // one after the other, the default until measured on a GPU).
+  bool ipc_per_peer_waits;
 };
 CudaKnobs cuda_knobs();
 

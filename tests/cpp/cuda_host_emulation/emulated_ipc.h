@@ -93,10 +93,10 @@ void run_blocks(int nblocks, Block block) {
 
 // The block policy of the emulated kernels (gpu_block.cuh's GpuBlock on the
 // GPU): the block's kEmulatedThreads "threads" one after the other between
-// its synchronization points. A barrier's waits, which the GPU runs at once,
-// one thread per peer, run here after the arrival, one after the other, in
-// thread order in even blocks and in reverse in odd ones: two of the orders
-// the GPU may run them in. The waits need no order among themselves: each reads only its peer's
+// its synchronization points. A barrier's per-peer waits, which the GPU runs
+// at once, one thread per peer, run here after the arrival, one after the
+// other, in thread order in even blocks and in reverse in odd ones: two of
+// the orders the GPU may run them in. Serial waits are thread 0's loop. The waits need no order among themselves: each reads only its peer's
 // words, a failed one records through the status word's compare-and-swap
 // (the first stands), and the others then stop on the status word
 // (OwnStatusPoll), as on the GPU.
@@ -113,9 +113,16 @@ struct HostBlock {
   bool barrier(const Phase& ph) {
     bool failed = ph.arrive();  // thread 0
     const int n = ph.p.size;
+    // The GPU's waiting threads start together: one deadline for all.
+    const uint64_t deadline = ph.deadline();
     for (int i = 1; i < n; ++i) {
+      if (!ph.p.per_peer_waits) {  // thread 0 itself, in order, up to the first failure
+        if (failed) break;
+        failed = ph.wait(barrier_peer(ph.p.rank, n, i), deadline);
+        continue;
+      }
       const int t = ph.b % 2 == 0 ? i : n - i;
-      if (ph.wait(barrier_peer(ph.p.rank, n, t))) failed = true;
+      if (ph.wait(barrier_peer(ph.p.rank, n, t), deadline)) failed = true;
     }
     return failed;
   }
@@ -285,12 +292,15 @@ inline bool g_fused_one_shot = true;
 inline bool g_fused_two_shot = true;
 // Likewise for broadcast, gather, scatter, all_to_all, reduce and reduce_scatter.
 inline bool g_fused_collectives = true;
+// The one-kernel calls' barriers: a thread per peer, or thread 0's loop.
+inline bool g_per_peer_waits = false;
 
 inline fastpar::cuda_ipc::IpcComm comm_for(const Arenas& a, int rank, size_t slot_bytes) {
   fastpar::cuda_ipc::IpcComm c;
   c.fused_one_shot = g_fused_one_shot;
   c.fused_two_shot = g_fused_two_shot;
   c.fused_collectives = g_fused_collectives;
+  c.per_peer_waits = g_per_peer_waits;
   c.fused_bytes_per_block = 64;  // small calls still get several blocks (up to kFusedMaxBlocks)
   c.rank = rank;
   c.size = int(a.bases.size());

@@ -17,11 +17,11 @@
 //     nothing, and replays that succeed never trap;
 //   * graphed and eager calls in another order on each rank fail on both
 //     (timeout or abort) without writing, rather than hang;
-//   * a peer that never comes among several (4 ranks, rank 3 absent): the
-//     barrier waits for each peer on a thread of its own, so the waits for the
-//     peers that came succeed and the one for the absent peer fails; every
-//     caller records a timeout or its peer's abort, mirror included, and a
-//     replay traps naming it.
+//   * a peer that never comes among several (4 ranks, rank 3 absent): with
+//     a thread per peer, the waits for the peers that came succeed and the
+//     one for the absent peer fails; every caller records a timeout or its
+//     peer's abort, mirror included, and a replay traps naming it.
+// Everything runs with both barrier forms (IpcComm::per_peer_waits).
 // Exit status 0 = every check passed.
 #include <algorithm>
 #include <atomic>
@@ -319,10 +319,10 @@ void check_misordered() {
   }
 }
 
-// Ranks 0-2 of 4 call, rank 3 never does. Every block's barrier waits for
-// ranks 1-3 (or 0-2) at once on the GPU, in both orders here (odd blocks
-// wait in reverse: the absent peer first, then the others stop on the status
-// word). Every caller fails with a timeout (it gave up on rank 3) or the
+// Ranks 0-2 of 4 call, rank 3 never does. With a thread per peer every
+// block's barrier waits for ranks 1-3 (or 0-2) at once on the GPU, in both
+// orders here (odd blocks wait in reverse: the absent peer first, then the
+// others stop on the status word); with thread 0's loop, in rank order. Every caller fails with a timeout (it gave up on rank 3) or the
 // abort of a peer that did, its mirror equal, at least one with the timeout.
 void check_missing_peer(bool graphed) {
   constexpr int n = 4;
@@ -361,22 +361,27 @@ void check_missing_peer(bool graphed) {
 }  // namespace
 
 int main() {
-  for (int n = 2; n <= 4; ++n) {
-    check_layouts<float>(n);
-    check_layouts<bf16>(n);
-    check_layouts<int8_t>(n);
-  }
-  expect(cuda_ipc::take_traps().empty(), "replays that succeed never trap");
-  for (int round = 0; round < 3; ++round)
+  // Both barrier forms (IpcComm::per_peer_waits): thread 0's loop and a
+  // thread per peer.
+  for (bool per_peer : {false, true}) {
+    emulated::g_per_peer_waits = per_peer;
     for (int n = 2; n <= 4; ++n) {
-      check_desync(n, false);
-      check_desync(n, true);
+      check_layouts<float>(n);
+      check_layouts<bf16>(n);
+      check_layouts<int8_t>(n);
     }
-  check_lone_replay(false);
-  check_lone_replay(true);
-  check_misordered();
-  check_missing_peer(false);
-  check_missing_peer(true);
+    expect(cuda_ipc::take_traps().empty(), "replays that succeed never trap");
+    for (int round = 0; round < 3; ++round)
+      for (int n = 2; n <= 4; ++n) {
+        check_desync(n, false);
+        check_desync(n, true);
+      }
+    check_lone_replay(false);
+    check_lone_replay(true);
+    check_misordered();
+    check_missing_peer(false);
+    check_missing_peer(true);
+  }
   std::printf("%ld checks, %ld failures\n", long(checks.load()), long(failures.load()));
   return failures == 0 ? 0 : 1;
 }

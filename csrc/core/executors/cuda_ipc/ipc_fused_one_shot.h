@@ -252,8 +252,9 @@ struct GraphPhase {
     return false;
   }
 
-  FASTPAR_HD bool wait(int q) const {
-    const uint64_t deadline = flags::deadline_after(Mem::now_ns(), p.timeout_ns);
+  FASTPAR_HD uint64_t deadline() const { return flags::deadline_after(Mem::now_ns(), p.timeout_ns); }
+
+  FASTPAR_HD bool wait(int q, uint64_t deadline) const {
     const OwnStatusPoll<Mem> poll{&p};
     flags::OpDesc theirs{};
     flags::WaitStatus s = fused_wait_flag<Mem>(&a.peers[q]->start[b].value, e, deadline, poll);

@@ -41,6 +41,7 @@ inline PhaseArgs phase_args_at(const IpcComm& c, const flags::OpDesc& d) {
   a.size = c.size;
   a.timeout_ns = c.timeout_ns;
   a.one_gpu_scope = c.one_gpu_scope;
+  a.per_peer_waits = c.per_peer_waits;
   return a;
 }
 

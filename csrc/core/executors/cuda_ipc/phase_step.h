@@ -123,20 +123,26 @@ struct OwnStatusPoll {
 };
 
 // A one-kernel call's barrier: block b posts its flag, then waits for block b
-// of every peer. It is cut in two so that a block waits for its peers at once,
-// one thread per peer (the block policy's barrier(): gpu_block.cuh, and the
-// host emulation's HostBlock), not one peer after another from thread 0: with
-// k ranks the last flag to arrive is then seen after one poll, not after up to
-// k - 1 more remote loads. A phase object has
-//   p         the call's PhaseArgs (size, rank: which threads wait);
-//   arrive()  run by thread 0 after the block's writes of the phase (the
-//             policy synchronizes the block first): the release of the flag.
-//             True when this rank has already failed: nothing is posted;
-//   wait(q)   run by thread t = 1 .. size-1 for peer q = barrier_peer(rank,
-//             size, t), at the same time as arrive() and the other waits: the
-//             acquire of peer q's flag. True on a failure, already recorded
-//             (record_failure: the first one of the rank stands, so waits
-//             that fail together do not bury each other).
+// of every peer. It is cut in two so that a block can wait for its peers at
+// once, one thread per peer (PhaseArgs::per_peer_waits; the block policy's
+// barrier(): gpu_block.cuh, and the host emulation's HostBlock), as well as
+// from thread 0 one peer after another: with k ranks the last flag to arrive
+// is then seen after one poll, not after up to k - 1 more remote loads. A
+// phase object has
+//   p            the call's PhaseArgs (size, rank, per_peer_waits);
+//   arrive()     run by thread 0 after the block's writes of the phase (the
+//                policy synchronizes the block first): the release of the
+//                flag. True when this rank has already failed: nothing is
+//                posted;
+//   deadline()   when the waits of this barrier give up (one per thread that
+//                waits, taken before its first wait: serial waits share the
+//                timeout, they do not get one each);
+//   wait(q, d)   the acquire of peer q's flag, q = barrier_peer(rank, size,
+//                t) for t = 1 .. size-1, by thread t at the same time as
+//                arrive() and the other waits, or by thread 0 in turn. True
+//                on a failure, already recorded (record_failure: the first
+//                one of the rank stands, so waits that fail together do not
+//                bury each other).
 // The policy synchronizes the block again before the reads that the waits
 // order. Every wait polls this rank's status word (OwnStatusPoll), so once one
 // thread or block has failed, the others stop instead of waiting out the
@@ -169,8 +175,9 @@ struct BlockPhase {
     return false;
   }
 
-  FASTPAR_HD bool wait(int q) const {
-    const uint64_t deadline = flags::deadline_after(Mem::now_ns(), p.timeout_ns);
+  FASTPAR_HD uint64_t deadline() const { return flags::deadline_after(Mem::now_ns(), p.timeout_ns); }
+
+  FASTPAR_HD bool wait(int q, uint64_t deadline) const {
     const OwnStatusPoll<Mem> poll{&p};
     flags::OpDesc theirs{};
     const flags::WaitStatus s = b == 0 ? flags::wait_and_check<Mem>(p.peers[q], mine, deadline, poll, &theirs)

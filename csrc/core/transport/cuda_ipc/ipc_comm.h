@@ -81,6 +81,11 @@ struct IpcComm {
   // (device_memory_order.cuh: DeviceMemoryOneGpu). Need not be equal on every
   // rank: on one GPU a system-scope release is seen by a GPU-scope acquire.
   bool one_gpu_scope = false;
+  // The one-kernel calls' barriers: a thread per peer waits for it (true), or
+  // thread 0 waits for the peers one after the other (false, the form that
+  // ran on a GPU first). Need not be equal on every rank: it is only how a
+  // rank waits.
+  bool per_peer_waits = false;
   // Bytes per block of the fused kernel (ipc_fused_one_shot.h; equal on every
   // rank; the host emulation lowers it so that small calls get many blocks).
   int64_t fused_bytes_per_block = 16 * 1024;
