@@ -57,24 +57,19 @@ def test_knobs_from_the_environment(monkeypatch):
     assert cb.one_shot_max_bytes == 65536
 
 
-def test_fence_scope_defaults_to_system_and_is_set_by_name():
+@pytest.mark.parametrize("name,default,other,bad,allowed", [
+    ("ipc_fence_scope", "system", "gpu", "device", "'gpu' or 'system'"),
+    ("ipc_barrier", "serial", "per_peer", "parallel", "'per_peer' or 'serial'"),
+])
+def test_two_value_knobs_default_and_are_set_by_name(name, default, other, bad, allowed):
     cb = make()
-    assert cb.ipc_fence_scope == "system"
-    cb._set_ipc_fence_scope("gpu")
-    assert cb.ipc_fence_scope == "gpu"
-    with pytest.raises(ValueError, match="ipc_fence_scope is 'device' but must be 'gpu' or 'system'"):
-        cb._set_ipc_fence_scope("device")
-    assert cb.ipc_fence_scope == "gpu"
-
-
-def test_barrier_defaults_to_serial_and_is_set_by_name():
-    cb = make()
-    assert cb.ipc_barrier == "serial"
-    cb._set_ipc_barrier("per_peer")
-    assert cb.ipc_barrier == "per_peer"
-    with pytest.raises(ValueError, match="ipc_barrier is 'parallel' but must be 'per_peer' or 'serial'"):
-        cb._set_ipc_barrier("parallel")
-    assert cb.ipc_barrier == "per_peer"
+    set_it = getattr(cb, "_set_" + name)
+    assert getattr(cb, name) == default
+    set_it(other)
+    assert getattr(cb, name) == other
+    with pytest.raises(ValueError, match=f"{name} is '{bad}' but must be {allowed}"):
+        set_it(bad)
+    assert getattr(cb, name) == other
 
 
 def test_one_shot_limit_defaults_by_rank_count_and_is_set_at_run_time():
