@@ -10,11 +10,11 @@
 // only on the element count and dtype, which the descriptor makes equal.
 // Block b of every rank copies range b of its input into its slot, then
 // posts its block flag b = seq (ipc_arena.h, block_flags_of; thread 0, after
-// the block's copy-in) and waits for every peer's block flag b >= seq (one
-// thread per peer, phase_step.h's BlockPhase); then the block reduces range b
-// from every rank's slot (its own included). A block only ever reads the
-// range the peers' block b published, so blocks of one grid never wait for
-// each other: no co-residency is needed within a rank.
+// the block's copy-in) and waits for every peer's block flag b >= seq (a
+// thread per peer, or thread 0 in turn: phase_step.h's BlockPhase); then the
+// block reduces range b from every rank's slot (its own included). A block
+// only ever reads the range the peers' block b published, so blocks of one
+// grid never wait for each other: no co-residency is needed within a rank.
 //
 // Descriptor and abort semantics stay the phase protocol's: block 0 also
 // posts the control block's flag with the call's descriptor (flags::post,
