@@ -96,10 +96,11 @@ void run_blocks(int nblocks, Block block) {
 // its synchronization points. A barrier's per-peer waits, which the GPU runs
 // at once, one thread per peer, run here after the arrival, one after the
 // other, in thread order in even blocks and in reverse in odd ones: two of
-// the orders the GPU may run them in. Serial waits are thread 0's loop. The waits need no order among themselves: each reads only its peer's
-// words, a failed one records through the status word's compare-and-swap
-// (the first stands), and the others then stop on the status word
-// (OwnStatusPoll), as on the GPU.
+// the orders the GPU may run them in. Serial waits are thread 0's loop. The
+// waits need no order among themselves: each reads only its peer's words, a
+// failed one records through the status word's compare-and-swap (the first
+// stands), and the others then stop on the status word (OwnStatusPoll), as
+// on the GPU.
 struct HostBlock {
   template <class F>
   bool leader(F f) {

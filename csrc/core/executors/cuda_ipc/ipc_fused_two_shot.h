@@ -34,7 +34,8 @@
 //     st.release.sys after __syncthreads()): the block's slot writes (publish,
 //     reduce) happen before it, so a peer's block b whose thread acquires it
 //     (ld.acquire.sys, then __syncthreads_or() before its threads read) sees
-//     them (one waiting thread per peer: phase_step.h's BlockPhase);
+//     them (a waiting thread per peer, or thread 0 for all: phase_step.h's
+//     BlockPhase);
 //   * slot reuse: block b rewrites a slot region (its slice) only after
 //     waiting for a phase that block b of every peer posts after its last read
 //     of that region: the protocol's rotation argument (flag_protocol.h) holds
@@ -221,8 +222,9 @@ FASTPAR_HD void two_shot_reduce(const TwoShotArgs& a, int64_t k, int b, int t, i
 //                     its result seen by every thread (synchronized again);
 //   void threads(f):  f(t, nt) for each thread t of the block's nt;
 //   bool barrier(ph): a phase object's (phase_step.h) arrive() on thread 0
-//                     and wait(q) on thread q for every peer q, between two
-//                     block synchronizations; true when any failed.
+//                     and its wait(q, deadline) for every peer q (a thread
+//                     per peer, or thread 0 in turn), between two block
+//                     synchronizations; true when any failed.
 // On the GPU (gpu_block.cuh) the first synchronization orders the block's
 // writes before thread 0's release, the last the waits' acquires before the
 // block's reads.
