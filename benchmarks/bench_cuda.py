@@ -31,6 +31,7 @@ import datetime
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -533,6 +534,24 @@ def header() -> str:
     return "\n".join(lines) + "\n"
 
 
+def measured_on() -> tuple:
+    """The GPU model the rows were measured on (one model, else "": no tuning
+    entry), and what measured them: the tuning entry's source."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "", ""
+    models = {torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())}
+    try:
+        commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = ""
+    source = (f"bench_cuda.py {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d}, fastpar "
+              f"{commit or 'unknown commit'}, torch {torch.__version__}")
+    return (models.pop() if len(models) == 1 else ""), source
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--part", default="all", help=f"comma-separated parts: {', '.join(PARTS)} (default all)")
@@ -624,7 +643,8 @@ def main(argv=None) -> list:
             print(f"{part}: {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
             write_rows(rows, args.rows_out)  # after each part: a kill during the next loses nothing
     write_rows(rows, args.rows_out)
-    gs.report(rows, args.out, head)
+    model, source = ("", "") if args.dry_run else measured_on()
+    gs.report(rows, args.out, head, model, source)
     return rows
 
 

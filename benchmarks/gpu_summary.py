@@ -18,8 +18,10 @@ Row kinds (the "part" column):
 """
 from __future__ import annotations
 
+import json
 import math
 import os
+import statistics
 import sys
 from typing import Dict, List, Optional
 
@@ -79,6 +81,63 @@ def _target(name: str, target: str, values: List[float], better: str, bound: flo
     return {"target": name, "goal": target, "measured": worst, "status": status}
 
 
+def schedule_ratios(rows: List[Dict]) -> Dict[str, List[float]]:
+    """Each schedule against the one it replaces, in the same run: new time /
+    old time per size, ranks and placement (< 1: the new one is faster), keyed
+    by the tuning choice it decides (tuning_entry)."""
+    ipc = [r for r in rows if r["part"] == "ipc" and not r.get("error")]
+    us = {(r["backend"], r["placement"], r["ranks"], r["bytes"]): r["us"] for r in ipc}
+
+    def versus(new: str, old: str, ranks=None, max_bytes=1 << 62) -> List[float]:
+        return [t / us[(old, *where)] for (backend, *where), t in us.items()
+                if backend == new and (old, *where) in us and (ranks is None or where[1] in ranks)
+                and where[2] <= max_bytes]
+
+    # The fused two-shot (one kernel a call; the plain rows) against the
+    # step-by-step one (2mn + 1 stream operations), and the registered push
+    # (one kernel, 2kN bytes) against the registered schedule step by step:
+    # one knob picks both.
+    two_shot = versus("fastpar", "fastpar two-shot steps") + versus("fastpar registered", "fastpar registered steps")
+    # broadcast, all_gather and reduce_scatter as one kernel against step by
+    # step (bench_cuda.py's "fastpar OP fused" and "fastpar OP steps" rows).
+    collectives = []
+    for backend in sorted({k[0] for k in us if k[0].endswith(" fused")}):
+        collectives += versus(backend, backend[:-len("fused")] + "steps")
+    # GPU-scope fences (every rank on this GPU) against system-scope ones:
+    # eager and graphed all_reduce.
+    fence_scope = versus("fastpar gpu-scope", "fastpar") + versus("fastpar graph gpu-scope", "fastpar graph")
+    # The barrier with a thread per peer against thread 0's loop, 3 and 4
+    # ranks up to 1 MiB.
+    barrier = versus("fastpar per-peer barrier", "fastpar", ranks=(3, 4), max_bytes=MiB)
+    return {"two_shot": two_shot, "collectives": collectives, "fence_scope": fence_scope, "barrier": barrier}
+
+
+# What each tuning choice is when the new schedule wins, and when it does not.
+TUNING_FORMS = {"two_shot": ("fused", "steps"), "collectives": ("fused", "steps"), "fence_scope": ("gpu", "system"),
+                "barrier": ("per_peer", "serial")}
+# The new schedule wins when it is faster at the median of the sizes compared
+# and at most this much slower at any one (the timing noise of one run).
+ADOPT_WORST = 1.05
+
+
+def tuning_entry(rows: List[Dict], source: str) -> Dict:
+    """The choices this run measured, as an entry of fastpar's CUDA tuning
+    table (fastpar/distributed/cuda_tuning.py): each schedule against the one
+    it replaces (schedule_ratios, ADOPT_WORST), and the one-shot limit per
+    rank count (one_shot_limits; left out where one-shot was never faster).
+    A choice this run did not compare is left out: the default stays."""
+    entry: Dict = {"source": source}
+    for key, ratios in schedule_ratios(rows).items():
+        ratios = _ok(ratios)
+        if ratios:
+            wins = statistics.median(ratios) < 1 and max(ratios) <= ADOPT_WORST
+            entry[key] = TUNING_FORMS[key][0 if wins else 1]
+    limits = {str(n): limit for n, (_, _, limit) in one_shot_limits(rows).items() if limit}
+    if limits:
+        entry["one_shot_max_bytes"] = limits
+    return entry
+
+
 def targets(rows: List[Dict]) -> List[Dict]:
     """The targets, in kernel launches and fractions of a copy measured in the
     same run, beside what was measured: each line the worst row's ratio and
@@ -123,20 +182,6 @@ def targets(rows: List[Dict]) -> List[Dict]:
     registered_vs_plain = [r["us"] / plain[(r["placement"], r["ranks"], r["bytes"])] for r in ipc
                            if r["backend"] == "fastpar registered"
                            and (r["placement"], r["ranks"], r["bytes"]) in plain]
-    # The fused two-shot (one kernel a call) against the step-by-step one
-    # (2mn + 1 stream operations) of the same size, ranks and placement.
-    steps = {(r["placement"], r["ranks"], r["bytes"]): r["us"] for r in ipc if r["backend"] == "fastpar two-shot steps"}
-    fused_vs_steps = [plain[k] / us for k, us in steps.items() if k in plain]
-    # broadcast, all_gather and reduce_scatter as one kernel against step by
-    # step, same size, ranks and placement (bench_cuda.py's "fastpar OP fused"
-    # and "fastpar OP steps" rows).
-    forms = {(r["backend"], r["placement"], r["ranks"], r["bytes"]): r["us"] for r in ipc}
-    other_fused_vs_steps = []
-    for (backend, *where), us in forms.items():
-        base = (backend[:-len("fused")] + "steps", *where)
-        if backend.endswith(" fused") and base in forms:
-            other_fused_vs_steps.append(us / forms[base])
-
     def of_ceiling_k(ranks):
         """k ranks' plain all_reduce from 8 MiB against its traffic floor,
         (5k - 2) N bytes of HBM traffic (copy-in, publish, reduce, copy-out),
@@ -158,22 +203,7 @@ def targets(rows: List[Dict]) -> List[Dict]:
     fake = fastpar_on_one(2, "torch fake backend")
     over_fake = ([(two[4 * KiB]["host_us"] - fake[4 * KiB]["host_us"]) / launch_two]
                  if 4 * KiB in two and 4 * KiB in fake else [])
-    # GPU-scope fences (every rank on this GPU) against system-scope ones,
-    # same call and size: eager and graphed all_reduce.
-    scoped = []
-    for base in ("fastpar", "fastpar graph"):
-        sys_rows, gpu_rows = fastpar_on_one(2, base), fastpar_on_one(2, base + " gpu-scope")
-        scoped += [r["us"] / sys_rows[b]["us"] for b, r in gpu_rows.items() if b in sys_rows]
-    # The barrier with a thread per peer against thread 0's loop, 3 and 4
-    # ranks up to 1 MiB, same call and size.
-    per_peer = []
-    for ranks in (3, 4):
-        serial_rows, per_peer_rows = fastpar_on_one(ranks), fastpar_on_one(ranks, "fastpar per-peer barrier")
-        per_peer += [r["us"] / serial_rows[b]["us"] for b, r in per_peer_rows.items() if b in serial_rows]
-    # The registered push (one kernel, 2kN bytes) against the registered
-    # schedule step by step, same size.
-    reg_steps = fastpar_on_one(2, "fastpar registered steps")
-    push_vs_steps = [r["us"] / reg_steps[b]["us"] for b, r in two_reg.items() if b in reg_steps]
+    new_vs_old = schedule_ratios(rows)
 
     return [
         # one kernel per call: the physical ceilings
@@ -201,16 +231,14 @@ def targets(rows: List[Dict]) -> List[Dict]:
         _target("list direct / copy from 16 MiB (worst)", ">= 0.9", [r["of_copy"] for r in direct(16 * MiB)],
                 "higher", 0.9),
         # each new schedule against the old one it replaces, in the same run
-        _target("fused two-shot / step-by-step two-shot time, same run (worst)", "<= 1",
-                fused_vs_steps, "lower", 1),
+        _target("fused two-shot and registered push / step by step time, same run (worst)", "<= 1",
+                new_vs_old["two_shot"], "lower", 1),
         _target("fused / step-by-step time of broadcast, all_gather, reduce_scatter from 1 MiB, same run (worst)",
-                "<= 1", other_fused_vs_steps, "lower", 1),
-        _target("registered push / registered step by step time, same run (worst)", "<= 1", push_vs_steps,
-                "lower", 1),
+                "<= 1", new_vs_old["collectives"], "lower", 1),
         _target("GPU-scope / system-scope fences, 2 ranks on one GPU, eager and graphed, same run (worst)", "<= 1",
-                scoped, "lower", 1),
+                new_vs_old["fence_scope"], "lower", 1),
         _target("per-peer / serial barrier, 3 and 4 ranks on one GPU up to 1 MiB, same run (worst)", "<= 1",
-                per_peer, "lower", 1),
+                new_vs_old["barrier"], "lower", 1),
         _target("registered / plain all_reduce time from 1 MiB (worst)", "<= 1", registered_vs_plain, "lower", 1),
         _target("2 ranks on one GPU, 1 MiB time / 256 KiB time", "<= 1.5",
                 [two[MiB]["us"] / two[256 * KiB]["us"]] if MiB in two and 256 * KiB in two else [], "lower", 1.5),
@@ -221,19 +249,20 @@ def targets(rows: List[Dict]) -> List[Dict]:
     ]
 
 
-def one_shot_choice(rows: List[Dict]) -> List[Dict]:
-    """One-shot against two-shot all_reduce time, per rank count and size, on
-    one shared GPU, from the same run: the plain rows ran one-shot up to the
-    limit in force (the "one_shot_max_bytes" ref row) and two-shot above it;
-    the forced rows ran the other schedule. "limit" is the largest size up to
-    which one-shot was never slower (from the smallest size both ran): what
-    FASTPAR_CUDA_IPC_ONE_SHOT_MAX_BYTES should be on this GPU."""
+def one_shot_limits(rows: List[Dict]) -> Dict[int, tuple]:
+    """One-shot against two-shot all_reduce time, per rank count, on one
+    shared GPU, from the same run: the plain rows ran one-shot up to the limit
+    in force (the "one_shot_max_bytes" ref row) and two-shot above it; the
+    forced rows ran the other schedule. Per rank count: (the limit in force,
+    [(size, one-shot us, two-shot us)], the largest size up to which one-shot
+    was never slower, from the smallest size both ran, or None): the last is
+    what FASTPAR_CUDA_IPC_ONE_SHOT_MAX_BYTES should be on this GPU."""
     one = "shared cuda:0"
     ipc = [r for r in rows if r["part"] == "ipc" and r["placement"] == one and not r.get("error")]
-    limits = {r["ranks"]: r["value"] for r in rows
-              if r["part"] == "ref" and r["what"] == "one_shot_max_bytes" and r["placement"] == one}
-    out = []
-    for n, hi in sorted(limits.items()):
+    in_force = {r["ranks"]: r["value"] for r in rows
+                if r["part"] == "ref" and r["what"] == "one_shot_max_bytes" and r["placement"] == one}
+    out = {}
+    for n, hi in sorted(in_force.items()):
         us = {(r["backend"], r["bytes"]): r["us"] for r in ipc if r["ranks"] == n}
         pairs = []
         for (backend, size), t in sorted(us.items(), key=lambda kv: kv[0][1]):
@@ -250,6 +279,14 @@ def one_shot_choice(rows: List[Dict]) -> List[Dict]:
             if t_one > t_two:
                 break
             limit = size
+        out[n] = (hi, pairs, limit)
+    return out
+
+
+def one_shot_choice(rows: List[Dict]) -> List[Dict]:
+    """one_shot_limits as table rows: one per rank count and size."""
+    out = []
+    for n, (hi, pairs, limit) in one_shot_limits(rows).items():
         for size, t_one, t_two in pairs:
             out.append({"ranks": n, "size": human_bytes(size), "one_shot_us": t_one, "two_shot_us": t_two,
                         "one/two": t_one / t_two, "limit in force": human_bytes(int(hi)),
@@ -261,9 +298,28 @@ def errors(rows: List[Dict]) -> List[str]:
     return sorted({f"{r['part']}: {r['error']}" for r in rows if r.get("error")})
 
 
-def report(rows: List[Dict], out_dir: str, header: str = "") -> List[Dict]:
+def write_tuning(rows: List[Dict], out_dir: str, model: str, source: str) -> str:
+    """tuning.json under out_dir: this run's tuning entry for `model` (the GPU
+    it ran on), for `python -m fastpar.distributed.cuda_tuning --adopt`; ""
+    and no file where the run compared nothing. Returns the entry's line."""
+    path = os.path.join(out_dir, "tuning.json")
+    entry = tuning_entry(rows, source)
+    if not model or len(entry) == 1:
+        if os.path.exists(path):
+            os.remove(path)  # an earlier run's entry must not pass for this run's
+        return ""
+    with open(path, "w") as f:
+        json.dump({"models": {model: entry}}, f, indent=2)
+        f.write("\n")
+    choices = ", ".join(f"{k}={v}" for k, v in entry.items() if k != "source")
+    return f"tuning entry for {model}: {choices} ({path})"
+
+
+def report(rows: List[Dict], out_dir: str, header: str = "", model: str = "", source: str = "") -> List[Dict]:
     """Tables on stdout, bench_cuda.csv, lists.png and collectives.png under
-    out_dir, summary.txt (the targets table); returns the target lines."""
+    out_dir, summary.txt (the targets table) and, given the GPU `model` the
+    rows were measured on, tuning.json (write_tuning; `source` says what
+    measured it); returns the target lines."""
     os.makedirs(out_dir, exist_ok=True)
     lists = [r for r in rows if r["part"] == "lists" and not r.get("error")]
     big = [r for r in lists if r["bytes"] >= MiB]
@@ -291,6 +347,9 @@ def report(rows: List[Dict], out_dir: str, header: str = "") -> List[Dict]:
     errs = errors(rows)
     for e in errs:
         print(f"error: {e}")
+    tuning = write_tuning(rows, out_dir, model, source)
+    if tuning:
+        print(tuning)
     write_csv(rows, os.path.join(out_dir, "bench_cuda.csv"))
     with open(os.path.join(out_dir, "summary.txt"), "w") as f:
         f.write(header)
@@ -302,6 +361,8 @@ def report(rows: List[Dict], out_dir: str, header: str = "") -> List[Dict]:
             c = next(c for c in choice if c["ranks"] == n)
             f.write(f"one-shot limit, {n} ranks on one GPU: measured {c['limit measured']}, "
                     f"in force {c['limit in force']}\n")
+        if tuning:
+            f.write(tuning + "\n")
         for e in errs:
             f.write(f"error: {e}\n")
     series: Dict[str, list] = {}

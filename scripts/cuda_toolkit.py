@@ -2,6 +2,7 @@
 import glob
 import os
 import shutil
+import subprocess
 import sys
 
 
@@ -41,3 +42,14 @@ def is_cuda_source(path):
     holds every source that includes a CUDA header to it."""
     parts = path.replace(os.sep, "/").split("/")
     return path.endswith(".cu") or any(p.startswith("cuda_") for p in parts)
+
+
+def nvcc_has_option(cuda_home, option):
+    """Whether the nvcc of `cuda_home` lists `option` (e.g. "--split-compile")
+    in its --help: options newer than the oldest toolkit we build with."""
+    try:
+        out = subprocess.run([os.path.join(cuda_home, "bin", "nvcc"), "--help"], capture_output=True, text=True,
+                             timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return f"{option} " in out

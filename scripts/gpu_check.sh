@@ -20,7 +20,7 @@
 #       # left of the budget less the needs of the later selected phases (gpu_check_phases.sh)
 #   GPU_CHECK_BUILD_S                         # the build's need (default 120 s cold, 30 s when up to date)
 #
-# Logs, CSV, PNG and summary.txt go to the results folder. The exit code is
+# Logs, CSV, PNG, summary.txt and tuning.json go to the results folder. The exit code is
 # nonzero when the build, the smoke test or a test failed (2: bad arguments or
 # a budget refused); missed benchmark targets are reported, not failures.
 set -uo pipefail
@@ -222,6 +222,10 @@ fi
 # --- single-process benchmarks (no MPS: one process owns the GPU)
 ROWS_LISTS=$RESULTS/rows_lists.json ROWS_IPC=$RESULTS/rows_ipc.json
 rm -f "$ROWS_LISTS" "$ROWS_IPC"
+if [ -f "$RESULTS/tuning.json" ]; then
+  echo "this GPU's tuning entry: $RESULTS/tuning.json (docs/knobs.md, \"Per-GPU tuning\"); to adopt it:"
+  echo "  python -m fastpar.distributed.cuda_tuning --adopt $RESULTS/tuning.json"
+fi
 : > "$RESULTS/bench.log"
 if want lists; then
   LIMIT=$(phase_limit "$(phase_cap lists)" "$(reserve_after lists)")
@@ -292,6 +296,10 @@ else
   echo "no benchmark rows; see $RESULTS/bench.log"; tail -20 "$RESULTS/bench.log"
 fi
 rm -f "$ROWS_LISTS" "$ROWS_IPC"
+if [ -f "$RESULTS/tuning.json" ]; then
+  echo "this GPU's tuning entry: $RESULTS/tuning.json (docs/knobs.md, \"Per-GPU tuning\"); to adopt it:"
+  echo "  python -m fastpar.distributed.cuda_tuning --adopt $RESULTS/tuning.json"
+fi
 
 echo "== gpu_check: $((SECONDS - START)) s"
 if [ "${#FAILED[@]}" -gt 0 ]; then

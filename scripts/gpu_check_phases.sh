@@ -26,8 +26,10 @@ need() {
 FIXED_S=30
 
 # build_need: seconds the build may need. A cold build took 62 s with 16
-# jobs on an H200 (sm_90 only); twice that. An extension newer than every
-# source and setup.py is rebuilt in seconds. GPU_CHECK_BUILD_S overrides.
+# jobs on an H200 (sm_90 only), before the one-kernel files grew to up to
+# 160 kernel instances each (nvcc's --split-compile now spreads each file
+# over the cores); twice that. An extension newer than every source and
+# setup.py is rebuilt in seconds. GPU_CHECK_BUILD_S overrides.
 build_need() {
   if [ -n "${GPU_CHECK_BUILD_S:-}" ]; then echo "$GPU_CHECK_BUILD_S"; return; fi
   local so

@@ -178,3 +178,82 @@ def test_each_nccl_group_gets_its_own_options_with_the_users_settings():
     assert user.global_ranks_in_group == [] and user.group_name == ""  # the user's object is left as it was
     plain = _nccl_options(timeout, [0], None)
     assert plain.is_high_priority_stream is False and plain.global_ranks_in_group == [0]
+
+
+ENTRY = {"source": "test rows", "two_shot": "fused", "collectives": "fused", "fence_scope": "gpu",
+         "barrier": "per_peer", "one_shot_max_bytes/2": "65536", "one_shot_max_bytes/3": "4096"}
+
+
+def make_two_ranks():
+    """A 2-rank engine that is never set up (its fallback is a 1-rank gloo
+    group): what the tuning entry decides depends on the rank count."""
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    store = dist.HashStore()
+    gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", store), 0, 1, datetime.timedelta(seconds=10))
+    return fastpar._C.CudaEngine(store, 0, 2, 10_000, gloo)
+
+
+def test_tuning_entry_of_the_groups_gpu_model_decides_what_no_knob_or_setter_did(monkeypatch):
+    monkeypatch.setenv("FASTPAR_CUDA_IPC_BARRIER", "serial")
+    cb = make_two_ranks()
+    cb._set_ipc_collectives("steps")
+    cb._set_tuning_table({"GPU A": ENTRY, "GPU B": {"two_shot": "steps"}})
+    assert cb.ipc_tuning == "not set up" and cb.ipc_two_shot == "steps"
+    cb._apply_tuning(["GPU A", "GPU A"])
+    assert cb.ipc_tuning == "GPU A: test rows"
+    assert cb.ipc_two_shot == "fused" and cb.ipc_fence_scope == "gpu"  # the entry's
+    assert cb.ipc_collectives == "steps"  # the setter's
+    assert cb.ipc_barrier == "serial"  # the knob's
+    assert cb.one_shot_max_bytes == 65536  # the entry's for 2 ranks
+    cb._set_one_shot_max_bytes(8192)
+    assert cb.one_shot_max_bytes == 8192
+    cb._set_one_shot_max_bytes(-1)
+    assert cb.one_shot_max_bytes == 65536
+    # ranks on different models, or a model without an entry: the defaults
+    for models, why in ((["GPU A", "GPU B"], "none: the group's ranks run on different GPU models"),
+                        (["GPU C", "GPU C"], "none: no entry for GPU C"),
+                        (["", ""], "none: the GPU model is unknown")):
+        cb._apply_tuning(models)
+        assert cb.ipc_tuning == why
+        assert cb.ipc_two_shot == "steps" and cb.ipc_fence_scope == "system"
+        assert cb.one_shot_max_bytes == 2 << 20
+    cb._apply_tuning(["GPU B", "GPU B"])
+    assert cb.ipc_two_shot == "steps" and cb.one_shot_max_bytes == 2 << 20  # not in the entry: the default
+
+
+@pytest.mark.parametrize("field,value,words", [
+    ("two_shot", "fast", "has two_shot = 'fast' but it must be 'fused' or 'steps'"),
+    ("barrier", "parallel", "has barrier = 'parallel' but it must be 'per_peer' or 'serial'"),
+    ("fence_scope", "sys", "has fence_scope = 'sys' but it must be 'gpu' or 'system'"),
+    ("one_shot_max_bytes/2", "-5", "has one_shot_max_bytes/2 = '-5' but it must be a whole number from 0"),
+    ("one_shot_max_bytes/x", "4096", "has one_shot_max_bytes/x = 'x' but it must be a whole number from 2 to 64"),
+    ("speed", "1", "has the key 'speed' but the keys are source, two_shot"),
+])
+def test_bad_tuning_entries_are_refused_naming_model_key_and_value(field, value, words):
+    cb = make()
+    with pytest.raises(ValueError, match=f"the CUDA tuning entry for 'GPU A' {words}"):
+        cb._set_tuning_table({"GPU A": {field: value}})
+
+
+def test_tuning_table_shipped_or_named_by_the_knob(monkeypatch, tmp_path):
+    from fastpar.distributed import cuda_tuning
+
+    monkeypatch.delenv("FASTPAR_CUDA_TUNING", raising=False)
+    make()._set_tuning_table(cuda_tuning.table())  # the shipped table is one the engine takes
+    path = tmp_path / "t.json"
+    path.write_text('{"models": {"GPU A": {"source": "s", "one_shot_max_bytes": {"2": 65536}}}}')
+    monkeypatch.setenv("FASTPAR_CUDA_TUNING", str(path))
+    assert cuda_tuning.table() == {"GPU A": {"source": "s", "one_shot_max_bytes/2": "65536"}}
+    cb = make_two_ranks()
+    cb._set_tuning_table(cuda_tuning.table())
+    cb._apply_tuning(["GPU A", "GPU A"])
+    assert cb.one_shot_max_bytes == 65536
+    monkeypatch.setenv("FASTPAR_CUDA_TUNING", "off")
+    assert cuda_tuning.table() == {}
+    monkeypatch.setenv("FASTPAR_CUDA_TUNING", str(tmp_path / "missing.json"))
+    with pytest.raises(ValueError, match="FASTPAR_CUDA_TUNING is '.*missing.json' but that table cannot be read"):
+        cuda_tuning.table()
+    path.write_text('{"GPU A": {}}')
+    monkeypatch.setenv("FASTPAR_CUDA_TUNING", str(path))
+    with pytest.raises(ValueError, match="is not a CUDA tuning table"):
+        cuda_tuning.table()

@@ -3,9 +3,9 @@ small IPC slots that make every size cross many chunks, gather / scatter /
 all_to_all over IPC and the calls with no IPC schedule, send/recv as the
 first calls of a group bound to a device, all_reduce captured in CUDA
 graphs (replays, refusals by name), stream semantics of async work, the IPC
-state and the MPS note. The collectives both devices have:
-test_collectives.py; send/recv: test_p2p.py; the IPC faults:
-faults/test_cuda_ipc_faults.py.
+state and the MPS note, the per-GPU tuning entry applied at setup. The
+collectives both devices have: test_collectives.py; send/recv: test_p2p.py;
+the IPC faults: faults/test_cuda_ipc_faults.py.
 
 Skips without a GPU (and in CPU-only builds of fastpar). What runs without a
 GPU: the routing policy and failure words (ctest), the IPC schedules and the
@@ -238,6 +238,49 @@ def test_state_and_the_mps_note(request, layout):
             # forward C++ warnings, a line on stderr.
             assert ("mps-warning-python: True" in results[0].out or "time-slice" in results[0].err), (
                 results[0].out + results[0].err)
+
+
+@scenario
+def sc_tuning():
+    """A tuning table with an entry for this GPU's model (FASTPAR_CUDA_TUNING):
+    the IPC setup applies it to the choices no knob made (the batch's env
+    leaves them unset, FASTPAR_CUDA_IPC_COLLECTIVES excepted), the one-shot
+    limit for this rank count; the results keep their bits."""
+    import json
+
+    model = torch.cuda.get_device_name(DEV)
+    path = f"/tmp/fastpar-test-tuning-{os.getpid()}.json"
+    with open(path, "w") as f:
+        json.dump({"models": {model: {"source": "test entry", "two_shot": "fused", "collectives": "fused",
+                                      "barrier": "per_peer", "one_shot_max_bytes": {str(WORLD): 8192}}}}, f)
+    saved = os.environ.get("FASTPAR_CUDA_TUNING")
+    os.environ["FASTPAR_CUDA_TUNING"] = path
+    try:
+        init()
+        cb = cuda_backend()
+        for n in (1000, 100_000):  # one-shot, then two-shot above the entry's 8 KiB limit
+            t = torch.full((n,), float(RANK + 1), device=DEV)
+            dist.all_reduce(t)
+            assert torch.equal(t, torch.full_like(t, WORLD * (WORLD + 1) / 2)), (n, t[:4])
+        assert cb.ipc_tuning == f"{model}: test entry", cb.ipc_tuning
+        assert cb.ipc_two_shot == "fused" and cb.ipc_barrier == "per_peer", (cb.ipc_two_shot, cb.ipc_barrier)
+        assert cb.ipc_collectives == "steps"  # the knob's
+        assert cb.one_shot_max_bytes == 8192, cb.one_shot_max_bytes
+        dist.destroy_process_group()
+    finally:
+        os.remove(path)
+        if saved is None:
+            os.environ.pop("FASTPAR_CUDA_TUNING")
+        else:
+            os.environ["FASTPAR_CUDA_TUNING"] = saved
+    print(f"tuning rank {RANK} ok", flush=True)
+
+
+@pytest.mark.parametrize("layout", ["shared", pytest.param("distinct", marks=needs_two_gpus)])
+@batched(InBatch(sc_tuning, env={"FASTPAR_CUDA_IPC_TWO_SHOT": "", "FASTPAR_CUDA_IPC_BARRIER": "",
+                                 "FASTPAR_CUDA_IPC_ONE_SHOT_MAX_BYTES": "", "FASTPAR_CUDA_IPC_COLLECTIVES": "steps"}))
+def test_tuning_entry_of_the_gpu_model_applies_at_setup(request, layout):
+    assert_ok(scenario_result(request))
 
 
 @scenario

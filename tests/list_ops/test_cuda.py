@@ -308,6 +308,50 @@ def test_allreduce_orders_against_current_streams():
 
 
 @needs_gpu
+def test_reduce_scatter_gather_broadcast_order_against_current_streams():
+    """As the allreduce above, for reduce, reduce_scatter, allgather and
+    broadcast: inputs made by a slow producer on a non-default current
+    stream, outputs read right after the op on the same streams."""
+    n = max(NGPU, 2)
+    ds = devs(n)
+    streams = {d: torch.cuda.Stream(device=d) for d in set(ds)}
+    size = 2**20 * n
+    previous = [torch.cuda.current_stream(d) for d in streams]
+    for s in streams.values():
+        torch.cuda.set_stream(s)
+    try:
+        ins = []
+        for i, d in enumerate(ds):
+            with torch.cuda.device(d):
+                t = torch.empty(size, device=d)
+                torch.cuda._sleep(10_000_000)  # make the producer slow
+                t.fill_(i + 1)
+                ins.append(t)
+        total = float(sum(range(1, n + 1)))
+        reduced = torch.empty(size, device=ds[-1])
+        ops.reduce_(ins, reduced, SUM)
+        shards = [torch.empty(size // n, device=d) for d in ds]
+        ops.reduce_scatter_(ins, shards, SUM)
+        gathered = [torch.empty(size * n, device=d) for d in ds]
+        ops.allgather_(ins, gathered)
+        copies = [torch.empty(size, device=d) for d in ds]
+        ops.broadcast_(ins[0], copies)
+        outs = [reduced * 1, *(s * 1 for s in shards), *(g * 1 for g in gathered), *(c * 1 for c in copies)]
+    finally:
+        for s in previous:
+            torch.cuda.set_stream(s)
+    torch.cuda.synchronize()
+    expected_gather = torch.cat([torch.full((size,), float(i + 1)) for i in range(n)])
+    assert torch.equal(outs[0].cpu(), torch.full((size,), total))
+    for o in outs[1:1 + n]:
+        assert torch.equal(o.cpu(), torch.full((size // n,), total))
+    for o in outs[1 + n:1 + 2 * n]:
+        assert torch.equal(o.cpu(), expected_gather)
+    for o in outs[1 + 2 * n:]:
+        assert torch.equal(o.cpu(), torch.full((size,), 1.0))
+
+
+@needs_gpu
 def test_allreduce_single_tensor_is_identity():
     t = torch.arange(10, dtype=torch.float32, device=0)
     for algorithm in ALGORITHMS:
@@ -594,6 +638,22 @@ def test_allreduce_as_distinct_devices(n, dtype, op, size, algorithm, offset, di
 
 @needs_gpu
 @one_gpu
+@pytest.mark.parametrize("n,dtype,op,size", matrix(2, 13, n=NS, dtype=DTYPES, op=OPS, size=[4099]))
+def test_ring_as_distinct_devices_across_many_windows(n, dtype, op, size, distinct_model, small_chunks):
+    """64-byte segments: the ring with a stream per rank crosses tens of
+    windows, so each window's accumulators are reused while other ranks'
+    streams may still read the last window's (the events between the ranks'
+    streams order it). The bits are the reference's."""
+    inputs = exact_data(n, size, dtype, op, seed=size * 41 + op)
+    tensors = [on_device(t, 0, 0) for t in inputs]
+    delta = paths_delta(lambda: ops.allreduce_(tensors, op, "ring"))
+    for t in tensors:
+        assert_bitwise(t, reference(inputs, op))
+    assert delta["allreduce_ring"] == 1 and delta["allreduce_one_launch"] == 0, delta
+
+
+@needs_gpu
+@one_gpu
 @pytest.mark.parametrize("n,dtype,op,size,offset", matrix(
     6, 11, n=NS, dtype=DTYPES, op=OPS, size=[1, 17, 1000, BIG], offset=OFFSETS))
 def test_reduce_and_reduce_scatter_as_distinct_devices(n, dtype, op, size, offset, distinct_model):
@@ -623,6 +683,7 @@ def test_side_streams_order_as_distinct_devices(distinct_model):
     """The ops' side streams wait for the current stream's producers and are
     waited on by its consumers, with every entry taken as its own GPU."""
     test_allreduce_orders_against_current_streams()
+    test_reduce_scatter_gather_broadcast_order_against_current_streams()
     test_copy_many_scatter_and_gather(torch.float32, 2**20 + 3)
 
 

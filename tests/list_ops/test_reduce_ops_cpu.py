@@ -212,3 +212,25 @@ def test_allreduce_under_torch_compile():
     compiled = torch.compile(step, backend="eager")
     assert torch.equal(compiled(x, y), step(x, y))
     assert torch.equal(compiled(x, y), x * 2 + y * 2 + 1)
+
+
+def test_outputs_may_share_with_inputs_only_the_elements_they_receive():
+    """In place (the output is an input, or a reduce_scatter output is its
+    own slice of an input) runs; an output overlapping an input at another
+    offset is refused by name before anything is written."""
+    buf = torch.arange(9, dtype=torch.float32)
+    other = torch.ones(8)
+    with pytest.raises(ValueError, match=r"^fastpar.reduce: output overlaps inputs\[0\] in memory at its byte 4, "
+                                         r"but may share only the elements it receives \(byte 0\)"):
+        fastpar.reduce([buf[:-1], other], buf[1:])
+    assert torch.equal(buf, torch.arange(9, dtype=torch.float32))
+    ts = [torch.arange(6, dtype=torch.float32) * (i + 1) for i in range(3)]
+    expected = sum(t.clone() for t in ts)
+    outs = [ts[i][2 * i:2 * i + 2] for i in range(3)]  # each its own slice of an input: in place
+    fastpar.reduce_scatter(ts, outs)
+    assert torch.equal(torch.cat([o.clone() for o in outs]), expected)
+    ts = [torch.arange(6, dtype=torch.float32) for _ in range(3)]
+    shifted = [ts[0][1:3], torch.empty(2), torch.empty(2)]
+    with pytest.raises(ValueError, match=r"fastpar.reduce_scatter: outputs\[0\] overlaps inputs\[0\] in memory at "
+                                         r"its byte 4, but may share only the elements it receives \(byte 0\)"):
+        fastpar.reduce_scatter(ts, shifted)

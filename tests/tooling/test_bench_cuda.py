@@ -89,7 +89,7 @@ def test_gpu_targets_are_in_launches_and_copies_of_the_same_run():
     assert lines["2 ranks on one GPU, 1 MiB time / 256 KiB time"]["measured"] == pytest.approx(2.0)
     reg = lines["registered, 2 ranks on one GPU, from 8 MiB, of the 2kN ceiling (4N) (worst)"]
     assert reg["measured"] == pytest.approx(4 * 32 * MiB / 4000e9 / 50e-6)
-    push = lines["registered push / registered step by step time, same run (worst)"]
+    push = lines["fused two-shot and registered push / step by step time, same run (worst)"]
     assert push["measured"] == pytest.approx(50 / 80) and push["status"] == "met"
     three = lines["3 ranks on one GPU at 1 MiB, time / 2 ranks'"]
     assert three["measured"] == pytest.approx(1.0 / 40e-6) and three["status"] == "MISSED"  # the 1 s call
@@ -110,7 +110,7 @@ def test_fused_two_shot_targets_use_the_k_rank_floor_and_the_same_runs_steps():
     ceiling = lines["2, 3, 4 ranks on one GPU, plain, from 8 MiB, of the (5k-2)N ceiling at the copy's rate (worst)"]
     # the worst of 3 ranks' 13N and 4 ranks' 18N (the 1 MiB row is below 8 MiB; no 2-rank rows)
     assert ceiling["measured"] == pytest.approx(min(13 * 32 * MiB / 3000e9 / 200e-6, 18 * 32 * MiB / 2000e9 / 400e-6))
-    fused = lines["fused two-shot / step-by-step two-shot time, same run (worst)"]
+    fused = lines["fused two-shot and registered push / step by step time, same run (worst)"]
     assert fused["measured"] == pytest.approx(0.8) and fused["status"] == "met"
 
 
@@ -128,6 +128,62 @@ def test_one_shot_limit_is_read_off_both_schedules_of_the_same_run():
     assert [c["one/two"] for c in choice] == pytest.approx([10 / 12, 15 / 16, 19 / 20, 45 / 30])
     assert {c["limit measured"] for c in choice} == {"1 MiB"}
     assert {c["limit in force"] for c in choice} == {"512 KiB"}
+
+
+def _pair(rows, new, old, ranks, size, t_new, t_old):
+    one = "shared cuda:0"
+    rows += [gs.ipc_row(new, one, ranks, size, t_new), gs.ipc_row(old, one, ranks, size, t_old)]
+
+
+def test_tuning_entry_takes_each_new_schedule_that_beat_the_old_in_the_same_run():
+    """A new schedule is chosen where it is faster at the median size and at
+    most ADOPT_WORST slower at any; a choice the run did not compare is left
+    out (the default stays); the one-shot limit per rank count comes from
+    the same rows as the summary's table."""
+    rows = []
+    # fused two-shot: faster at 2 of 3 sizes, 3% slower at one (noise): chosen;
+    # the registered push, the same knob, faster
+    _pair(rows, "fastpar", "fastpar two-shot steps", 2, 8 * MiB, 40e-6, 80e-6)
+    _pair(rows, "fastpar", "fastpar two-shot steps", 2, 32 * MiB, 100e-6, 150e-6)
+    _pair(rows, "fastpar", "fastpar two-shot steps", 3, 8 * MiB, 103e-6, 100e-6)
+    _pair(rows, "fastpar registered", "fastpar registered steps", 2, 32 * MiB, 60e-6, 90e-6)
+    # fused collectives: one 20% slower: not chosen
+    _pair(rows, "fastpar broadcast fused", "fastpar broadcast steps", 2, MiB, 10e-6, 20e-6)
+    _pair(rows, "fastpar all_gather fused", "fastpar all_gather steps", 2, MiB, 24e-6, 20e-6)
+    # per-peer barrier at 3 ranks: faster; its 2-rank and 8 MiB rows are not compared
+    _pair(rows, "fastpar per-peer barrier", "fastpar", 3, MiB, 30e-6, 40e-6)
+    rows.append(gs.ipc_row("fastpar per-peer barrier", "shared cuda:0", 3, 8 * MiB, 1.0))
+    # the one-shot limit for 3 ranks: 512 KiB
+    one = "shared cuda:0"
+    rows += [gs.ref_row("one_shot_max_bytes", one, 3, 512 * 1024),
+             gs.ipc_row("fastpar", one, 3, 256 * 1024, 10e-6),
+             gs.ipc_row("fastpar two-shot forced", one, 3, 256 * 1024, 12e-6),
+             gs.ipc_row("fastpar", one, 3, 512 * 1024, 17e-6),
+             gs.ipc_row("fastpar two-shot forced", one, 3, 512 * 1024, 16e-6)]
+    entry = gs.tuning_entry(rows, "test rows")
+    assert entry == {"source": "test rows", "two_shot": "fused", "collectives": "steps", "barrier": "per_peer",
+                     "one_shot_max_bytes": {"3": 256 * 1024}}  # no fence-scope rows: left out
+
+
+def test_tuning_file_is_written_for_one_model_and_adopted_into_a_table(tmp_path):
+    """report() writes tuning.json for the GPU model measured on; the
+    package's adopt merges it into a table, replacing that model's entry
+    and keeping the others'; a run that compared nothing leaves no file."""
+    from fastpar.distributed import cuda_tuning
+
+    rows = []
+    _pair(rows, "fastpar gpu-scope", "fastpar", 2, 4096, 5e-6, 6e-6)
+    line = gs.write_tuning(rows, str(tmp_path), "NVIDIA H200", "bench_cuda.py test")
+    assert line.startswith("tuning entry for NVIDIA H200: fence_scope=gpu")
+    table = tmp_path / "table.json"
+    table.write_text('{"models": {"NVIDIA H100 80GB HBM3": {"barrier": "serial"}, '
+                     '"NVIDIA H200": {"two_shot": "steps"}}}')
+    assert cuda_tuning.adopt(tmp_path / "tuning.json", table) == ["NVIDIA H200"]
+    models = cuda_tuning.read(table)
+    assert models == {"NVIDIA H100 80GB HBM3": {"barrier": "serial"},
+                      "NVIDIA H200": {"source": "bench_cuda.py test", "fence_scope": "gpu"}}
+    assert gs.write_tuning([], str(tmp_path), "NVIDIA H200", "nothing compared") == ""
+    assert not (tmp_path / "tuning.json").exists()
 
 
 def test_dry_run_has_both_two_shot_forms(tmp_path):

@@ -152,8 +152,8 @@ def test_one_gpu_variants_order_their_flags_at_gpu_scope(cubin):
     for name, body in system.items():
         twin = one_gpu[name.replace("DeviceMemoryAtILb0E", "DeviceMemoryAtILb1E")]
         assert count(twin, "GPU") > count(body, "GPU"), f"{name}: the one-GPU twin has no more GPU-scope operations"
-        # sm_90, nvcc 13.0: 11-56 of them in the system variants, 4-19 left
-        # in their twins (the host's words).
+        # sm_90, nvcc 13.0: 11-56 of them in the system variants, 5-22 left
+        # in their twins (the host's words, the mismatch record included).
         assert count(twin, "SYS") * 2 <= count(body, "SYS"), (
             f"{name}: {count(body, 'SYS')} system-scope operations, its one-GPU twin still {count(twin, 'SYS')}")
 

@@ -5,6 +5,9 @@
 #include "launch_shape.h"
 
 #include <atomic>
+#include <map>
+#include <mutex>
+#include <utility>
 
 namespace fastpar {
 namespace cuda_kernels {
@@ -13,6 +16,29 @@ namespace {
 static_assert(kMaxReducePtrs == kMaxPtrs, "launcher and kernel disagree on the pointer limit");
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// Blocks of `kernel` for `units` units of work (packs, or elements on the
+// scalar path): at most the blocks resident on every SM, divided among the
+// `sharers` ranks whose kernels share this GPU (launch_shape.h).
+template <class Kernel>
+cudaError_t grid_for(Kernel kernel, int64_t units, unsigned* blocks, int sharers = 1) {
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  int sms = 0, per_sm = 0;
+  err = sm_count(device, &sms);
+  if (err == cudaSuccess) err = resident_blocks(reinterpret_cast<const void*>(kernel), kThreads, &per_sm);
+  if (err != cudaSuccess) return err;
+  *blocks = unsigned(data_kernel_blocks(units, kThreads, sms, per_sm, sharers));
+  return cudaSuccess;
+}
+
+template <typename T>
+int64_t work_units(int64_t count, bool vec) {
+  return vec ? count / vec_width<T>() + count % vec_width<T>() : count;
+}
+
+}  // namespace
 
 // The SM count of `device`, asked once per device: cudaDeviceGetAttribute per
 // launch was a measurable share of a small call's host time (one per launch
@@ -30,47 +56,25 @@ cudaError_t sm_count(int device, int* sms) {
   return cudaSuccess;
 }
 
-// Blocks of `kernel` resident per SM at kThreads threads, from its registers
-// and shared memory (cudaOccupancyMaxActiveBlocksPerMultiprocessor), asked
-// once per kernel: a full SM's worth of threads is 4 blocks of 512 on
-// sm_80/sm_90, but a kernel at 64 registers per thread fits only 2, and a
-// grid sized for 4 would run in two waves.
-template <class Kernel>
-cudaError_t resident_blocks(Kernel kernel, int* out) {
-  static std::atomic<int> cached{0};  // racing first calls store the same value
-  int b = cached.load(std::memory_order_relaxed);
-  if (b == 0) {
-    const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kernel, kThreads, 0);
+// Asked once per kernel instance and thread count: a full SM's worth of
+// threads is 4 blocks of 512 on sm_80/sm_90, but a kernel at 64 registers per
+// thread fits only 2, and a grid sized for 4 would run in two waves. Keyed by
+// the kernel itself: the ops of one dtype share a function type but not their
+// registers.
+cudaError_t resident_blocks(const void* kernel, int threads, int* out) {
+  static std::mutex mu;
+  static std::map<std::pair<const void*, int>, int> cached;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cached.find({kernel, threads});
+  if (it == cached.end()) {
+    int b = 0;
+    const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kernel, threads, 0);
     if (e != cudaSuccess) return e;
-    b = b < 1 ? 1 : b;
-    cached.store(b, std::memory_order_relaxed);
+    it = cached.emplace(std::make_pair(kernel, threads), b < 1 ? 1 : b).first;
   }
-  *out = b;
+  *out = it->second;
   return cudaSuccess;
 }
-
-// Blocks of `kernel` for `units` units of work (packs, or elements on the
-// scalar path): at most the blocks resident on every SM, divided among the
-// `sharers` ranks whose kernels share this GPU (launch_shape.h).
-template <class Kernel>
-cudaError_t grid_for(Kernel kernel, int64_t units, unsigned* blocks, int sharers = 1) {
-  int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess) return err;
-  int sms = 0, per_sm = 0;
-  err = sm_count(device, &sms);
-  if (err == cudaSuccess) err = resident_blocks(kernel, &per_sm);
-  if (err != cudaSuccess) return err;
-  *blocks = unsigned(data_kernel_blocks(units, kThreads, sms, per_sm, sharers));
-  return cudaSuccess;
-}
-
-template <typename T>
-int64_t work_units(int64_t count, bool vec) {
-  return vec ? count / vec_width<T>() + count % vec_width<T>() : count;
-}
-
-}  // namespace
 
 cudaError_t launch_reduce(DType dt, ReduceOp op, const ReduceLaunch& a, cudaStream_t stream) {
   if (a.count == 0) return cudaSuccess;

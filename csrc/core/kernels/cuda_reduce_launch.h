@@ -54,5 +54,12 @@ cudaError_t launch_ring_finish(DType dt, ReduceOp op, const void* prev_acc, cons
                                const void* mine, void* out, int64_t count, int contributions,
                                cudaStream_t stream);
 
+// A data kernel's launch shape from the GPU at hand, asked of the driver once
+// and cached: the SM count of `device`, and the blocks of `kernel` (a
+// __global__ function) resident per SM at `threads` threads, from its
+// registers and shared memory (cudaOccupancyMaxActiveBlocksPerMultiprocessor).
+cudaError_t sm_count(int device, int* sms);
+cudaError_t resident_blocks(const void* kernel, int threads, int* blocks);
+
 }  // namespace cuda_kernels
 }  // namespace fastpar

@@ -52,12 +52,12 @@ CudaEngine::CudaEngine(c10::intrusive_ptr<c10d::Store> store, int rank, int size
       max_ipc_bytes_(knobs.ipc_max_bytes),
       slot_bytes_(knobs.ipc_slot_bytes),
       blocking_wait_(knobs.blocking_wait),
-      fused_two_shot_(knobs.ipc_fused_two_shot),
-      fused_collectives_(knobs.ipc_fused_collectives),
+      fused_two_shot_{knobs.ipc_fused_two_shot},
+      fused_collectives_{knobs.ipc_fused_collectives},
       registered_(std::make_shared<RegisteredArena>(knobs.registered_bytes)),
       one_shot_max_bytes_(knobs.ipc_one_shot_max_bytes),
-      gpu_fence_scope_(knobs.ipc_gpu_fence_scope),
-      per_peer_waits_(knobs.ipc_per_peer_waits) {
+      gpu_fence_scope_{knobs.ipc_gpu_fence_scope},
+      per_peer_waits_{knobs.ipc_per_peer_waits} {
   TORCH_CHECK_VALUE(fallback_, "fastpar.CudaEngine: fallback is None but a backend for CUDA tensors is required");
 }
 
@@ -173,6 +173,7 @@ void CudaEngine::set_up(int device) {
     why_not_ = std::string("setup failed: ") + e.what();
     throw;
   }
+  tune(rv.gpu_models);
   group_shares_gpu_ = rv.group_shares_gpu;
   mps_ = query_mps(device);
   if (cuda_ipc::sharing_warrants_warning(group_shares_gpu_, mps_)) {
@@ -183,11 +184,8 @@ void CudaEngine::set_up(int device) {
     auto link = std::make_shared<IpcLink>();
     link->ep = std::move(rv.endpoint);
     link->ep->comm().gpu_sharers = rv.ranks_on_my_gpu;  // the data kernels' grids share the GPU
-    link->ep->comm().fused_two_shot = fused_two_shot_;
-    link->ep->comm().fused_collectives = fused_collectives_;
-    link->ep->comm().one_gpu_scope = gpu_fence_scope_ && cuda_ipc::all_on_one_gpu(link->ep->comm());
-    link->ep->comm().per_peer_waits = per_peer_waits_;
     link->ep->comm().fused_grid_blocks = rv.fused_grid_blocks;
+    set_schedules(link->ep->comm());
     link->watch(std::move(rv.pids), getRank());
     std::atomic_store(&link_, std::move(link));
   }
@@ -206,47 +204,99 @@ bool parse_form(const std::string& form, const char* what) {
 }
 }  // namespace
 
-void CudaEngine::set_ipc_two_shot(const std::string& form) {
-  const bool fused = parse_form(form, "ipc_two_shot");
+void CudaEngine::set_schedules(cuda_ipc::IpcComm& c) const {
+  c.fused_two_shot = fused_two_shot_.on();
+  c.fused_collectives = fused_collectives_.on();
+  c.one_gpu_scope = gpu_fence_scope_.on() && cuda_ipc::all_on_one_gpu(c);
+  c.per_peer_waits = per_peer_waits_.on();
+}
+
+void CudaEngine::set_choice(ScheduleChoice CudaEngine::*choice, bool on) {
   std::lock_guard<std::mutex> g(mu_);
-  fused_two_shot_ = fused;
-  if (auto link = std::atomic_load(&link_)) link->ep->comm().fused_two_shot = fused;
+  (this->*choice).set = on;
+  if (auto link = std::atomic_load(&link_)) set_schedules(link->ep->comm());
+}
+
+void CudaEngine::set_ipc_two_shot(const std::string& form) {
+  set_choice(&CudaEngine::fused_two_shot_, parse_form(form, "ipc_two_shot"));
+}
+
+const char* CudaEngine::ipc_two_shot() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return fused_two_shot_.on() ? "fused" : "steps";
 }
 
 void CudaEngine::set_ipc_collectives(const std::string& form) {
-  const bool fused = parse_form(form, "ipc_collectives");
+  set_choice(&CudaEngine::fused_collectives_, parse_form(form, "ipc_collectives"));
+}
+
+const char* CudaEngine::ipc_collectives() const {
   std::lock_guard<std::mutex> g(mu_);
-  fused_collectives_ = fused;
-  if (auto link = std::atomic_load(&link_)) link->ep->comm().fused_collectives = fused;
+  return fused_collectives_.on() ? "fused" : "steps";
 }
 
 void CudaEngine::set_ipc_fence_scope(const std::string& scope) {
   TORCH_CHECK_VALUE(scope == "system" || scope == "gpu", "fastpar: ipc_fence_scope is '", scope,
                     "' but must be 'gpu' or 'system'");
-  std::lock_guard<std::mutex> g(mu_);
-  gpu_fence_scope_ = scope == "gpu";
-  if (auto link = std::atomic_load(&link_))
-    link->ep->comm().one_gpu_scope = gpu_fence_scope_ && cuda_ipc::all_on_one_gpu(link->ep->comm());
+  set_choice(&CudaEngine::gpu_fence_scope_, scope == "gpu");
 }
 
 std::string CudaEngine::ipc_fence_scope() const {
   std::lock_guard<std::mutex> g(mu_);
   const std::shared_ptr<IpcLink> link = std::atomic_load(&link_);
   if (link) return link->ep->comm().one_gpu_scope ? "gpu" : "system";
-  return gpu_fence_scope_ ? "gpu" : "system";
+  return gpu_fence_scope_.on() ? "gpu" : "system";
 }
 
 void CudaEngine::set_ipc_barrier(const std::string& form) {
   TORCH_CHECK_VALUE(form == "serial" || form == "per_peer", "fastpar: ipc_barrier is '", form,
                     "' but must be 'per_peer' or 'serial'");
-  std::lock_guard<std::mutex> g(mu_);
-  per_peer_waits_ = form == "per_peer";
-  if (auto link = std::atomic_load(&link_)) link->ep->comm().per_peer_waits = per_peer_waits_;
+  set_choice(&CudaEngine::per_peer_waits_, form == "per_peer");
 }
 
 std::string CudaEngine::ipc_barrier() const {
   std::lock_guard<std::mutex> g(mu_);
-  return per_peer_waits_ ? "per_peer" : "serial";
+  return per_peer_waits_.on() ? "per_peer" : "serial";
+}
+
+void CudaEngine::set_tuning_table(const std::map<std::string, std::map<std::string, std::string>>& table) {
+  TuningTable parsed;
+  for (const auto& [model, fields] : table) parsed[model] = parse_tuning(model, fields);
+  std::lock_guard<std::mutex> g(mu_);
+  tuning_table_ = std::move(parsed);
+}
+
+void CudaEngine::apply_tuning(const std::vector<std::string>& models) {
+  std::lock_guard<std::mutex> g(mu_);
+  tune(models);
+  if (auto link = std::atomic_load(&link_)) set_schedules(link->ep->comm());
+}
+
+void CudaEngine::tune(const std::vector<std::string>& models) {
+  const GpuTuning* t = tuning_for(tuning_table_, models);
+  for (ScheduleChoice CudaEngine::*c : {&CudaEngine::fused_two_shot_, &CudaEngine::fused_collectives_,
+                                        &CudaEngine::gpu_fence_scope_, &CudaEngine::per_peer_waits_})
+    (this->*c).tuned.reset();
+  tuned_one_shot_max_bytes_ = -1;
+  if (!t) {
+    const bool same = std::all_of(models.begin(), models.end(), [&](const std::string& m) { return m == models[0]; });
+    tuning_ = !same                             ? "none: the group's ranks run on different GPU models"
+              : models.empty() || models[0].empty() ? "none: the GPU model is unknown"
+                                                    : "none: no entry for " + models[0];
+    return;
+  }
+  fused_two_shot_.tuned = t->fused_two_shot;
+  fused_collectives_.tuned = t->fused_collectives;
+  gpu_fence_scope_.tuned = t->gpu_fence_scope;
+  per_peer_waits_.tuned = t->per_peer_waits;
+  const auto limit = t->one_shot_max_bytes.find(getSize());
+  if (limit != t->one_shot_max_bytes.end()) tuned_one_shot_max_bytes_ = limit->second;
+  tuning_ = t->source.empty() ? models[0] : models[0] + ": " + t->source;
+}
+
+std::string CudaEngine::ipc_tuning() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return tuning_;
 }
 
 void CudaEngine::set_one_shot_max_bytes(int64_t bytes) {
@@ -468,6 +518,11 @@ fastpar._C.Backend, which hands it the checked calls on CUDA tensors.)")
       .def("_set_ipc_fence_scope", &CudaEngine::set_ipc_fence_scope, py::arg("scope"))
       .def_property_readonly("ipc_barrier", &CudaEngine::ipc_barrier)
       .def("_set_ipc_barrier", &CudaEngine::set_ipc_barrier, py::arg("form"))
+      .def("_set_tuning_table", &CudaEngine::set_tuning_table, py::arg("table"),
+           "The per-GPU tuning entries (fastpar.distributed.cuda_tuning.table()), for the setup to pick from.")
+      .def("_apply_tuning", &CudaEngine::apply_tuning, py::arg("models"),
+           "Applies the entry for the group's GPU models, one per rank, as the setup does.")
+      .def_property_readonly("ipc_tuning", &CudaEngine::ipc_tuning)
       .def_property_readonly("blocking_wait", &CudaEngine::blocking_wait)
       .def_property_readonly("ipc_two_shot", &CudaEngine::ipc_two_shot)
       .def("_set_ipc_two_shot", &CudaEngine::set_ipc_two_shot, py::arg("form"))

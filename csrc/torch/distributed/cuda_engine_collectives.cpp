@@ -98,7 +98,7 @@ void CudaEngine::launch_allreduce(IpcComm& c, const Stream& stream, const RouteQ
       C10_CUDA_CHECK(cuda_ipc::allreduce_graphed(c, dt, rop, t.const_data_ptr(), t.data_ptr(), t.numel(), stream));
   } else if (t.numel() > 0 && getSize() > 1) {
     const int64_t reg = registered_offset(t);
-    if (cuda_ipc::prefer_one_shot(q.nbytes, c, one_shot_max_bytes_)) {
+    if (cuda_ipc::prefer_one_shot(q.nbytes, c, one_shot_max_bytes())) {
       C10_CUDA_CHECK(cuda_ipc::allreduce_one_shot(c, dt, rop, t.const_data_ptr(), t.data_ptr(), t.numel(), stream));
     } else if (reg >= 0) {
       // A registered tensor (registered_empty): no copy-in. Every rank's
@@ -161,7 +161,7 @@ Work CudaEngine::allreduce_coalesced(std::vector<at::Tensor>& tensors, const c10
         for (at::Tensor& t : tensors) {
           if (t.numel() == 0 || getSize() == 1) continue;  // as all_reduce: every rank skips the same entries
           const DType dt = *maybe_dtype(t.scalar_type());
-          const auto launch = cuda_ipc::prefer_one_shot(int64_t(t.nbytes()), c, one_shot_max_bytes_)
+          const auto launch = cuda_ipc::prefer_one_shot(int64_t(t.nbytes()), c, one_shot_max_bytes())
                                   ? cuda_ipc::allreduce_one_shot
                                   : cuda_ipc::allreduce_two_shot;
           C10_CUDA_CHECK(launch(c, dt, reduction(opts.reduceOp), t.const_data_ptr(), t.data_ptr(), t.numel(), stream));

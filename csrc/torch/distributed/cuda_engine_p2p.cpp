@@ -6,6 +6,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <cstdlib>
 #include <functional>
 #include <memory>
 
@@ -185,6 +186,15 @@ c10::cuda::CUDAStream CudaEngine::p2p_stream(int peer, bool is_send) {
     // stream cache (cuda_p2p/handle_cache.h says why they are never
     // destroyed, and why taken in one run).
     const int n = getSize(), r = getRank();
+    // One hardware queue for every stream: a send step waiting for ring space
+    // holds up the receive queued behind it, which would have freed it.
+    const char* connections = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+    if (connections != nullptr && std::string(connections) == "1") {
+      TORCH_WARN_ONCE("fastpar: CUDA_DEVICE_MAX_CONNECTIONS=1 puts every CUDA stream on one hardware queue, so a "
+                      "send/recv over CUDA IPC larger than its ring (",
+                      cuda_ipc::kP2PChunks * cuda_ipc::kP2PChunkBytes / 1024, " KiB) can wait for a transfer queued "
+                      "behind it until the group's timeout; set it to 32 for jobs that send and receive over fastpar");
+    }
     C10_CUDA_CHECK(cuda_p2p::take_streams(device_, 2 * (n - 1), &own_streams_));
     send_streams_.assign(size_t(n), std::nullopt);
     recv_streams_.assign(size_t(n), std::nullopt);

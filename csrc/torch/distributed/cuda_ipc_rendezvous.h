@@ -25,11 +25,12 @@ struct IpcRendezvous {
   int ranks_on_my_gpu = 1;        // ranks with this rank's PCI bus id, this one included (IpcComm::gpu_sharers)
   int fused_grid_blocks = 0;      // IpcComm::fused_grid_blocks: the fewest SMs x blocks per SM / the most ranks on a GPU
   std::vector<int64_t> pids;      // rank q's process id (for the peer watcher)
+  std::vector<std::string> gpu_models;  // rank q's GPU model (cudaDeviceProp::name): picks the tuning entry
 };
 
 // Rounds (each: every rank publishes one key, then reads all ranks' keys):
-//   cfg     max_ipc_bytes, slot_bytes, registered_bytes, PCI bus id, pid, SM count (differing
-//           knobs: an error on every rank)
+//   cfg     max_ipc_bytes, slot_bytes, registered_bytes, PCI bus id, pid, SM count, GPU model
+//           (differing knobs: an error on every rank)
 //   probe   "can I map every peer": the peer's bus id is visible here
 //           (cudaDeviceGetByPCIBusId), and it is this rank's own GPU (a peer
 //           process on the same device: cudaIpcOpenMemHandle maps memory of

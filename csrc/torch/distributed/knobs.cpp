@@ -64,12 +64,13 @@ void apply_cpu_isa_knob() {
   }
 }
 
-// A two-value knob: true for `on`, false for `off` or unset.
-static bool env_either(const char* name, const char* on, const char* off) {
+// A two-value knob: true for `on`, false for `off`, nothing when unset.
+static std::optional<bool> env_either(const char* name, const char* on, const char* off) {
   const char* v = std::getenv(name);
   const std::string value = v ? v : "";
   TORCH_CHECK_VALUE(value.empty() || value == on || value == off, "fastpar: ", name, " is '", value,
                     "' but must be '", on, "' or '", off, "'");
+  if (value.empty()) return std::nullopt;
   return value == on;
 }
 

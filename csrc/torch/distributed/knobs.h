@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 
 #include "../../core/executors/cpu_shm/shm_collectives.h"
 #include "../../core/transport/cpu_shm/shm_comm.h"
@@ -24,20 +25,23 @@ struct CudaKnobs {
   int64_t ipc_slot_bytes;   // FASTPAR_CUDA_IPC_SLOT_BYTES
   int64_t registered_bytes; // FASTPAR_CUDA_IPC_REGISTERED_BYTES
   bool blocking_wait;       // FASTPAR_BLOCKING_WAIT
-  bool ipc_fused_two_shot;  // FASTPAR_CUDA_IPC_TWO_SHOT: "steps" (default until the fused kernel has run on a GPU) or "fused" (one kernel a call)
-  bool ipc_fused_collectives;  // FASTPAR_CUDA_IPC_COLLECTIVES: the same choice for broadcast, gather, scatter,
-                               // all_to_all, reduce and reduce_scatter
+  // The schedule choices, unset where the environment does not name one (then
+  // the group's GPU model's tuning entry or the default decides, cuda_tuning.h):
+  // FASTPAR_CUDA_IPC_TWO_SHOT: "fused" (one kernel a call) or "steps";
+  // FASTPAR_CUDA_IPC_COLLECTIVES: the same choice for broadcast, gather,
+  // scatter, all_to_all, reduce and reduce_scatter.
+  std::optional<bool> ipc_fused_two_shot, ipc_fused_collectives;
   // FASTPAR_CUDA_IPC_ONE_SHOT_MAX_BYTES: all_reduce runs one-shot up to this
-  // many bytes (and one slot); -1 when unset: cuda_ipc::default_one_shot_max_bytes.
+  // many bytes (and one slot); -1 when unset.
   int64_t ipc_one_shot_max_bytes;
   // FASTPAR_CUDA_IPC_FENCE_SCOPE=gpu: the one-kernel calls of a group whose
   // ranks all share one GPU order their flags at GPU scope ("system": always
-  // at system scope, the default until measured on a GPU).
-  bool ipc_gpu_fence_scope;
+  // at system scope).
+  std::optional<bool> ipc_gpu_fence_scope;
   // FASTPAR_CUDA_IPC_BARRIER=per_peer: the one-kernel calls' barriers wait
   // for each peer on a thread of its own ("serial": thread 0 waits for them
-  // one after the other, the default until measured on a GPU).
-  bool ipc_per_peer_waits;
+  // one after the other).
+  std::optional<bool> ipc_per_peer_waits;
 };
 CudaKnobs cuda_knobs();
 

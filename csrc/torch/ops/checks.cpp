@@ -52,6 +52,22 @@ void check_no_overlap(const char* op, const char* arg, const at::TensorList& ts)
   }
 }
 
+void check_output_against_inputs(const char* op, const std::string& name, const at::Tensor& out,
+                                 const at::TensorList& inputs, int64_t slice) {
+  const int64_t bo = int64_t(out.nbytes());
+  if (bo == 0) return;
+  const auto* po = static_cast<const char*>(out.const_data_ptr());
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    const int64_t bk = int64_t(inputs[k].nbytes());
+    if (bk == 0 || inputs[k].device() != out.device()) continue;
+    const auto* pk = static_cast<const char*>(inputs[k].const_data_ptr());
+    if (po + bo <= pk || pk + bk <= po || po == pk + slice * bo) continue;
+    TORCH_CHECK_VALUE(false, "fastpar.", op, ": ", name, " overlaps ", indexed("inputs", k), " in memory at its byte ",
+                      int64_t(po - pk), ", but may share only the elements it receives (byte ", slice * bo,
+                      "): the op would read elements it has already written");
+  }
+}
+
 void check_tensor_list(const char* op, const char* arg, const at::TensorList& ts, bool same_numel) {
   TORCH_CHECK_VALUE(!ts.empty(), "fastpar.", op, ": expected a non-empty list of tensors for argument '",
                     arg, "', got an empty list");
@@ -101,6 +117,7 @@ ReduceOp check_reduce_args(at::TensorList inputs, const at::Tensor& output, int6
   check_numel("reduce", "output", output, inputs[0].numel(), "the numel of inputs[0]");
   const ReduceOp rop = to_reduce_op("reduce", op);
   to_dtype("reduce", "inputs[0]", inputs[0].scalar_type());  // every op reduces every dtype it has
+  check_output_against_inputs("reduce", "output", output, inputs, 0);
   return rop;
 }
 
@@ -116,6 +133,8 @@ ReduceOp check_reduce_scatter_args(at::TensorList inputs, at::TensorList outputs
   const ReduceOp rop = to_reduce_op("reduce_scatter", op);
   to_dtype("reduce_scatter", "inputs[0]", inputs[0].scalar_type());  // every op reduces every dtype it has
   check_no_overlap("reduce_scatter", "outputs", outputs);
+  for (int64_t i = 0; i < n; ++i)
+    check_output_against_inputs("reduce_scatter", indexed("outputs", size_t(i)), outputs[size_t(i)], inputs, i);
   return rop;
 }
 

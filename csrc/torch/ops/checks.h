@@ -30,6 +30,12 @@ void check_tensor_list(const char* op, const char* arg, const at::TensorList& ts
 // after the op's other checks, so a wrong dtype or op is reported first.
 // Read-only inputs may repeat.
 void check_no_overlap(const char* op, const char* arg, const at::TensorList& ts);
+// A reduction's output (written) against its inputs (read): it shares no byte
+// with any, or exactly the elements it receives (the `slice`-th run of its
+// numel in that input: in place). At another offset an element is written
+// before the read that needs its old value.
+void check_output_against_inputs(const char* op, const std::string& name, const at::Tensor& out,
+                                 const at::TensorList& inputs, int64_t slice);
 
 // `t` against the first tensor of a list: same dtype, contiguous, same device type.
 void check_like(const char* op, const std::string& name, const at::Tensor& t,

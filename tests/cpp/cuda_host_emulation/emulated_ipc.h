@@ -44,6 +44,7 @@ inline std::vector<std::string> take_traps() {
 struct HostMemory {
   static uint64_t load_acquire(const uint64_t* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
   static uint64_t load_acquire_host(const uint64_t* p) { return load_acquire(p); }
+  static void store_release_host(uint64_t* p, uint64_t v) { store_release(p, v); }
   static void store_release(uint64_t* p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
   static void pause() { std::this_thread::yield(); }
   static uint64_t now_ns() {

@@ -11,7 +11,8 @@ namespace cuda_ipc {
 namespace {
 
 // One block of 512 threads per SM, 128 registers a thread: the reduction's
-// packs in flight (fused_rank_bound) without spills, and the
+// packs in flight (fused_rank_bound) without spills for 2-4 ranks (5-8
+// spill 40-64 bytes, outside the copy and reduce loops), and the
 // kTwoShotMaxBlocks blocks of all ranks sharing one GPU (two_shot_blocks)
 // resident together on an H100's 132 SMs. tests/tooling/test_cuda_sass.py
 // checks the register count against these numbers.

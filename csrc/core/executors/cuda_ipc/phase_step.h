@@ -89,7 +89,7 @@ FASTPAR_HD uint32_t record_failure(const PhaseArgs& a, flags::WaitStatus s, int 
     if (s == flags::WaitStatus::kMismatch && m != nullptr && theirs != nullptr) {
       m->mine = mine != nullptr ? *mine : a.desc;
       m->theirs = *theirs;
-      Mem::store_release(&m->peer_plus_one, uint64_t(peer) + 1);
+      Mem::store_release_host(&m->peer_plus_one, uint64_t(peer) + 1);
     }
     if (a.host_status) Mem::store_release_u32(a.host_status, uint32_t(s));
   }

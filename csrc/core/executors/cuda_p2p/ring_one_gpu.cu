@@ -14,21 +14,6 @@ __global__ void __launch_bounds__(kRingThreads) rotated_ring_kernel(RotatedRingA
   rotated_ring<T, OP>(a, int64_t(blockIdx.x) * blockDim.x + threadIdx.x, int64_t(gridDim.x) * blockDim.x);
 }
 
-// Blocks of this kernel resident per SM at kRingThreads threads, from its
-// registers (cudaOccupancyMaxActiveBlocksPerMultiprocessor), asked once.
-template <typename T, ReduceOp OP>
-cudaError_t blocks_per_sm(int* out) {
-  static int cached = 0;
-  if (cached == 0) {
-    int b = 0;
-    const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, rotated_ring_kernel<T, OP>, kRingThreads, 0);
-    if (e != cudaSuccess) return e;
-    cached = b < 1 ? 1 : b;
-  }
-  *out = cached;
-  return cudaSuccess;
-}
-
 }  // namespace
 
 cudaError_t launch_rotated_ring(DType dt, ReduceOp op, const RotatedRingArgs& a, cudaStream_t stream) {
@@ -36,13 +21,14 @@ cudaError_t launch_rotated_ring(DType dt, ReduceOp op, const RotatedRingArgs& a,
     return cudaErrorInvalidValue;
   int device = 0, sms = 0;
   cudaError_t err = cudaGetDevice(&device);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (err == cudaSuccess) err = cuda_kernels::sm_count(device, &sms);
   if (err != cudaSuccess) return err;
   cudaError_t result = cudaErrorInvalidValue;
   FASTPAR_DISPATCH_DTYPE(dt, [&] {
     FASTPAR_DISPATCH_OP(op, [&] {
       int per_sm = 1;
-      result = blocks_per_sm<scalar_t, kOp>(&per_sm);
+      result = cuda_kernels::resident_blocks(reinterpret_cast<const void*>(rotated_ring_kernel<scalar_t, kOp>),
+                                             kRingThreads, &per_sm);
       if (result != cudaSuccess) return;
       const int64_t units = a.vec ? a.count / (16 / int64_t(sizeof(scalar_t))) + 1 : a.count;
       const int64_t blocks = cuda_kernels::data_kernel_blocks(units, kRingThreads, sms, per_sm, 1);

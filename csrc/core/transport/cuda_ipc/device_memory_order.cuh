@@ -40,6 +40,12 @@ struct DeviceMemoryAt {
     asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
     return v;
   }
+  // A word the host reads (the mismatch record's last word, phase_step.h):
+  // at system scope whatever the flags' scope, so the host that acquires it
+  // also reads the record written before it.
+  __device__ static void store_release_host(uint64_t* p, uint64_t v) {
+    asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+  }
 
   // A short back-off: the spinning thread stops competing for issue slots and
   // for the link it polls over; 100 ns is well under a flag round trip.

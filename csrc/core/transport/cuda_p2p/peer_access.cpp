@@ -37,6 +37,12 @@ cudaError_t probe_and_enable(int device, int peer, bool* ok) {
     // that is the state we want. The call also set the thread's last error,
     // which a later cudaGetLastError after a kernel launch would misreport.
     cudaGetLastError();
+  } else if (err == cudaErrorTooManyPeers || err == cudaErrorPeerAccessUnsupported) {
+    // The driver said the pair can, yet refuses: past its peer limit, or a
+    // link it cannot map. Not a failure of the call: the ops stage instead.
+    cudaGetLastError();
+    *ok = false;
+    return cudaSuccess;
   } else if (err != cudaSuccess) {
     return err;
   }
