@@ -16,11 +16,14 @@ import fastpar
 pytestmark = pytest.mark.skipif(not fastpar._C.built_with_cuda, reason="CudaEngine exists in CUDA builds only")
 
 
-def make():
+def make(size=1):
+    """Rank 0 of `size`; with more than one rank the engine is never set up
+    (its fallback is a 1-rank gloo group), but what depends on the rank
+    count (the one-shot limit) is its own."""
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     store = dist.HashStore()
     gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", store), 0, 1, datetime.timedelta(seconds=10))
-    return fastpar._C.CudaEngine(store, 0, 1, 10_000, gloo)
+    return fastpar._C.CudaEngine(store, 0, size, 10_000, gloo)
 
 
 @pytest.fixture(autouse=True)
@@ -184,18 +187,9 @@ ENTRY = {"source": "test rows", "two_shot": "fused", "collectives": "fused", "fe
          "barrier": "per_peer", "one_shot_max_bytes/2": "65536", "one_shot_max_bytes/3": "4096"}
 
 
-def make_two_ranks():
-    """A 2-rank engine that is never set up (its fallback is a 1-rank gloo
-    group): what the tuning entry decides depends on the rank count."""
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    store = dist.HashStore()
-    gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", store), 0, 1, datetime.timedelta(seconds=10))
-    return fastpar._C.CudaEngine(store, 0, 2, 10_000, gloo)
-
-
 def test_tuning_entry_of_the_groups_gpu_model_decides_what_no_knob_or_setter_did(monkeypatch):
     monkeypatch.setenv("FASTPAR_CUDA_IPC_BARRIER", "serial")
-    cb = make_two_ranks()
+    cb = make(2)
     cb._set_ipc_collectives("steps")
     cb._set_tuning_table({"GPU A": ENTRY, "GPU B": {"two_shot": "steps"}})
     assert cb.ipc_tuning == "not set up" and cb.ipc_two_shot == "steps"
@@ -244,7 +238,7 @@ def test_tuning_table_shipped_or_named_by_the_knob(monkeypatch, tmp_path):
     path.write_text('{"models": {"GPU A": {"source": "s", "one_shot_max_bytes": {"2": 65536}}}}')
     monkeypatch.setenv("FASTPAR_CUDA_TUNING", str(path))
     assert cuda_tuning.table() == {"GPU A": {"source": "s", "one_shot_max_bytes/2": "65536"}}
-    cb = make_two_ranks()
+    cb = make(2)
     cb._set_tuning_table(cuda_tuning.table())
     cb._apply_tuning(["GPU A", "GPU A"])
     assert cb.one_shot_max_bytes == 65536
