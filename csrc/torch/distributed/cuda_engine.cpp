@@ -196,13 +196,6 @@ void CudaEngine::connect(int device) {
   if (!set_up_) set_up(device);
 }
 
-namespace {
-bool parse_form(const std::string& form, const char* what) {
-  TORCH_CHECK_VALUE(form == "fused" || form == "steps", "fastpar: ", what, " is '", form,
-                    "' but must be 'fused' or 'steps'");
-  return form == "fused";
-}
-}  // namespace
 
 void CudaEngine::set_schedules(cuda_ipc::IpcComm& c) const {
   c.fused_two_shot = fused_two_shot_.on();
@@ -218,45 +211,40 @@ void CudaEngine::set_choice(ScheduleChoice CudaEngine::*choice, bool on) {
 }
 
 void CudaEngine::set_ipc_two_shot(const std::string& form) {
-  set_choice(&CudaEngine::fused_two_shot_, parse_form(form, "ipc_two_shot"));
+  set_choice(&CudaEngine::fused_two_shot_, parse_choice("ipc_two_shot", form, kFusedForm));
 }
 
 const char* CudaEngine::ipc_two_shot() const {
   std::lock_guard<std::mutex> g(mu_);
-  return fused_two_shot_.on() ? "fused" : "steps";
+  return kFusedForm.name(fused_two_shot_.on());
 }
 
 void CudaEngine::set_ipc_collectives(const std::string& form) {
-  set_choice(&CudaEngine::fused_collectives_, parse_form(form, "ipc_collectives"));
+  set_choice(&CudaEngine::fused_collectives_, parse_choice("ipc_collectives", form, kFusedForm));
 }
 
 const char* CudaEngine::ipc_collectives() const {
   std::lock_guard<std::mutex> g(mu_);
-  return fused_collectives_.on() ? "fused" : "steps";
+  return kFusedForm.name(fused_collectives_.on());
 }
 
 void CudaEngine::set_ipc_fence_scope(const std::string& scope) {
-  TORCH_CHECK_VALUE(scope == "system" || scope == "gpu", "fastpar: ipc_fence_scope is '", scope,
-                    "' but must be 'gpu' or 'system'");
-  set_choice(&CudaEngine::gpu_fence_scope_, scope == "gpu");
+  set_choice(&CudaEngine::gpu_fence_scope_, parse_choice("ipc_fence_scope", scope, kFenceScope));
 }
 
 std::string CudaEngine::ipc_fence_scope() const {
   std::lock_guard<std::mutex> g(mu_);
   const std::shared_ptr<IpcLink> link = std::atomic_load(&link_);
-  if (link) return link->ep->comm().one_gpu_scope ? "gpu" : "system";
-  return gpu_fence_scope_.on() ? "gpu" : "system";
+  return kFenceScope.name(link ? link->ep->comm().one_gpu_scope : gpu_fence_scope_.on());
 }
 
 void CudaEngine::set_ipc_barrier(const std::string& form) {
-  TORCH_CHECK_VALUE(form == "serial" || form == "per_peer", "fastpar: ipc_barrier is '", form,
-                    "' but must be 'per_peer' or 'serial'");
-  set_choice(&CudaEngine::per_peer_waits_, form == "per_peer");
+  set_choice(&CudaEngine::per_peer_waits_, parse_choice("ipc_barrier", form, kBarrierForm));
 }
 
 std::string CudaEngine::ipc_barrier() const {
   std::lock_guard<std::mutex> g(mu_);
-  return per_peer_waits_.on() ? "per_peer" : "serial";
+  return kBarrierForm.name(per_peer_waits_.on());
 }
 
 void CudaEngine::set_tuning_table(const std::map<std::string, std::map<std::string, std::string>>& table) {

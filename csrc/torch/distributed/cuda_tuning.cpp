@@ -4,15 +4,16 @@
 
 #include <c10/util/Exception.h>
 
+#include "knobs.h"  // ChoiceNames
+
 namespace fastpar {
 namespace distributed {
 namespace {
 
-bool one_of(const std::string& model, const std::string& key, const std::string& value, const char* on,
-            const char* off) {
-  TORCH_CHECK_VALUE(value == on || value == off, "fastpar: the CUDA tuning entry for '", model, "' has ", key, " = '",
-                    value, "' but it must be '", on, "' or '", off, "'");
-  return value == on;
+bool one_of(const std::string& model, const std::string& key, const std::string& value, ChoiceNames names) {
+  TORCH_CHECK_VALUE(value == names.on || value == names.off, "fastpar: the CUDA tuning entry for '", model, "' has ",
+                    key, " = '", value, "' but it must be '", names.on, "' or '", names.off, "'");
+  return value == names.on;
 }
 
 int64_t count(const std::string& model, const std::string& key, const std::string& value, int64_t min, int64_t max) {
@@ -33,13 +34,13 @@ GpuTuning parse_tuning(const std::string& model, const std::map<std::string, std
     if (key == "source") {
       t.source = value;
     } else if (key == "two_shot") {
-      t.fused_two_shot = one_of(model, key, value, "fused", "steps");
+      t.fused_two_shot = one_of(model, key, value, kFusedForm);
     } else if (key == "collectives") {
-      t.fused_collectives = one_of(model, key, value, "fused", "steps");
+      t.fused_collectives = one_of(model, key, value, kFusedForm);
     } else if (key == "fence_scope") {
-      t.gpu_fence_scope = one_of(model, key, value, "gpu", "system");
+      t.gpu_fence_scope = one_of(model, key, value, kFenceScope);
     } else if (key == "barrier") {
-      t.per_peer_waits = one_of(model, key, value, "per_peer", "serial");
+      t.per_peer_waits = one_of(model, key, value, kBarrierForm);
     } else if (key.compare(0, kOneShot.size(), kOneShot) == 0) {
       const int ranks = int(count(model, key, key.substr(kOneShot.size()), 2, 64));
       t.one_shot_max_bytes[ranks] = count(model, key, value, 0, int64_t(1) << 40);

@@ -64,25 +64,28 @@ void apply_cpu_isa_knob() {
   }
 }
 
-// A two-value knob: true for `on`, false for `off`, nothing when unset.
-static std::optional<bool> env_either(const char* name, const char* on, const char* off) {
+bool parse_choice(const char* what, const std::string& value, ChoiceNames names) {
+  TORCH_CHECK_VALUE(value == names.on || value == names.off, "fastpar: ", what, " is '", value, "' but must be '",
+                    names.on, "' or '", names.off, "'");
+  return value == names.on;
+}
+
+// A schedule choice's knob: nothing when unset.
+static std::optional<bool> env_choice(const char* name, ChoiceNames names) {
   const char* v = std::getenv(name);
-  const std::string value = v ? v : "";
-  TORCH_CHECK_VALUE(value.empty() || value == on || value == off, "fastpar: ", name, " is '", value,
-                    "' but must be '", on, "' or '", off, "'");
-  if (value.empty()) return std::nullopt;
-  return value == on;
+  if (v == nullptr || *v == '\0') return std::nullopt;
+  return parse_choice(name, v, names);
 }
 
 CudaKnobs cuda_knobs() {
   return CudaKnobs{env_bytes("FASTPAR_CUDA_IPC_MAX_BYTES", cuda_ipc::kDefaultMaxIpcBytes, 0),
                    env_bytes("FASTPAR_CUDA_IPC_SLOT_BYTES", cuda_ipc::kDefaultSlotBytes, 4096),
                    env_bytes("FASTPAR_CUDA_IPC_REGISTERED_BYTES", 0, 0), env_flag("FASTPAR_BLOCKING_WAIT"),
-                   env_either("FASTPAR_CUDA_IPC_TWO_SHOT", "fused", "steps"),
-                   env_either("FASTPAR_CUDA_IPC_COLLECTIVES", "fused", "steps"),
+                   env_choice("FASTPAR_CUDA_IPC_TWO_SHOT", kFusedForm),
+                   env_choice("FASTPAR_CUDA_IPC_COLLECTIVES", kFusedForm),
                    env_bytes("FASTPAR_CUDA_IPC_ONE_SHOT_MAX_BYTES", -1, 0),
-                   env_either("FASTPAR_CUDA_IPC_FENCE_SCOPE", "gpu", "system"),
-                   env_either("FASTPAR_CUDA_IPC_BARRIER", "per_peer", "serial")};
+                   env_choice("FASTPAR_CUDA_IPC_FENCE_SCOPE", kFenceScope),
+                   env_choice("FASTPAR_CUDA_IPC_BARRIER", kBarrierForm)};
 }
 
 }  // namespace distributed

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <optional>
+#include <string>
 
 #include "../../core/executors/cpu_shm/shm_collectives.h"
 #include "../../core/transport/cpu_shm/shm_comm.h"
@@ -44,6 +45,18 @@ struct CudaKnobs {
   std::optional<bool> ipc_per_peer_waits;
 };
 CudaKnobs cuda_knobs();
+// The two values of a schedule choice as the knobs, the engine's setters and
+// getters and the tuning entries spell them; `on` is the newer schedule.
+struct ChoiceNames {
+  const char* on;
+  const char* off;
+  const char* name(bool v) const { return v ? on : off; }
+};
+inline constexpr ChoiceNames kFusedForm{"fused", "steps"}, kFenceScope{"gpu", "system"},
+    kBarrierForm{"per_peer", "serial"};
+// `value` as one of `names`; otherwise refused: "fastpar: <what> is '<value>'
+// but must be '<on>' or '<off>'".
+bool parse_choice(const char* what, const std::string& value, ChoiceNames names);
 
 // FASTPAR_CPU_ISA: the vector loops of every CPU reduction (list ops and
 // backend alike); applied once, when the extension is imported.

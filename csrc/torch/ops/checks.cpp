@@ -36,35 +36,37 @@ void check_numel(const char* op, const std::string& name, const at::Tensor& t, i
 // would depend on which entry is written last (and an in-place allreduce would
 // read its own partial output), so such lists are refused. Entries on different
 // devices never overlap; one device (or "cpu") may appear any number of times.
+namespace {
+// Whether `a` and `b` share a byte (on one device; empty tensors share none).
+bool share_memory(const at::Tensor& a, const at::Tensor& b) {
+  const int64_t ba = int64_t(a.nbytes()), bb = int64_t(b.nbytes());
+  if (ba == 0 || bb == 0 || a.device() != b.device()) return false;
+  const auto* pa = static_cast<const char*>(a.const_data_ptr());
+  const auto* pb = static_cast<const char*>(b.const_data_ptr());
+  return pa < pb + bb && pb < pa + ba;
+}
+}  // namespace
+
 void check_no_overlap(const char* op, const char* arg, const at::TensorList& ts) {
   for (size_t i = 1; i < ts.size(); ++i) {
-    const int64_t bi = int64_t(ts[i].nbytes());
-    if (bi == 0) continue;
-    const auto* pi = static_cast<const char*>(ts[i].const_data_ptr());
     for (size_t j = 0; j < i; ++j) {
-      const int64_t bj = int64_t(ts[j].nbytes());
-      if (bj == 0 || ts[j].device() != ts[i].device()) continue;
-      const auto* pj = static_cast<const char*>(ts[j].const_data_ptr());
-      TORCH_CHECK_VALUE(pi + bi <= pj || pj + bj <= pi, "fastpar.", op, ": ", indexed(arg, i),
-                        " overlaps ", indexed(arg, j), " in memory (both on device ", device_str(ts[i]),
-                        "); every entry of ", arg, " must be its own buffer (the op writes them)");
+      TORCH_CHECK_VALUE(!share_memory(ts[i], ts[j]), "fastpar.", op, ": ", indexed(arg, i), " overlaps ",
+                        indexed(arg, j), " in memory (both on device ", device_str(ts[i]), "); every entry of ", arg,
+                        " must be its own buffer (the op writes them)");
     }
   }
 }
 
 void check_output_against_inputs(const char* op, const std::string& name, const at::Tensor& out,
                                  const at::TensorList& inputs, int64_t slice) {
-  const int64_t bo = int64_t(out.nbytes());
-  if (bo == 0) return;
-  const auto* po = static_cast<const char*>(out.const_data_ptr());
   for (size_t k = 0; k < inputs.size(); ++k) {
-    const int64_t bk = int64_t(inputs[k].nbytes());
-    if (bk == 0 || inputs[k].device() != out.device()) continue;
-    const auto* pk = static_cast<const char*>(inputs[k].const_data_ptr());
-    if (po + bo <= pk || pk + bk <= po || po == pk + slice * bo) continue;
-    TORCH_CHECK_VALUE(false, "fastpar.", op, ": ", name, " overlaps ", indexed("inputs", k), " in memory at its byte ",
-                      int64_t(po - pk), ", but may share only the elements it receives (byte ", slice * bo,
-                      "): the op would read elements it has already written");
+    if (!share_memory(out, inputs[k])) continue;
+    const auto offset = static_cast<const char*>(out.const_data_ptr()) -
+                        static_cast<const char*>(inputs[k].const_data_ptr());
+    const int64_t received = slice * int64_t(out.nbytes());
+    TORCH_CHECK_VALUE(offset == received, "fastpar.", op, ": ", name, " overlaps ", indexed("inputs", k),
+                      " in memory at its byte ", int64_t(offset), ", but may share only the elements it receives (byte ",
+                      received, "): the op would read elements it has already written");
   }
 }
 
