@@ -1,5 +1,7 @@
 #include "cuda_ipc_rendezvous.h"
 
+#include "gpu_placement.h"
+
 #include <c10/util/Exception.h>
 #include <cuda_runtime_api.h>
 
@@ -53,23 +55,49 @@ std::string first_refusal(const std::vector<std::string>& votes, const char* wha
 
 std::string vote(const std::string& reason) { return reason.empty() ? "1" : "0 " + reason; }
 
-std::string bus_id(int device) {
-  char buf[64] = {};
-  if (cudaDeviceGetPCIBusId(buf, sizeof(buf), device) != cudaSuccess) {
+// This process's name for `device` (gpu_placement.h: PCI bus id and UUID).
+std::string gpu_id(int device) {
+  char bus[64] = {};
+  if (cudaDeviceGetPCIBusId(bus, sizeof(bus), device) != cudaSuccess) {
     cudaGetLastError();  // not sticky: keep it from surfacing in a later launch check
-    return "unknown";
+    return cuda_ipc::unknown_gpu();
   }
-  return buf;
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
+    cudaGetLastError();
+    return cuda_ipc::unknown_gpu();
+  }
+  unsigned char uuid[16];
+  std::memcpy(uuid, prop.uuid.bytes, sizeof(uuid));
+  return cuda_ipc::gpu_identity(bus, cuda_ipc::uuid_text(uuid));
 }
 
-// Why this rank cannot map peer q's GPU (bus id `peer_bus`), or "".
-std::string probe_peer(int device, const std::string& my_bus, int q, const std::string& peer_bus) {
-  int dq = -1;
-  if (peer_bus == "unknown" || cudaDeviceGetByPCIBusId(&dq, peer_bus.c_str()) != cudaSuccess) {
+// gpu_id of every device this process sees, by device index.
+std::vector<std::string> visible_gpus() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
     cudaGetLastError();
-    return "cannot see rank " + std::to_string(q) + "'s GPU (PCI bus id " + peer_bus +
-           ") among its visible devices (CUDA_VISIBLE_DEVICES)";
+    n = 0;
   }
+  std::vector<std::string> ids;
+  for (int d = 0; d < n; ++d) ids.push_back(gpu_id(d));
+  return ids;
+}
+
+// Why this rank (on `device`, named `mine`) cannot map peer q's GPU (named
+// `peer`), or "". `visible`: visible_gpus().
+std::string probe_peer(int device, const std::string& mine, const std::vector<std::string>& visible, int q,
+                       const std::string& peer) {
+  if (cuda_ipc::sibling_mig_instances(mine, peer))
+    return "is on a MIG instance (UUID " + cuda_ipc::gpu_uuid(mine) + ") of the GPU at PCI bus id " +
+           cuda_ipc::gpu_bus(mine) + ", rank " + std::to_string(q) + " on another (UUID " + cuda_ipc::gpu_uuid(peer) +
+           "), and CUDA IPC does not cross MIG instances";
+  int dq = -1;
+  for (size_t d = 0; d < visible.size() && dq < 0; ++d)
+    if (cuda_ipc::same_gpu(visible[d], peer)) dq = int(d);
+  if (dq < 0)
+    return "cannot see rank " + std::to_string(q) + "'s GPU (PCI bus id/UUID " + peer +
+           ") among its visible devices (CUDA_VISIBLE_DEVICES)";
   // Ranks sharing one GPU: IPC handles open in another process on the same
   // device, and the arena is then plain local memory to both; no peer access
   // to enable.
@@ -80,8 +108,7 @@ std::string probe_peer(int device, const std::string& my_bus, int q, const std::
     can = 0;
   }
   if (!can)
-    return "has no peer access from its GPU (PCI bus id " + my_bus + ") to rank " + std::to_string(q) +
-           "'s (PCI bus id " + peer_bus + ")";
+    return "has no peer access from its GPU (" + mine + ") to rank " + std::to_string(q) + "'s (" + peer + ")";
   return "";
 }
 
@@ -90,7 +117,7 @@ std::string probe_peer(int device, const std::string& my_bus, int q, const std::
 IpcRendezvous ipc_rendezvous(c10d::Store& store, int rank, int size, int device, int64_t max_ipc_bytes,
                              int64_t slot_bytes, int64_t registered_bytes, std::chrono::milliseconds timeout) {
   IpcRendezvous out;
-  const std::string my_bus = bus_id(device);
+  const std::string my_gpu = gpu_id(device);
 
   // cfg: the knobs must match, or ranks would route the same call differently.
   std::ostringstream cfg;
@@ -101,10 +128,10 @@ IpcRendezvous ipc_rendezvous(c10d::Store& store, int rank, int size, int device,
   if (cudaGetDeviceProperties(&prop, device) == cudaSuccess) model = prop.name;
   else cudaGetLastError();
   // the model last: its name has spaces, it is the rest of the line
-  cfg << max_ipc_bytes << " " << slot_bytes << " " << registered_bytes << " " << my_bus << " " << int64_t(getpid())
+  cfg << max_ipc_bytes << " " << slot_bytes << " " << registered_bytes << " " << my_gpu << " " << int64_t(getpid())
       << " " << sms << " " << model;
   const std::vector<std::string> cfgs = exchange(store, "cfg", rank, size, cfg.str(), timeout);
-  std::vector<std::string> buses(static_cast<size_t>(size));
+  std::vector<std::string> gpus(static_cast<size_t>(size));
   out.pids.assign(size_t(size), -1);
   out.gpu_models.assign(size_t(size), "");
   int fewest_sms = INT_MAX;
@@ -112,7 +139,7 @@ IpcRendezvous ipc_rendezvous(c10d::Store& store, int rank, int size, int device,
     std::istringstream in(cfgs[size_t(q)]);
     int64_t max_q = -1, slot_q = -1, reg_q = -1;
     int sms_q = 0;
-    in >> max_q >> slot_q >> reg_q >> buses[size_t(q)] >> out.pids[size_t(q)] >> sms_q >> std::ws;
+    in >> max_q >> slot_q >> reg_q >> gpus[size_t(q)] >> out.pids[size_t(q)] >> sms_q >> std::ws;
     std::getline(in, out.gpu_models[size_t(q)]);
     fewest_sms = std::min(fewest_sms, sms_q);
     TORCH_CHECK_VALUE(max_q == max_ipc_bytes, "fastpar: FASTPAR_CUDA_IPC_MAX_BYTES is ", max_q, " on rank ", q, " but ",
@@ -122,25 +149,15 @@ IpcRendezvous ipc_rendezvous(c10d::Store& store, int rank, int size, int device,
     TORCH_CHECK_VALUE(reg_q == registered_bytes, "fastpar: FASTPAR_CUDA_IPC_REGISTERED_BYTES is ", reg_q, " on rank ",
                 q, " but ", registered_bytes, " on rank ", rank, "; it must be equal on every rank (the arenas' layout)");
   }
-  // Decided from the cfg round only, so every rank gets the same answer: it
-  // picks routes (NCCL refuses ranks that share a GPU).
-  for (int q = 0; q < size && !out.group_shares_gpu; ++q)
-    for (int p = q + 1; p < size; ++p)
-      if (buses[size_t(q)] != "unknown" && buses[size_t(q)] == buses[size_t(p)]) out.group_shares_gpu = true;
-  for (int q = 0; q < size; ++q)
-    if (q != rank && buses[size_t(q)] != "unknown" && buses[size_t(q)] == buses[size_t(rank)]) ++out.ranks_on_my_gpu;
-  // The one-kernel calls' grids: block b of every rank waits for block b of
-  // the others, so every grid on a GPU must be resident at once. The most
-  // ranks on one GPU (an unknown bus id: as if all shared one) share the
-  // fewest SMs of the group's GPUs at the kernels' blocks per SM.
-  int most_on_a_gpu = 1;
-  for (int q = 0; q < size; ++q) {
-    int on_q = 0;
-    for (int p = 0; p < size; ++p)
-      if (buses[size_t(q)] == "unknown" || buses[size_t(q)] == buses[size_t(p)]) ++on_q;
-    most_on_a_gpu = std::max(most_on_a_gpu, on_q);
-  }
-  out.fused_grid_blocks = cuda_ipc::fused_grid_blocks(fewest_sms, most_on_a_gpu);
+  // Decided from the cfg round only, so every rank gets the same answer
+  // (gpu_placement.h). The one-kernel calls' grids: block b of every rank
+  // waits for block b of the others, so every grid on a GPU must be resident
+  // at once; the most ranks on one GPU share the fewest SMs of the group's
+  // GPUs at the kernels' blocks per SM.
+  const cuda_ipc::GpuPlacement placed = cuda_ipc::place_ranks(gpus, rank);
+  out.group_shares_gpu = placed.group_shares_gpu;
+  out.ranks_on_my_gpu = placed.ranks_on_my_gpu;
+  out.fused_grid_blocks = cuda_ipc::fused_grid_blocks(fewest_sms, placed.most_on_a_gpu);
   if (max_ipc_bytes == 0) {
     out.why_not = "FASTPAR_CUDA_IPC_MAX_BYTES=0";
     return out;
@@ -148,8 +165,9 @@ IpcRendezvous ipc_rendezvous(c10d::Store& store, int rank, int size, int device,
 
   // probe
   std::string reason;
+  const std::vector<std::string> visible = visible_gpus();
   for (int q = 0; q < size && reason.empty(); ++q) {
-    if (q != rank) reason = probe_peer(device, my_bus, q, buses[size_t(q)]);
+    if (q != rank) reason = probe_peer(device, my_gpu, visible, q, gpus[size_t(q)]);
   }
   out.why_not = first_refusal(exchange(store, "probe", rank, size, vote(reason), timeout), "refused IPC");
   if (!out.why_not.empty()) return out;
