@@ -21,21 +21,23 @@ struct IpcRendezvous {
   std::shared_ptr<cuda_ipc::IpcEndpoint> endpoint;  // connected, or null: use the fallback
   std::string why_not;                              // when null: the reason, identical on every rank
   // From the cfg round, so identical on every rank whatever the outcome:
-  bool group_shares_gpu = false;  // two ranks of the group have the same PCI bus id
-  int ranks_on_my_gpu = 1;        // ranks with this rank's PCI bus id, this one included (IpcComm::gpu_sharers)
+  bool group_shares_gpu = false;  // two ranks of the group are on one GPU (gpu_placement.h)
+  int ranks_on_my_gpu = 1;        // ranks on this rank's GPU, this one included (IpcComm::gpu_sharers)
   int fused_grid_blocks = 0;      // IpcComm::fused_grid_blocks: the fewest SMs x blocks per SM / the most ranks on a GPU
   std::vector<int64_t> pids;      // rank q's process id (for the peer watcher)
   std::vector<std::string> gpu_models;  // rank q's GPU model (cudaDeviceProp::name): picks the tuning entry
 };
 
 // Rounds (each: every rank publishes one key, then reads all ranks' keys):
-//   cfg     max_ipc_bytes, slot_bytes, registered_bytes, PCI bus id, pid, SM count, GPU model
-//           (differing knobs: an error on every rank)
-//   probe   "can I map every peer": the peer's bus id is visible here
-//           (cudaDeviceGetByPCIBusId), and it is this rank's own GPU (a peer
-//           process on the same device: cudaIpcOpenMemHandle maps memory of
-//           another process on one device; only the same process could not)
-//           or cudaDeviceCanAccessPeer says yes
+//   cfg     max_ipc_bytes, slot_bytes, registered_bytes, the GPU (PCI bus id
+//           and UUID), pid, SM count, GPU model (differing knobs: an error
+//           on every rank)
+//   probe   "can I map every peer": the peer's GPU is visible here (by bus id
+//           and UUID; not another MIG instance of this rank's GPU), and it is
+//           this rank's own GPU (a peer process on the same device:
+//           cudaIpcOpenMemHandle maps memory of another process on one
+//           device; only the same process could not) or
+//           cudaDeviceCanAccessPeer says yes
 //   handle  the arena's cudaIpcMemHandle_t (or why allocating it failed)
 //   open    whether mapping every peer's arena worked
 //   unwind  (only after a failed open) every rank has unmapped: arenas may go

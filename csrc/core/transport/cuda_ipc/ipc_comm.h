@@ -34,7 +34,7 @@ struct IpcComm {
   int size = 0;
   int device = 0;  // this rank's GPU (the arena's and the stream's)
   // Ranks of this communicator on this rank's GPU, this one included (the
-  // front end knows it from the setup's exchange of PCI bus ids; equal on the
+  // front end knows it from the setup's exchange of GPU identities; equal on the
   // ranks of one GPU). The data kernels' grids are divided among them
   // (core/kernels/launch_shape.h). 1: this rank has its GPU to itself.
   int gpu_sharers = 1;
