@@ -117,7 +117,10 @@ std::string probe_peer(int device, const std::string& mine, const std::vector<st
 IpcRendezvous ipc_rendezvous(c10d::Store& store, int rank, int size, int device, int64_t max_ipc_bytes,
                              int64_t slot_bytes, int64_t registered_bytes, std::chrono::milliseconds timeout) {
   IpcRendezvous out;
-  const std::string my_gpu = gpu_id(device);
+  // Every visible GPU's name, once: this rank's for the cfg round, the rest
+  // for finding peers' GPUs in the probe.
+  const std::vector<std::string> visible = visible_gpus();
+  const std::string my_gpu = size_t(device) < visible.size() ? visible[size_t(device)] : cuda_ipc::unknown_gpu();
 
   // cfg: the knobs must match, or ranks would route the same call differently.
   std::ostringstream cfg;
@@ -165,7 +168,6 @@ IpcRendezvous ipc_rendezvous(c10d::Store& store, int rank, int size, int device,
 
   // probe
   std::string reason;
-  const std::vector<std::string> visible = visible_gpus();
   for (int q = 0; q < size && reason.empty(); ++q) {
     if (q != rank) reason = probe_peer(device, my_gpu, visible, q, gpus[size_t(q)]);
   }
