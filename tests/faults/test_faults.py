@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 import fastpar.distributed as fd
 from dist_harness import assert_ok, collect, free_port, launch, run, scenario
-from worker_context import ARGS, PORT, RANK, TIMEOUT_S, WORLD, error_exit, init
+from worker_context import ARGS, PORT, RANK, TIMEOUT_S, WORLD, base_store, error_exit, init
 
 pytestmark = pytest.mark.usefixtures("no_leftover_segments")
 
@@ -283,6 +283,9 @@ def sc_any_source_sender_dies():
     if RANK == 1:
         for i in range(1000):
             if i == 5:
+                # Only once rank 2 is done sending: a send still in flight when
+                # rank 0 fails would (rightly) fail with rank 0's abort.
+                base_store().wait(["any_source/rank2_done"])
                 os.kill(os.getpid(), signal.SIGKILL)
             dist.send(torch.full((n,), 1.0), 0)
     if RANK == 2:
@@ -290,7 +293,9 @@ def sc_any_source_sender_dies():
             dist.send(torch.full((n,), 2.0), 0)
         if rank2 == "leave":
             dist.destroy_process_group()
+            base_store().set("any_source/rank2_done", "1")
             sys.exit(0)
+        base_store().set("any_source/rank2_done", "1")
         time.sleep(8)  # in the group, alive, while rank 0 must notice rank 1
         sys.exit(0)
     got = torch.empty(n)
