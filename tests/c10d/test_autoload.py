@@ -14,11 +14,11 @@ import sys
 import textwrap
 
 import pytest
-import torch.distributed
 
 from dist_harness import ROOT
+from entry_point_metadata import TORCH_LOADS_BACKENDS_ON_DEMAND, declared_entry_points, write_dist_info
 
-tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+pytest.importorskip("tomllib")  # Python 3.11+, for pyproject.toml
 
 GROUPS = ("torch.distributed.backends",)
 
@@ -34,27 +34,15 @@ PRELUDE = textwrap.dedent("""
     assert "fastpar_autoload" not in sys.modules, "import torch loaded fastpar_autoload"
 """)
 
-# torch before the on-demand group loads nothing of fastpar by itself: there a
-# process registers the backend with `import fastpar` (fastpar_autoload.py).
-needs_on_demand = pytest.mark.skipif(
-    not hasattr(torch.distributed.Backend, "_ensure_backend_registered"),
-    reason="this torch has no torch.distributed.backends entry-point group")
-
-
-def declared_entry_points() -> dict:
-    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
-        return tomllib.load(f)["project"]["entry-points"]
+needs_on_demand = pytest.mark.skipif(not TORCH_LOADS_BACKENDS_ON_DEMAND,
+                                     reason="this torch has no torch.distributed.backends entry-point group")
 
 
 @pytest.fixture
 def site(tmp_path):
     """A directory holding fastpar's metadata as an install would write it."""
     eps = declared_entry_points()
-    info = tmp_path / "site" / "fastpar-0.1.0.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fastpar\nVersion: 0.1.0\n")
-    (info / "entry_points.txt").write_text(
-        "".join(f"[{g}]\n" + "".join(f"{k} = {v}\n" for k, v in eps[g].items()) + "\n" for g in GROUPS))
+    write_dist_info(tmp_path / "site", {g: eps[g] for g in GROUPS})
     return str(tmp_path / "site")
 
 

@@ -16,11 +16,11 @@ import sys
 import textwrap
 
 import pytest
-import torch.distributed
 
-tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+from entry_point_metadata import TORCH_LOADS_BACKENDS_ON_DEMAND, declared_entry_points, write_dist_info
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+pytest.importorskip("tomllib")  # Python 3.11+, for pyproject.toml
+
 MISSING = "fastpar_autoload_not_here"  # a module no environment has
 
 # The child: import torch, then the groups torch loads on demand still work for
@@ -38,26 +38,6 @@ CHILD = textwrap.dedent("""
         print("fastpar refused:", e)
     print("import torch ok", torch.__version__)
 """)
-
-# torch 2.14+ loads the torch.distributed.backends group when a process asks
-# for a backend by name; before, that group is never read.
-TORCH_HAS_ON_DEMAND = hasattr(torch.distributed.Backend, "_ensure_backend_registered")
-
-
-def declared_entry_points() -> dict:
-    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
-        return tomllib.load(f)["project"].get("entry-points", {})
-
-
-def write_dist_info(site, entry_points: dict) -> None:
-    """fastpar's metadata as pip writes it, with these entry points."""
-    info = site / "fastpar-0.1.0.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fastpar\nVersion: 0.1.0\n")
-    (info / "entry_points.txt").write_text(
-        "".join(f"[{g}]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items()) + "\n"
-                for g, eps in entry_points.items()))
-
 
 def missing_module(entry_points: dict) -> dict:
     """The same groups and names, every target in a module that does not exist."""
@@ -98,7 +78,7 @@ def test_declared_entry_points_with_their_module_gone(tmp_path):
     r = run_child([str(site), torch_site_without_fastpar(tmp_path)], tmp_path, no_site=True)
     assert r.returncode == 0, f"import torch failed:\n{r.stderr[-3000:]}"
     assert "import torch ok" in r.stdout
-    if TORCH_HAS_ON_DEMAND:
+    if TORCH_LOADS_BACKENDS_ON_DEMAND:
         # the one place the missing module shows: a process that asks for "fastpar"
         assert "fastpar refused:" in r.stdout and "fastpar" in r.stdout.split("fastpar refused:")[1], r.stdout
     else:  # the entry point is never loaded: the backend is simply not there
