@@ -329,6 +329,22 @@ def test_any_source_receive_fails_when_a_sender_dies(rank2):
     assert results[2].rc == 0, results[2].err
 
 
+def wait_exited(pid: int, within: float = 20.0) -> None:
+    """Until process `pid` has exited: gone, or a zombie its launcher has not
+    reaped yet."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            return
+        if state in ("Z", "X"):
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} still running after {within} s")
+
+
 @scenario
 def sc_any_source_sender_leaves():
     """3 ranks: rank 2 sends one message, leaves the group and exits; rank 1
@@ -339,9 +355,10 @@ def sc_any_source_sender_leaves():
     if RANK == 2:
         dist.send(torch.full((n,), 2.0), 0)
         dist.destroy_process_group()
+        base_store().set("any_source/rank2_pid", str(os.getpid()))
         sys.exit(0)
     if RANK == 1:
-        time.sleep(1.5)  # rank 2 has left and exited by now
+        wait_exited(int(base_store().get("any_source/rank2_pid")))
         for _ in range(3):
             dist.send(torch.full((n,), 1.0), 0)
         dist.destroy_process_group()
