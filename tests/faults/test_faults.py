@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 import fastpar.distributed as fd
 from dist_harness import assert_ok, collect, free_port, launch, run, scenario
-from worker_context import ARGS, PORT, RANK, TIMEOUT_S, WORLD, base_store, error_exit, init
+from worker_context import ARGS, PORT, RANK, TIMEOUT_S, WORLD, error_exit, init
 
 pytestmark = pytest.mark.usefixtures("no_leftover_segments")
 
@@ -277,7 +277,7 @@ def sc_any_source_sender_dies():
     or leaves it and exits (ARGS[1] 'leave'). Rank 0 receives from any source:
     it must fail at once naming rank 1, not wait for the timeout (ARGS[0])."""
     timeout_s, rank2 = float(ARGS[0]), ARGS[1]
-    init(timeout_s=timeout_s)
+    store = init(timeout_s=timeout_s)
     dist.barrier()
     n = (1 << 20) // 4
     if RANK == 1:
@@ -285,7 +285,7 @@ def sc_any_source_sender_dies():
             if i == 5:
                 # Only once rank 2 is done sending: a send still in flight when
                 # rank 0 fails would (rightly) fail with rank 0's abort.
-                base_store().wait(["any_source/rank2_done"])
+                store.wait(["any_source/rank2_done"])
                 os.kill(os.getpid(), signal.SIGKILL)
             dist.send(torch.full((n,), 1.0), 0)
     if RANK == 2:
@@ -293,9 +293,9 @@ def sc_any_source_sender_dies():
             dist.send(torch.full((n,), 2.0), 0)
         if rank2 == "leave":
             dist.destroy_process_group()
-            base_store().set("any_source/rank2_done", "1")
+            store.set("any_source/rank2_done", "1")
             sys.exit(0)
-        base_store().set("any_source/rank2_done", "1")
+        store.set("any_source/rank2_done", "1")
         time.sleep(8)  # in the group, alive, while rank 0 must notice rank 1
         sys.exit(0)
     got = torch.empty(n)
@@ -350,15 +350,15 @@ def sc_any_source_sender_leaves():
     """3 ranks: rank 2 sends one message, leaves the group and exits; rank 1
     sends its messages only after that. Rank 0 receives all of them from any
     source: a peer that left cleanly is not a failure."""
-    init()
+    store = init()
     n = 1000
     if RANK == 2:
         dist.send(torch.full((n,), 2.0), 0)
         dist.destroy_process_group()
-        base_store().set("any_source/rank2_pid", str(os.getpid()))
+        store.set("any_source/rank2_pid", str(os.getpid()))
         sys.exit(0)
     if RANK == 1:
-        wait_exited(int(base_store().get("any_source/rank2_pid")))
+        wait_exited(int(store.get("any_source/rank2_pid")))
         for _ in range(3):
             dist.send(torch.full((n,), 1.0), 0)
         dist.destroy_process_group()
