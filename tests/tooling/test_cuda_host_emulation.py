@@ -32,6 +32,15 @@ not:
     two-shot, with its failures (ipc_fused_two_shot_test), and the stream
     operations and bytes of every IPC collective and the list ring per call,
     pinned (stream_ops_test).
+The programs that run ranks, blocks or streams on threads of their own are
+built a second time under ThreadSanitizer: every read of a peer's slot, of a
+record or of a word another thread writes must be ordered after the write by
+the flag protocol's release and acquire (or be atomic itself), whatever the
+interleaving this run happened to take. A bitwise check sees a missing order
+only when the timing exposes it; the race detector sees it every run. No
+race is suppressed; the one race by design (a desynced call's blocks reading
+a peer's slot before the call fails) is left out of that build, as
+emulated_checks.h says.
 Streams, events, peer access, IPC mappings and the PTX memory-ordering policy
 still need real GPUs: list_ops/test_cuda.py, the cuda shapes of the c10d tests,
 c10d/test_cuda_ipc.py. This runs outside ctest: it needs a C++20 compiler
@@ -39,32 +48,71 @@ and the fake CUDA headers, which CMakeLists.txt does not build."""
 import os
 import shutil
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HERE = os.path.join(ROOT, "tests", "cpp", "cuda_host_emulation")
-SANITIZE = ["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined", "-fno-omit-frame-pointer"]
+SANITIZERS = {
+    "address": ["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined", "-fno-omit-frame-pointer"],
+    # -g1: line tables, so that a report names the inlined functions too.
+    "thread": ["-fsanitize=thread", "-g1"],
+}
+PROGRAMS = ["kernels_and_ring_test", "ipc_schedules_test", "ipc_collectives_test", "ipc_p2p_test", "ipc_endpoint_test",
+            "ipc_fused_test", "ipc_enqueue_failure_test", "ipc_fused_two_shot_test", "stream_ops_test"]
+# The programs whose ranks, blocks, streams or watchers are threads.
+THREADED = ["ipc_schedules_test", "ipc_collectives_test", "ipc_p2p_test", "ipc_endpoint_test", "ipc_fused_test",
+            "ipc_enqueue_failure_test", "ipc_fused_two_shot_test", "stream_ops_test"]
+CASES = [(p, "address") for p in PROGRAMS] + [(p, "thread") for p in THREADED]
 
 
-@pytest.mark.parametrize("program", ["kernels_and_ring_test", "ipc_schedules_test", "ipc_collectives_test", "ipc_p2p_test",
-                                     "ipc_endpoint_test", "ipc_fused_test", "ipc_enqueue_failure_test",
-                                     "ipc_fused_two_shot_test", "stream_ops_test"])
-def test_cuda_code_on_host(program, tmp_path):
-    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
-    if not cxx:
-        pytest.skip("no C++ compiler")
-    exe = str(tmp_path / program)
+def _compiler():
+    return os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+
+
+def _build(cxx, program, sanitizer, exe):
+    """Compiles one program under one sanitizer; returns (exe or None, why)."""
     base = [cxx, "-std=c++20", "-O1", "-pthread", "-I", os.path.join(HERE, "fake_cuda"), "-I", ROOT, "-I", HERE,
             os.path.join(HERE, program + ".cpp"), "-o", exe]
     # Under AddressSanitizer and UBSan (any undefined behaviour is fatal): the
     # schedules index peers' slots and regions with computed offsets, which a
     # bitwise check alone would only catch when the stray access changes data.
-    # A compiler without the sanitizer runtimes still runs the checks.
-    build = subprocess.run(base + SANITIZE, capture_output=True, text=True)
-    if build.returncode != 0 and ("asan" in build.stderr or "ubsan" in build.stderr):
+    # A compiler without the sanitizer runtimes still runs the checks; the
+    # thread build has nothing to add without its runtime.
+    build = subprocess.run(base + SANITIZERS[sanitizer], capture_output=True, text=True)
+    if build.returncode != 0 and ("asan" in build.stderr or "ubsan" in build.stderr or "tsan" in build.stderr):
+        if sanitizer == "thread":
+            return None, "the compiler has no ThreadSanitizer runtime (libtsan): " + build.stderr[-300:]
         build = subprocess.run(base, capture_output=True, text=True)
     assert build.returncode == 0, build.stderr[-4000:]
-    run = subprocess.run([exe], capture_output=True, text=True, timeout=900)
+    return exe, ""
+
+
+@pytest.fixture(scope="module")
+def built(request, tmp_path_factory):
+    """The selected programs, compiled side by side on every core (each build
+    is one compiler process, about 1.5 minutes): each test waits for its own."""
+    cxx = _compiler()
+    if not cxx:
+        pytest.skip("no C++ compiler")
+    out = tmp_path_factory.mktemp("emulation")
+    wanted = [tuple(item.callspec.params[k] for k in ("program", "sanitizer")) for item in request.session.items
+              if item.module is request.module and hasattr(item, "callspec")]
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        yield {case: pool.submit(_build, cxx, case[0], case[1], str(out / "_".join(case))) for case in wanted}
+
+
+@pytest.mark.parametrize("program,sanitizer", CASES)
+def test_cuda_code_on_host(program, sanitizer, built):
+    exe, why = built[(program, sanitizer)].result()
+    if exe is None:
+        if os.environ.get("CI", "").lower() in ("true", "1"):
+            pytest.fail("CI=true: " + why)
+        pytest.skip(why)
+    # halt_on_error: a race fails the program at once, its report the last
+    # thing on stderr, instead of a count at exit.
+    env = dict(os.environ, TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1")
+    run = subprocess.run([exe], capture_output=True, text=True, timeout=900, env=env)
     assert run.returncode == 0, run.stdout + run.stderr[-4000:]
     assert " 0 failures" in run.stdout

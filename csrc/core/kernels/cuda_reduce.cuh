@@ -41,6 +41,21 @@ struct ReducePtrs {
   const uint32_t* guard;
 };
 
+// The guard's read. The word may be set while this kernel starts, by the
+// rank's kernels on its other streams (a send or receive ring failing,
+// p2p_ring.h, with a compare-and-swap), so the read is a strong one: volatile
+// on the GPU (a relaxed load at system scope in PTX's memory model), a
+// relaxed atomic in the host emulation, which ThreadSanitizer checks. A plain
+// load would race with the compare-and-swap. Its value alone decides; it
+// orders nothing.
+__device__ __forceinline__ uint32_t read_guard(const uint32_t* g) {
+#if defined(__CUDA_ARCH__)
+  return *static_cast<const volatile uint32_t*>(g);
+#else
+  return __atomic_load_n(g, __ATOMIC_RELAXED);
+#endif
+}
+
 // The kernel's typed view of a launch request. One conversion, used by the
 // launcher and by the host emulation test, so the test runs what launches.
 template <typename T>
@@ -96,7 +111,7 @@ __global__ void __launch_bounds__(kThreads)
     reduce_kernel(ReducePtrs<T> p, int64_t count, int contributions, bool vec) {
   using A = acc_t<T>;
   constexpr int V = vec_width<T>();
-  if (p.guard && *p.guard != 0) return;
+  if (p.guard && read_guard(p.guard) != 0) return;
   const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   int64_t scalar_begin = 0;

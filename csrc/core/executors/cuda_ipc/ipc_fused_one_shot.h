@@ -29,7 +29,11 @@
 // not compare descriptors: on a desync they may reduce before block 0 has
 // failed (the output is then undefined, as with any failed call), but they
 // only read within this rank's own count of a peer's slot, and the call
-// still fails on every rank.
+// still fails on every rank. Where the desynced ranks cut their data into
+// different block ranges (the graphed kernel below, or a peer in the fused
+// two-shot), such a read may meet the peer's copy-in: a race whose only effect
+// is that undefined output (the host emulation's ThreadSanitizer build leaves
+// these desyncs out).
 //
 // Data moves in 16-byte packs when every pointer is 16-byte aligned, with the
 // other one-kernel collectives' loops (fused_loops.h): the copy-in keeps 4
