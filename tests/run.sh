@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The whole test suite: the torch-free core under AddressSanitizer/UBSan and
-# under ThreadSanitizer (CMake + ctest), every source compiled against the GPU machine's torch
-# headers, then the Python suite against the installed fastpar and programs
-# of other projects (FSDP2, DTensor, Lightning, Accelerate) run on it.
+# The whole test suite: the torch-free core under AddressSanitizer/UBSan,
+# then under ThreadSanitizer (CMake + ctest), every source compiled against
+# the GPU machine's torch headers, then the Python suite against the installed
+# fastpar and programs of other projects (FSDP2, DTensor, Lightning,
+# Accelerate) run on it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cmake -S . -B build/cpp -DFASTPAR_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
