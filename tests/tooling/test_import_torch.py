@@ -17,6 +17,7 @@ import textwrap
 
 import pytest
 
+from ci_policy import under_ci
 from entry_point_metadata import TORCH_LOADS_BACKENDS_ON_DEMAND, declared_entry_points, write_dist_info
 
 pytest.importorskip("tomllib")  # Python 3.11+, for pyproject.toml
@@ -104,7 +105,7 @@ def test_installed_fastpar_seen_without_its_import_hook(tmp_path):
     try:
         dist = importlib.metadata.distribution("fastpar")
     except importlib.metadata.PackageNotFoundError:
-        if os.environ.get("CI") == "true":
+        if under_ci():
             pytest.fail("fastpar is not installed (bash scripts/setup.sh installs it)")
         pytest.skip("fastpar is not installed")
     site = str(dist.locate_file(""))
