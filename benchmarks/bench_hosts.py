@@ -11,7 +11,11 @@ rank (shared memory inside each host, gloo between the hosts' leaders),
 (2) gloo's all_reduce over every rank, and the two levels of fastpar's
 schedule alone: (3) "intra": reduce to the host's leader then broadcast from
 it, over one host's ranks (fastpar, shared memory; every host at once), and
-(4) "inter": gloo's all_reduce among the leaders. Then, in the same hosts,
+(4) "inter": gloo's all_reduce among the leaders, and, where every host has
+the same number (2 or more) of ranks, (1b) "fastpar_sharded": fastpar's
+all_reduce under FASTPAR_HOSTS_ALLREDUCE=sharded (every rank of a host
+carries one share between hosts; column "lead/shard": the default leaders'
+schedule's time over it). Then, in the same hosts,
 (5) Open MPI's MPI_Allreduce over as many ranks (mpirun started outside the
 hosts, ranks in them: mpi_baseline.mpi_sweep_hosts), when mpirun and mpi4py
 are installed; otherwise the output says which is missing. Its result is
@@ -92,6 +96,12 @@ def worker(max_bytes: int, budget_s: float, rounds: int) -> None:
     mine = local_groups[host[rank]]
     leaders_gloo = dist.new_group(leaders, backend="gloo")
     world_gloo = dist.new_group(list(range(world)), backend="gloo")
+    sharded = None  # a world group under the sharded schedule, where it applies
+    if all(len(rs) >= 2 and len(rs) == len(hosts[0]) for rs in hosts):
+        os.environ["FASTPAR_HOSTS_ALLREDUCE"] = "sharded"  # read when the group's backend is created
+        sharded = dist.new_group(list(range(world)), backend="fastpar")
+        assert fd_backend.get_fastpar_backend(sharded).hosts_allreduce == "sharded"
+        del os.environ["FASTPAR_HOSTS_ALLREDUCE"]
     ctl = torch.zeros(1)
 
     def agree_max(x: float) -> float:
@@ -126,6 +136,8 @@ def worker(max_bytes: int, budget_s: float, rounds: int) -> None:
                                dist.broadcast(t, src=hosts[host[rank]][0], group=mine)), True),
             "inter": (lambda: dist.all_reduce(t, group=leaders_gloo), rank in leaders),
         }
+        if sharded is not None:
+            impls["fastpar_sharded"] = (lambda: dist.all_reduce(t, group=sharded), True)
         calls = {impl: calls_for(fn, active) for impl, (fn, active) in impls.items()}
         # Rounds that take turns, each starting with the next implementation:
         # a disturbance (another program on the shared cores) lands in one
@@ -233,9 +245,11 @@ def report(rows: list[dict], out_dir: str, fit_rows: list[dict] | None = None) -
     errs = {(e["rate"], e["layout"], e["bytes"]): e for e in hosts_model.errors(rows, model, fit_rows)}
     by = {(r["rate"], r["layout"], r["bytes"], r["impl"]): r for r in rows}
     has_mpi = any(r["impl"] == "openmpi" for r in rows)
+    has_sharded = any(r["impl"] == "fastpar_sharded" for r in rows)
     mpi_head = f" {'mpi ms':>9} {'fp/mpi':>6} |" if has_mpi else ""
-    print(f"\n{'rate':>6} {'layout':>6} {'bytes':>9} | {'gloo ms':>9} {'fastpar ms':>10} {'gloo/fp':>7} |{mpi_head} "
-          f"{'link frac gloo':>14} {'fastpar':>7} | {'model ms':>8} {'err':>5} {'held':>5} {'levels':>6}")
+    shard_head = f" {'shard ms':>9} {'lead/shard':>10} |" if has_sharded else ""
+    print(f"\n{'rate':>6} {'layout':>6} {'bytes':>9} | {'gloo ms':>9} {'fastpar ms':>10} {'gloo/fp':>7} |{mpi_head}"
+          f"{shard_head} {'link frac gloo':>14} {'fastpar':>7} | {'model ms':>8} {'err':>5} {'held':>5} {'levels':>6}")
     pct = lambda x: f"{x * 100:+4.0f}%" if x is not None else "    -"  # noqa: E731
     for (rate, layout, nbytes, impl), r in sorted(by.items(), key=lambda kv: (RATES[kv[0][0]], *kv[0][1:3])):
         if impl != "fastpar":
@@ -245,12 +259,19 @@ def report(rows: list[dict], out_dir: str, fit_rows: list[dict] | None = None) -
         e = errs[(rate, layout, nbytes)]
         mpi_cols = (f" {o['seconds'] * 1e3:9.3f} {r['seconds'] / o['seconds']:6.2f} |" if o else
                     f" {'-':>9} {'-':>6} |") if has_mpi else ""
+        sh = by.get((rate, layout, nbytes, "fastpar_sharded"))
+        shard_cols = (f" {sh['seconds'] * 1e3:9.3f} {r['seconds'] / sh['seconds']:10.2f} |" if sh else
+                      f" {'-':>9} {'-':>10} |") if has_sharded else ""
         print(f"{rate:>6} {layout:>6} {fmt_bytes(nbytes):>9} | {g['seconds'] * 1e3:9.3f} {r['seconds'] * 1e3:10.3f} "
-              f"{g['seconds'] / r['seconds']:7.2f} |{mpi_cols} {link_fraction(g):14.3f} {link_fraction(r):7.3f} | "
+              f"{g['seconds'] / r['seconds']:7.2f} |{mpi_cols}{shard_cols} {link_fraction(g):14.3f} "
+              f"{link_fraction(r):7.3f} | "
               f"{e['model_s'] * 1e3:8.3f} {pct(e['error'])} {pct(e['error_held_out'])} {pct(e['error_levels_only'])}")
     for (rate, layout), others in sorted({(r["rate"], r["layout"]): r.get("others_cores") for r in rows}.items()):
         if others is not None:
             print(f"{rate} {layout}: other work kept {others:.2f} cores busy while the ranks ran")
+    if has_sharded:
+        print("\nlead/shard: fastpar's all_reduce time under the leaders' schedule (the default) over its time under "
+              "FASTPAR_HOSTS_ALLREDUCE=sharded, same run (above 1: sharded is faster)")
     if has_mpi:
         print("\nfp/mpi: fastpar's time over Open MPI's (mpirun across the same hosts, the same links; below 1: "
               "fastpar is faster)")
@@ -314,7 +335,7 @@ def plot(rows: list[dict], path: str) -> None:
     fig, axes = plt.subplots(1, len(rates), figsize=(6 * len(rates), 4.5), squeeze=False)
     for ax, rate in zip(axes[0], rates):
         for k, layout in enumerate(layouts):  # a colour per layout, a line style per implementation
-            for impl, style in (("fastpar", "-o"), ("gloo", "--x"), ("openmpi", ":+")):
+            for impl, style in (("fastpar", "-o"), ("fastpar_sharded", "-.s"), ("gloo", "--x"), ("openmpi", ":+")):
                 pts = sorted((r["bytes"], link_fraction(r)) for r in rows
                              if r["rate"] == rate and r["layout"] == layout and r["impl"] == impl)
                 if pts:

@@ -13,6 +13,9 @@ hierarchically (shm steps inside each host, one gloo call among the leaders
 that carries each host's data once; docs/algorithms.md gives the schedules),
 while gather, scatter and all_to_all run on a gloo group over all ranks. Hosts
 may hold different numbers of ranks and need not be contiguous in rank.
+FASTPAR_HOSTS_ALLREDUCE=sharded (equal on every rank) makes all_reduce carry
+each rank's share across hosts instead, in a group per local index ("columns",
+_columns), where every host holds the same number (2 or more) of ranks.
 
 CUDA tensors (CUDA builds of fastpar with a GPU present): the engine is built
 here and handed to the backend. On one host a fastpar._C.CudaEngine: every
@@ -106,7 +109,24 @@ def _fresh_keys(store, rank: int):
     return dist.PrefixStore(f"fastpar/{generation}/", store)
 
 
-def _exchange_hosts(store, rank: int, size: int, timeout: datetime.timedelta) -> list[str]:
+HOSTS_ALLREDUCE = ("leaders", "sharded")
+
+
+def _hosts_allreduce_knob() -> str:
+    """FASTPAR_HOSTS_ALLREDUCE: all_reduce's schedule between hosts, "leaders"
+    (the default: each host's data crosses through its lowest rank) or
+    "sharded" (every rank of a host carries one share; docs/algorithms.md)."""
+    value = os.environ.get("FASTPAR_HOSTS_ALLREDUCE", "leaders") or "leaders"
+    if value not in HOSTS_ALLREDUCE:
+        raise ValueError(f"FASTPAR_HOSTS_ALLREDUCE is {value!r} but must be 'leaders' or 'sharded'")
+    return value
+
+
+def _exchange_hosts(store, rank: int, size: int, timeout: datetime.timedelta) -> tuple[list[str], str]:
+    """Every rank's host id, and the all_reduce schedule between hosts, which
+    every rank must have chosen alike (a rank that differs is named)."""
+    schedule = _hosts_allreduce_knob()
+    store.set(f"fastpar/hosts_allreduce/{rank}", schedule)  # before the host key, which the others wait for
     store.set(f"fastpar/host/{rank}", _host_id())
     keys = [f"fastpar/host/{r}" for r in range(size)]
     for r, key in enumerate(keys):
@@ -117,7 +137,26 @@ def _exchange_hosts(store, rank: int, size: int, timeout: datetime.timedelta) ->
                 f"fastpar: init on rank {rank} timed out after {_millis(timeout)} ms waiting for rank {r} "
                 f"to join (store key '{key}'): {e}"
             ) from e
-    return [store.get(k).decode() for k in keys]
+    for r in range(size):
+        theirs = store.get(f"fastpar/hosts_allreduce/{r}").decode()
+        if theirs != schedule:
+            raise ValueError(f"fastpar: FASTPAR_HOSTS_ALLREDUCE is {schedule!r} on rank {rank} but {theirs!r} on "
+                             f"rank {r}; every rank of a group must set it alike")
+    return [store.get(k).decode() for k in keys], schedule
+
+
+def _columns(host_index: list[int], rank: int, schedule: str) -> list[int] | None:
+    """The ranks that hold this rank's local index on every host, host by
+    host (this rank's column), where the sharded all_reduce applies: the
+    schedule is "sharded", there are several hosts and each holds the same
+    number k >= 2 of ranks. Else None: the leaders' schedule."""
+    hosts = max(host_index) + 1
+    per_host = [[r for r in range(len(host_index)) if host_index[r] == h] for h in range(hosts)]
+    k = len(per_host[0])
+    if schedule != "sharded" or hosts < 2 or k < 2 or any(len(rs) != k for rs in per_host):
+        return None
+    local = per_host[host_index[rank]].index(rank)
+    return [rs[local] for rs in per_host]
 
 
 # The CPUs this process was bound to by _bind_cores, or None; the mode it ran under.
@@ -249,12 +288,14 @@ def _nccl(store, rank: int, size: int, timeout: datetime.timedelta, global_ranks
 
 
 def _cuda_engine(store, rank: int, size: int, timeout: datetime.timedelta, host_index: list[int],
-                  global_ranks, backend_options=None, group_name=None, device=None):
+                  global_ranks, backend_options=None, group_name=None, device=None, column=None):
     """The engine for the group's CUDA tensors, or None where CUDA is not
     supported. One host: fastpar._C.CudaEngine (CUDA IPC) over a
     ProcessGroupNCCL fallback. Several hosts: fastpar._C.HierarchicalEngine
     composed of a CudaEngine over this host's ranks (its own NCCL fallback),
-    an NCCL group of the hosts' leaders and an NCCL group of every rank.
+    an NCCL group of the hosts' leaders and an NCCL group of every rank, and,
+    for the sharded all_reduce (`column`: this rank's column, _columns), an
+    NCCL group of the column.
     `device`: the GPU init_process_group(device_id=...) bound the group to;
     CUDA IPC is then set up now (all ranks create the group together)
     instead of at the first CUDA collective, so send/recv can come first."""
@@ -286,7 +327,12 @@ def _cuda_engine(store, rank: int, size: int, timeout: datetime.timedelta, host_
     if rank in leaders:
         leaders_nccl = _nccl(dist.PrefixStore("fastpar/nccl/leaders/", store), h, len(leaders), timeout,
                              [global_ranks[r] for r in leaders], backend_options, sub("leaders"))
-    return _C.HierarchicalEngine(rank, size, host_index, local_cuda, leaders_nccl, world)
+    columns_nccl = None
+    if column is not None:
+        c = local.index(rank)
+        columns_nccl = _nccl(dist.PrefixStore(f"fastpar/nccl/column{c}/", store), h, len(column), timeout,
+                             [global_ranks[r] for r in column], backend_options, sub(f"column{c}"))
+    return _C.HierarchicalEngine(rank, size, host_index, local_cuda, leaders_nccl, world, columns_nccl)
 
 
 def create_backend(store, rank: int, size: int, timeout: datetime.timedelta, global_ranks=None,
@@ -294,7 +340,7 @@ def create_backend(store, rank: int, size: int, timeout: datetime.timedelta, glo
     """Builds the backend for one group: `store` is the group's (prefixed)
     store; `device` the one init_process_group(device_id=...) bound it to."""
     store = _fresh_keys(store, rank)
-    hosts = _exchange_hosts(store, rank, size, timeout)
+    hosts, schedule = _exchange_hosts(store, rank, size, timeout)
     order = list(dict.fromkeys(hosts))  # hosts in order of their lowest rank
     me = hosts[rank]
     local = [r for r in range(size) if hosts[r] == me]
@@ -302,7 +348,9 @@ def create_backend(store, rank: int, size: int, timeout: datetime.timedelta, glo
     global_ranks = list(global_ranks) if global_ranks and len(global_ranks) == size else list(range(size))
     ms = _millis(timeout)
     host_index = [order.index(h) for h in hosts]  # each rank's host, hosts in order of their lowest rank
-    cuda = _cuda_engine(store, rank, size, timeout, host_index, global_ranks, backend_options, group_name, device)
+    column = _columns(host_index, rank, schedule)
+    cuda = _cuda_engine(store, rank, size, timeout, host_index, global_ranks, backend_options, group_name, device,
+                        column)
     if len(order) == 1:
         return _C.Backend(store, rank, size, ms, local, global_ranks, cuda=cuda)
     leaders = [min(r for r in range(size) if hosts[r] == h) for h in order]
@@ -310,8 +358,13 @@ def create_backend(store, rank: int, size: int, timeout: datetime.timedelta, glo
     if rank in leaders:
         leader_pg = _gloo(dist.PrefixStore("fastpar/leaders/", store), leaders.index(rank), len(leaders), timeout)
     world_pg = _gloo(dist.PrefixStore("fastpar/world/", store), rank, size, timeout)
+    column_pg = None
+    if column is not None:
+        column_pg = _gloo(dist.PrefixStore(f"fastpar/column{local.index(rank)}/", store), column.index(rank),
+                          len(column), timeout)
     node_store = dist.PrefixStore(f"fastpar/host{order.index(me)}/", store)
-    return _C.Backend(node_store, rank, size, ms, local, global_ranks, leader_pg, world_pg, host_index, cuda=cuda)
+    return _C.Backend(node_store, rank, size, ms, local, global_ranks, leader_pg, world_pg, host_index, column_pg,
+                      cuda=cuda)
 
 
 def _bound_device(dist_opts):

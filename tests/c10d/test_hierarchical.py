@@ -27,8 +27,14 @@ def gloo_of_one():
     return dist.ProcessGroupGloo(dist.HashStore(), 0, 1, datetime.timedelta(seconds=5))
 
 
-def build(rank, size, host_of, local, leaders, world):
-    return fastpar._C.HierarchicalEngine(rank, size, host_of, local, leaders, world)
+def fake_backend(rank, size):
+    """A backend that is never called (torch's fake one): the rank and size
+    the constructor's checks read, with no peer to wait for."""
+    return torch._C._distributed_c10d.FakeProcessGroup._create_internal(rank, size)
+
+
+def build(rank, size, host_of, local, leaders, world, columns=None):
+    return fastpar._C.HierarchicalEngine(rank, size, host_of, local, leaders, world, columns)
 
 
 def test_host_of_must_cover_the_group():
@@ -57,12 +63,37 @@ def test_leaders_backend_spans_the_hosts():
         build(0, 2, [0, 1], gloo_of_one(), gloo_of_one(), gloo_of_one())
 
 
+def test_columns_need_hosts_of_one_size():
+    # Rank 0 of host 0 (ranks 0, 1) beside host 1 (rank 2 alone): no columns.
+    with pytest.raises(ValueError, match=r"sharded all_reduce \(columns\) needs the same number of ranks on every "
+                                         r"host, but host 0 has 2 and host 1 has 1"):
+        build(0, 3, [0, 0, 1], fake_backend(0, 2), fake_backend(0, 2), fake_backend(0, 3), fake_backend(0, 2))
+
+
+def test_columns_backend_spans_the_hosts():
+    # 2 hosts of 1 rank: the columns backend must be rank 0 of 2 (one rank per host).
+    with pytest.raises(ValueError, match=r"columns backend is rank 0 of 1 but this is host 0 of 2"):
+        build(0, 2, [0, 1], gloo_of_one(), fake_backend(0, 2), fake_backend(0, 2), gloo_of_one())
+
+
+def test_columns_are_the_ranks_of_one_local_index_on_every_host():
+    from fastpar.distributed.backend import _columns
+    assert _columns([0, 0, 1, 1], 1, "sharded") == [1, 3]
+    assert _columns([0, 1, 0, 1], 2, "sharded") == [2, 3]  # hosts interleaved: host 0 holds ranks 0, 2
+    assert _columns([0, 0, 0, 1, 1, 1, 2, 2, 2], 4, "sharded") == [1, 4, 7]
+    assert _columns([0, 0, 1, 1], 1, "leaders") is None
+    assert _columns([0, 0, 1], 0, "sharded") is None  # hosts of 2 and 1 ranks
+    assert _columns([0, 1], 0, "sharded") is None  # one rank per host: the leaders' schedule is the same
+    assert _columns([0, 0], 0, "sharded") is None  # one host
+
+
 def test_a_valid_composition_of_one_host_reports_its_parts():
     local, leaders, world = gloo_of_one(), gloo_of_one(), gloo_of_one()
     hb = build(0, 1, [0], local, leaders, world)
     assert hb.rank() == 0 and hb.size() == 1
     assert hb.hierarchical_calls == 0
     assert hb.local is not None and hb.leaders is not None and hb.world is not None
+    assert hb.columns is None and hb.hosts_allreduce == "leaders"
 
 
 @scenario
@@ -71,6 +102,8 @@ def sc_hierarchical():
     init()
     backend = fd.get_fastpar_backend()
     assert backend.hierarchical, "expected the hierarchical path with several FASTPAR_HOST_IDs"
+    schedule = os.environ.get("FASTPAR_HOSTS_ALLREDUCE", "leaders")
+    assert backend.hosts_allreduce == schedule, (backend.hosts_allreduce, schedule)  # 2 hosts x 2 ranks
     for dtype in (torch.float32, torch.float64, torch.int32, torch.int64, torch.bfloat16):
         for op in ops_for(dtype):
             for n in (0, 1, 7, 5003):
@@ -79,6 +112,14 @@ def sc_hierarchical():
                 dist.all_reduce(t, op=op)
                 check(t, reference(xs, op), f"hierarchical all_reduce {dtype} {op} n={n}",
                       exact=op != dist.ReduceOp.AVG)
+    # From 2 MiB CPU tensors run in pieces: 2 pieces of an even length (the
+    # sharded schedule reduces in place), 3 of an odd one (through a scratch copy)
+    for n in ((2 << 20) // 4, (3 << 20) // 4 + 3):
+        xs = [exact_data(q, n, torch.float32) for q in range(WORLD)]
+        for op in (dist.ReduceOp.SUM, dist.ReduceOp.MAX):
+            t = xs[RANK].clone()
+            dist.all_reduce(t, op=op)
+            check(t, reference(xs, op), f"hierarchical all_reduce float32 {op} n={n} ({schedule})")
     xs = [exact_data(q, 33, torch.float32) for q in range(WORLD)]
     t = xs[RANK].clone()
     dist.broadcast(t, src=WORLD - 1)
@@ -104,14 +145,26 @@ def hier_collectives_in_new_group(ranks: list[int], layout: str):
         os.environ["FASTPAR_HOST_ID"] = "host" + layout[ranks.index(RANK)]
     g = dist.new_group(ranks, backend="fastpar")
     if RANK in ranks:
-        fd.get_fastpar_backend(g)  # created now, with this rank's host id
+        be = fd.get_fastpar_backend(g)  # created now, with this rank's host id
+        assert be.hosts_allreduce == expected_schedule(layout), (layout, be.hosts_allreduce)
         hier_collectives(g, os.environ["FASTPAR_HOST_ID"])
     os.environ["FASTPAR_HOST_ID"] = saved
     dist.barrier()
 
 
+def expected_schedule(layout: str) -> str:
+    """The all_reduce schedule between hosts a group of this layout ("AAB":
+    ranks 0, 1 on host A, rank 2 on B) runs under this process's
+    FASTPAR_HOSTS_ALLREDUCE: sharded only where every host holds the same
+    number (2 or more) of ranks."""
+    counts = [layout.count(h) for h in dict.fromkeys(layout)]
+    even = len(counts) > 1 and len(set(counts)) == 1 and counts[0] >= 2
+    sharded = os.environ.get("FASTPAR_HOSTS_ALLREDUCE", "leaders") == "sharded"
+    return "sharded" if sharded and even else "leaders"
+
+
 def hier_collectives(g, host: str, be=None):
-    """broadcast, reduce, all_gather(_into_tensor), reduce_scatter(_tensor) on
+    """all_reduce, broadcast, reduce, all_gather(_into_tensor), reduce_scatter(_tensor) on
     a multi-host group against a reference built from every rank's input, each
     call checked to have run a hierarchical schedule (the counter of `be`, by
     default the group's fastpar backend), and gather / scatter / all_to_all
@@ -132,6 +185,11 @@ def hier_collectives(g, host: str, be=None):
         for n in (0, 1, 7, 5003):
             tag = f"[{host} rank {me}/{n_ranks}] {dtype} n={n}"
             xs = [exact_data(q, n, dtype) for q in range(n_ranks)]
+            for op in ops:
+                t = xs[me].clone()
+                dist.all_reduce(t, op=op, group=g)
+                hier(f"all_reduce {tag}")
+                check(t, reference(xs, op), f"all_reduce {op} {tag}", op != AVG)
             for root in range(n_ranks):
                 t = xs[me].clone()
                 dist.broadcast(t, src=glob(root), group=g)
@@ -222,6 +280,59 @@ def test_hierarchical_two_hosts_of_two():
     assert out.count("hierarchical collectives ok") == 4 + 4 + 3 + 3 + 4, out
 
 
+@pytest.mark.usefixtures("no_leftover_segments")
+def test_sharded_all_reduce_between_fake_hosts():
+    """FASTPAR_HOSTS_ALLREDUCE=sharded: 2 fake hosts x 2 ranks (world group)
+    and hosts interleaved in rank (A,B,A,B) run the sharded all_reduce, the
+    uneven A,A,B the leaders' one; every collective against a reference."""
+    host = lambda r: {"FASTPAR_HOST_ID": "nodeA" if r < 2 else "nodeB"}  # noqa: E731
+    results = run(sc_hierarchical, 4, per_rank_env=host,
+                  env={"FASTPAR_SHM_SLOT_BYTES": "4096", "FASTPAR_HOSTS_ALLREDUCE": "sharded"},
+                  args=["0,1,2,3:ABAB", "0,1,2:AAB"], timeout=240)
+    assert_ok(results)
+    assert "".join(r.out for r in results).count("hierarchical collectives ok") == 4 + 4 + 3
+
+
+@scenario
+def sc_hosts_allreduce_disagreement():
+    """Rank 1 sets FASTPAR_HOSTS_ALLREDUCE unlike the others: every rank's
+    group creation is refused, naming both values and both ranks."""
+    try:
+        init()
+    except ValueError as e:
+        msg = str(e)
+        assert "FASTPAR_HOSTS_ALLREDUCE is" in msg and "every rank of a group must set it alike" in msg, msg
+        assert "'sharded'" in msg and "'leaders'" in msg, msg
+        print("refused:", msg, flush=True)
+        return
+    raise AssertionError("group created although the ranks chose different schedules")
+
+
+def test_ranks_that_choose_different_hosts_allreduce_are_refused():
+    env = lambda r: {"FASTPAR_HOST_ID": f"node{r % 2}",  # noqa: E731
+                     "FASTPAR_HOSTS_ALLREDUCE": "sharded" if r == 1 else "leaders"}
+    results = run(sc_hosts_allreduce_disagreement, 2, per_rank_env=env, timeout=60)
+    assert_ok(results)
+    assert all("refused:" in r.out for r in results), [r.out for r in results]
+
+
+@scenario
+def sc_bad_hosts_allreduce():
+    try:
+        init()
+    except ValueError as e:
+        assert "FASTPAR_HOSTS_ALLREDUCE is 'rings' but must be 'leaders' or 'sharded'" in str(e), str(e)
+        print("refused", flush=True)
+        return
+    raise AssertionError("FASTPAR_HOSTS_ALLREDUCE=rings accepted")
+
+
+def test_a_bad_hosts_allreduce_value_is_refused_by_name():
+    results = run(sc_bad_hosts_allreduce, 1, env={"FASTPAR_HOSTS_ALLREDUCE": "rings"}, timeout=60)
+    assert_ok(results)
+    assert "refused" in results[0].out
+
+
 @scenario
 def sc_composed_hierarchical():
     """fastpar._C.HierarchicalEngine (the CUDA path's composition on several
@@ -229,7 +340,8 @@ def sc_composed_hierarchical():
     among the leaders and over the world; one group per layout in ARGS
     ("AABB": ranks 0,1 on host A, 2,3 on B), through torch.distributed."""
     init()
-    for layout in ARGS:
+    for spec in ARGS:
+        layout, _, schedule = spec.partition("/")
         hosts = list(dict.fromkeys(layout))
         host_of = [hosts.index(c) for c in layout]
         local = None
@@ -241,15 +353,23 @@ def sc_composed_hierarchical():
         lg = dist.new_group(leaders, backend="gloo")
         leaders_be = lg._get_backend(torch.device("cpu")) if RANK in leaders else None
         world_be = dist.new_group(list(range(WORLD)), backend="gloo")._get_backend(torch.device("cpu"))
-        hb = fastpar._C.HierarchicalEngine(RANK, WORLD, host_of, local, leaders_be, world_be)
-        name = f"fastpar_composed_{layout.lower()}"
+        columns_be = None
+        if schedule == "sharded":  # a gloo group per local index: its rank on every host, host by host
+            per_host = [[r for r in range(WORLD) if host_of[r] == h] for h in range(len(hosts))]
+            for c in range(len(per_host[0])):
+                cg = dist.new_group([rs[c] for rs in per_host], backend="gloo")
+                if per_host[host_of[RANK]].index(RANK) == c:
+                    columns_be = cg._get_backend(torch.device("cpu"))
+        hb = fastpar._C.HierarchicalEngine(RANK, WORLD, host_of, local, leaders_be, world_be, columns_be)
+        assert hb.hosts_allreduce == (schedule or "leaders"), hb.hosts_allreduce
+        name = f"fastpar_composed_{layout.lower()}_{schedule or 'leaders'}"
         dist.Backend.register_backend(name, lambda *_: hb, devices=["cpu"])
         g = dist.new_group(list(range(WORLD)), backend=name)
         x = exact_data(RANK, 1000, torch.float32)
         dist.all_reduce(x, op=dist.ReduceOp.AVG, group=g)
         check(x, reference([exact_data(q, 1000, torch.float32) for q in range(WORLD)], dist.ReduceOp.AVG),
               f"composed all_reduce AVG {layout}", exact=False)
-        hier_collectives(g, f"{layout} host {layout[RANK]}", be=hb)
+        hier_collectives(g, f"{spec} host {layout[RANK]}", be=hb)
         # async_op: the Work's Future holds the tensors (what DDP comm hooks read)
         x = torch.full((5,), float(RANK))
         work = dist.all_reduce(x, async_op=True, group=g)
@@ -276,13 +396,13 @@ def reference_bor(world: int) -> int:
 def test_composed_hierarchical_backend():
     """fastpar._C.HierarchicalEngine, the composition CUDA tensors get on
     several hosts (CUDA IPC inside, NCCL between), run on CPU stand-ins: a
-    fastpar group per fake host, gloo among the leaders and over the world.
-    Hosts contiguous (AABB), interleaved (ABAB) and uneven (AAAB): every
-    collective with a hierarchical schedule against a reference, and the
-    forwarded ones."""
-    results = run(sc_composed_hierarchical, 4, env={"FASTPAR_SHM_SLOT_BYTES": "4096"}, args=["AABB", "ABAB", "AAAB"],
-                  timeout=240)
+    fastpar group per fake host, gloo among the leaders and over the world
+    (and, for the sharded all_reduce, in each column). Hosts contiguous (AABB),
+    interleaved (ABAB) and uneven (AAAB): every collective with a
+    hierarchical schedule against a reference, and the forwarded ones."""
+    specs = ["AABB", "ABAB", "AAAB", "AABB/sharded", "ABAB/sharded"]
+    results = run(sc_composed_hierarchical, 4, env={"FASTPAR_SHM_SLOT_BYTES": "4096"}, args=specs, timeout=300)
     assert_ok(results)
     out = "".join(r.out for r in results)
-    for layout in ["AABB", "ABAB", "AAAB"]:
-        assert out.count(f"hierarchical collectives ok: {layout}") == 4, out
+    for spec in specs:
+        assert out.count(f"hierarchical collectives ok: {spec} ") == 4, out

@@ -87,7 +87,13 @@ def collectives(expected_hosts: int) -> None:
     if max(layout) + 1 != expected_hosts or not backend.hierarchical:
         raise AssertionError(f"rank {RANK}: {max(layout) + 1} hosts (hierarchical={backend.hierarchical}), "
                              f"expected {expected_hosts}: layout {layout}")
-    say(f"hosts {layout}")
+    counts = [layout.count(h) for h in range(max(layout) + 1)]
+    even = len(set(counts)) == 1 and counts[0] >= 2
+    want = os.environ.get("FASTPAR_HOSTS_ALLREDUCE", "leaders") if even else "leaders"
+    if backend.hosts_allreduce != want:
+        raise AssertionError(f"rank {RANK}: all_reduce runs {backend.hosts_allreduce!r} between hosts, "
+                             f"expected {want!r} (hosts of {counts} ranks)")
+    say(f"hosts {layout}, all_reduce {want}")
     for dtype in (torch.float32, torch.float64, torch.int64):
         for op in OPS:
             for n in (1, 1000, 70001, (1 << 20) + 3):  # the last in pieces (2 MiB and more)

@@ -43,11 +43,12 @@ def worker_env(hs: Hosts, h: int, extra: dict | None = None) -> dict:
     return env
 
 
-def torchrun_all(hs: Hosts, nprocs: list[int], args: list[str], timeout: float = 150) -> list[str]:
-    """torchrun in every host; returns each host's output (stdout + stderr)."""
+def torchrun_all(hs: Hosts, nprocs: list[int], args: list[str], timeout: float = 150,
+                 extra: dict | None = None) -> list[str]:
+    """torchrun in every host (`extra`: more environment); returns each host's output (stdout + stderr)."""
     port = 29400
     procs = [hs.popen(h, hs.torchrun_argv(h, n, [WORKER, *args], port=port, run_id=f"fpmh{os.getpid()}"),
-                      env=worker_env(hs, h), stderr=subprocess.STDOUT)
+                      env=worker_env(hs, h, extra), stderr=subprocess.STDOUT)
              for h, n in enumerate(nprocs)]
     deadline = time.monotonic() + timeout
     outs = []
@@ -66,14 +67,18 @@ def torchrun_all(hs: Hosts, nprocs: list[int], args: list[str], timeout: float =
 LAYOUTS = {"2x2": [2, 2], "3x211": [2, 1, 1]}
 
 
-@pytest.mark.parametrize("names", ["distinct", "one name"])
-@pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_collectives_and_training_across_hosts(layout, names):
+@pytest.mark.parametrize("layout,names,schedule",
+                         [(layout, names, "leaders") for layout in LAYOUTS for names in ("distinct", "one name")] +
+                         [("2x2", "distinct", "sharded")])
+def test_collectives_and_training_across_hosts(layout, names, schedule):
+    """Every collective, point to point and subgroups across hosts, stock and
+    fastpar DDP; all_reduce under both of its schedules between hosts
+    (FASTPAR_HOSTS_ALLREDUCE: the sharded one on hosts of 2 ranks each)."""
     nprocs = LAYOUTS[layout]
     H, world = len(nprocs), sum(nprocs)
     hostnames = [f"node{h}" for h in range(H)] if names == "distinct" else ["trainer"] * H
     with Hosts(H, rate="10gbit", hostnames=hostnames) as hs:
-        outs = torchrun_all(hs, nprocs, ["collectives", str(H)])
+        outs = torchrun_all(hs, nprocs, ["collectives", str(H)], extra={"FASTPAR_HOSTS_ALLREDUCE": schedule})
         text = "\n".join(outs)
         for what in ["hosts ", "all_reduce", "broadcast, reduce, gather, scatter",
                      "all_gather, all_gather_into_tensor, reduce_scatter_tensor, all_to_all_single, barrier",
@@ -81,6 +86,9 @@ def test_collectives_and_training_across_hosts(layout, names):
                      "done"]:
             n = len(re.findall(rf"rank \d+ ok: {re.escape(what)}", text))
             assert n == world, f"{n} ranks of {world} passed {what!r}\n{text}"
+        even = len(set(nprocs)) == 1 and nprocs[0] >= 2
+        ran = len(re.findall(rf"rank \d+ ok: hosts .*, all_reduce {schedule if even else 'leaders'}$", text, re.M))
+        assert ran == world, f"{ran} ranks of {world} ran the expected all_reduce schedule\n{text}"
         assert "within a host" in text or max(nprocs) == 1, text
         assert "across hosts" in text, text
         assert re.search(r"ok: subgroup \[[\d, ]+\] across hosts", text), text
@@ -88,16 +96,17 @@ def test_collectives_and_training_across_hosts(layout, names):
             assert hs.shm_entries(h) == [], f"host {h}'s /dev/shm keeps {hs.shm_entries(h)}"
 
 
-def launch_direct(hs: Hosts, nprocs: list[int], args: list[str], port: int = 29500) -> dict[int, subprocess.Popen]:
+def launch_direct(hs: Hosts, nprocs: list[int], args: list[str], port: int = 29500,
+                  extra: dict | None = None) -> dict[int, subprocess.Popen]:
     """One process per rank (no torchrun: its agent would kill a dead rank's
     siblings before they can show how they fail); rank 0 serves the store
-    (env://) on host 0."""
+    (env://) on host 0. `extra`: more environment."""
     procs, rank = {}, 0
     world = sum(nprocs)
     for h, n in enumerate(nprocs):
         for _ in range(n):
             env = worker_env(hs, h, {"RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": hs.hosts[0].ip,
-                                     "MASTER_PORT": str(port), "FPMH_TIMEOUT": str(TIMEOUT_S)})
+                                     "MASTER_PORT": str(port), "FPMH_TIMEOUT": str(TIMEOUT_S), **(extra or {})})
             procs[rank] = hs.popen(h, [sys.executable, WORKER, *args], env=env, stderr=subprocess.STDOUT)
             rank += 1
     return procs
@@ -182,6 +191,32 @@ def test_rank_on_other_host_killed():
         assert "the communicator is unusable after an earlier error: this host's leader failed between hosts" in \
             raised(outs[0], again=True)[1], every
         print(f"rank 1 raised {t1 - t0:.3f} s after rank 0")
+        for h in range(2):
+            assert hs.shm_entries(h) == [], f"host {h}'s /dev/shm keeps {hs.shm_entries(h)}"
+
+
+def test_rank_on_other_host_killed_under_the_sharded_all_reduce():
+    """FASTPAR_HOSTS_ALLREDUCE=sharded: rank 3 (host 1's second rank, not its
+    leader) SIGKILLed. Its column peer, rank 1 on host 0, learns it from gloo
+    at once and aborts host 0's shared memory naming its column; rank 2 learns
+    it from /proc. Rank 0 learns it from rank 1's abort where it waits in
+    shared memory, but where it waits in its own column's gloo for rank 2
+    (which has raised), only when rank 2 exits or at the timeout: gloo groups
+    cannot be aborted. Every survivor raises DistBackendError within the
+    timeout (+2 s), and a failed group stays failed."""
+    with Hosts(2, rate="1gbit") as hs:
+        procs = launch_direct(hs, [2, 2], ["fault", "kill", "3", str(LINGER_S)],
+                              extra={"FASTPAR_HOSTS_ALLREDUCE": "sharded"})
+        wait_for(procs, "killed at", [3], within=60)
+        fault_time = float(re.search(r"killed at ([\d.]+)", "".join(procs[3].lines)).group(1))
+        survivors = [0, 1, 2]
+        outs = finish(procs, survivors, within=TIMEOUT_S + LINGER_S + 30)
+        assert_survivors_raised(outs, fault_time)
+        every = "\n".join(f"--- rank {r} ---\n{o}" for r, o in outs.items())
+        assert "all_reduce on rank 1 failed between hosts (gloo): " in raised(outs[1])[1] or \
+            "aborted the communicator" in raised(outs[1])[1], every
+        for r in survivors:
+            assert f"rank {r} again raised DistBackendError" in outs[r], every
         for h in range(2):
             assert hs.shm_entries(h) == [], f"host {h}'s /dev/shm keeps {hs.shm_entries(h)}"
 

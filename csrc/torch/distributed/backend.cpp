@@ -51,7 +51,8 @@ class CoalescedWork : public c10d::Work {
 
 Backend::Backend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::chrono::milliseconds timeout,
                  std::vector<int> local_ranks, std::vector<int> global_ranks, c10::intrusive_ptr<c10d::Backend> leaders,
-                 c10::intrusive_ptr<c10d::Backend> world, std::vector<int> hosts, c10::intrusive_ptr<Engine> cuda)
+                 c10::intrusive_ptr<c10d::Backend> world, std::vector<int> hosts,
+                 c10::intrusive_ptr<c10d::Backend> columns, c10::intrusive_ptr<Engine> cuda)
     : c10d::Backend(rank, size), timeout_(timeout), cuda_(std::move(cuda)) {
   const auto it = std::find(local_ranks.begin(), local_ranks.end(), rank);
   TORCH_CHECK_VALUE(it != local_ranks.end(), "fastpar: rank ", rank, " is not among its host's ranks ", local_ranks);
@@ -64,7 +65,8 @@ Backend::Backend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int siz
   const ShmKnobs knobs = shm_knobs(timeout);
   shm_ = c10::make_intrusive<ShmEngine>(store, int(it - local_ranks.begin()), int(local_ranks.size()),
                                         std::move(local_global), knobs.options, knobs.tuning);
-  if (world) cpu_hier_ = c10::make_intrusive<HierarchicalEngine>(rank, size, std::move(hosts), shm_, leaders, world);
+  if (world)
+    cpu_hier_ = c10::make_intrusive<HierarchicalEngine>(rank, size, std::move(hosts), shm_, leaders, world, columns);
 }
 
 Backend::~Backend() { drop_without_gil(cuda_, cpu_hier_, shm_); }
@@ -435,6 +437,10 @@ int64_t Backend::hierarchical_calls() const {
   return cpu_hier_ ? static_cast<HierarchicalEngine&>(*cpu_hier_).hierarchical_calls() : 0;
 }
 
+std::string Backend::hosts_allreduce() const {
+  return cpu_hier_ ? static_cast<HierarchicalEngine&>(*cpu_hier_).hosts_allreduce() : "";
+}
+
 void Backend::set_allreduce_tuning(int64_t one_shot_max_bytes, int algo) {
   TORCH_CHECK_VALUE(one_shot_max_bytes >= -1, "fastpar: one_shot_max_bytes is ", one_shot_max_bytes,
                     " but must be >= 0, or -1 for the default");
@@ -456,15 +462,16 @@ to be constructed by hand).)")
                        std::vector<int> local_ranks, std::vector<int> global_ranks,
                        std::optional<c10::intrusive_ptr<c10d::Backend>> leaders,
                        std::optional<c10::intrusive_ptr<c10d::Backend>> world, std::vector<int> hosts,
+                       std::optional<c10::intrusive_ptr<c10d::Backend>> columns,
                        std::optional<c10::intrusive_ptr<Engine>> cuda) {
              return c10::make_intrusive<Backend>(store, rank, size, std::chrono::milliseconds(timeout_ms),
                                                  std::move(local_ranks), std::move(global_ranks),
                                                  leaders.value_or(nullptr), world.value_or(nullptr), std::move(hosts),
-                                                 cuda.value_or(nullptr));
+                                                 columns.value_or(nullptr), cuda.value_or(nullptr));
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout_ms"), py::arg("local_ranks"),
            py::arg("global_ranks"), py::arg("leaders") = py::none(), py::arg("world") = py::none(),
-           py::arg("hosts") = std::vector<int>{}, py::arg("cuda") = py::none(),
+           py::arg("hosts") = std::vector<int>{}, py::arg("columns") = py::none(), py::arg("cuda") = py::none(),
            py::call_guard<py::gil_scoped_release>())
       .def("registered_empty", &Backend::registered_empty, py::arg("sizes"), py::arg("dtype"), py::arg("device"),
            py::call_guard<py::gil_scoped_release>())
@@ -512,6 +519,7 @@ to be constructed by hand).)")
       .def_property_readonly("hierarchical", &Backend::hierarchical)
       .def_property_readonly("local_size", &Backend::local_size)
       .def_property_readonly("hierarchical_calls", &Backend::hierarchical_calls)
+      .def_property_readonly("hosts_allreduce", &Backend::hosts_allreduce)
       .def_property_readonly("cuda_engine", [](const Backend& b) -> py::object {
         // The CudaEngine or HierarchicalEngine (their own Python types), or None.
         if (!b.cuda_engine()) return py::none();

@@ -45,11 +45,13 @@ class Backend : public c10d::Backend {
   // `local_ranks`: the group ranks on this host, ascending, including `rank`.
   // Several hosts: `leaders` is the gloo group of the lowest rank of every
   // host (on those ranks only), `world` gloo over all ranks, `hosts` the host
-  // index of every group rank (hosts numbered in order of their lowest rank).
-  // `cuda`: the engine for CUDA tensors, or null.
+  // index of every group rank (hosts numbered in order of their lowest rank),
+  // `columns` null or the gloo group that selects the sharded all_reduce
+  // (hierarchical_engine.h). `cuda`: the engine for CUDA tensors, or null.
   Backend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::chrono::milliseconds timeout,
           std::vector<int> local_ranks, std::vector<int> global_ranks, c10::intrusive_ptr<c10d::Backend> leaders,
-          c10::intrusive_ptr<c10d::Backend> world, std::vector<int> hosts, c10::intrusive_ptr<Engine> cuda);
+          c10::intrusive_ptr<c10d::Backend> world, std::vector<int> hosts, c10::intrusive_ptr<c10d::Backend> columns,
+          c10::intrusive_ptr<Engine> cuda);
   // Drops the engines without the GIL (engine.h: drop_without_gil).
   ~Backend() override;
 
@@ -132,6 +134,9 @@ class Backend : public c10d::Backend {
   // Collectives this rank ran with a hierarchical schedule (tests check an op
   // did not go to the world gloo group).
   int64_t hierarchical_calls() const;
+  // The CPU all_reduce's schedule between hosts ("leaders" or "sharded"), or
+  // "" on one host.
+  std::string hosts_allreduce() const;
   c10::intrusive_ptr<Engine> cuda_engine() const { return cuda_; }
   void set_allreduce_tuning(int64_t one_shot_max_bytes, int algo);
   // This host's shared-memory engine's placement (shm_placement.h).

@@ -79,12 +79,14 @@ O reducing(const ReduceOp& op, std::chrono::milliseconds timeout, int root = 0) 
 HierarchicalEngine::HierarchicalEngine(int rank, int size, std::vector<int> host_of,
                                          c10::intrusive_ptr<c10d::Backend> local,
                                          c10::intrusive_ptr<c10d::Backend> leaders,
-                                         c10::intrusive_ptr<c10d::Backend> world)
+                                         c10::intrusive_ptr<c10d::Backend> world,
+                                         c10::intrusive_ptr<c10d::Backend> columns)
     : Engine(rank, size),
       host_of_(std::move(host_of)),
       local_(std::move(local)),
       leaders_(inter_host(std::move(leaders), rank)),
-      world_(inter_host(std::move(world), rank)) {
+      world_(inter_host(std::move(world), rank)),
+      columns_(inter_host(std::move(columns), rank)) {
   TORCH_CHECK_VALUE(int(host_of_.size()) == size, "fastpar: host_of has ", host_of_.size(),
                     " entries but the group has ", size, " ranks");
   TORCH_CHECK_VALUE(local_ && world_, "fastpar: HierarchicalEngine needs a local and a world backend");
@@ -109,47 +111,61 @@ HierarchicalEngine::HierarchicalEngine(int rank, int size, std::vector<int> host
                     leaders_ ? leaders_->getSize() : -1, " but this is host ", host_, " of ", host_ranks_.size());
   TORCH_CHECK_VALUE(world_->getRank() == rank && world_->getSize() == size, "fastpar: the world backend is rank ",
                     world_->getRank(), " of ", world_->getSize(), " but this is rank ", rank, " of ", size);
+  if (columns_) {
+    for (size_t h = 0; h < host_ranks_.size(); ++h)
+      TORCH_CHECK_VALUE(host_ranks_[h].size() == mine.size(), "fastpar: the sharded all_reduce (columns) needs the ",
+                        "same number of ranks on every host, but host ", host_, " has ", mine.size(), " and host ", h,
+                        " has ", host_ranks_[h].size());
+    TORCH_CHECK_VALUE(columns_->getRank() == host_ && columns_->getSize() == int(host_ranks_.size()),
+                      "fastpar: the columns backend is rank ", columns_->getRank(), " of ", columns_->getSize(),
+                      " but this is host ", host_, " of ", host_ranks_.size());
+  }
   int next = 0;
   for (const auto& rs : host_ranks_)
     for (int r : rs) hosts_contiguous_ = hosts_contiguous_ && r == next++;
 }
 
 template <class F>
-auto HierarchicalEngine::across_hosts(F&& step) -> decltype(step()) {
-  // leaders_ is an InterHostBackend: every failure of its calls and Works
-  // but an argument error (which leaves the group usable) arrives as
-  // DistBackendError (inter_host_backend.h, between_hosts).
+auto HierarchicalEngine::across_hosts(F&& step, const char* who) -> decltype(step()) {
+  // leaders_ and columns_ are InterHostBackends: every failure of their calls
+  // and Works but an argument error (which leaves the group usable) arrives
+  // as DistBackendError (inter_host_backend.h, between_hosts).
   try {
     return step();
   } catch (const c10::DistBackendError& e) {
     std::string why = e.what_without_backtrace();
     const std::string prefix = "fastpar: ";
     if (why.compare(0, prefix.size(), prefix) == 0) why.erase(0, prefix.size());
-    if (auto* l = dynamic_cast<Engine*>(local_.get())) l->abort_with("this host's leader failed between hosts: " + why);
+    if (auto* l = dynamic_cast<Engine*>(local_.get()))
+      l->abort_with(std::string(who) + " failed between hosts: " + why);
     throw;
   }
 }
 
 c10::intrusive_ptr<c10d::Backend> HierarchicalEngine::leaders() const { return unwrapped(leaders_); }
 c10::intrusive_ptr<c10d::Backend> HierarchicalEngine::world() const { return unwrapped(world_); }
+c10::intrusive_ptr<c10d::Backend> HierarchicalEngine::columns() const { return unwrapped(columns_); }
 
 void HierarchicalEngine::setTimeout(std::chrono::milliseconds timeout) {
   local_->setTimeout(timeout);
   if (leaders_) leaders_->setTimeout(timeout);
+  if (columns_) columns_->setTimeout(timeout);
   world_->setTimeout(timeout);
 }
 
-HierarchicalEngine::~HierarchicalEngine() { drop_without_gil(leaders_, world_, local_); }
+HierarchicalEngine::~HierarchicalEngine() { drop_without_gil(leaders_, columns_, world_, local_); }
 
 void HierarchicalEngine::shutdown() {
   local_->shutdown();
   if (leaders_) leaders_->shutdown();
+  if (columns_) columns_->shutdown();
   world_->shutdown();
 }
 
 void HierarchicalEngine::abort() {
   local_->abort();
   if (leaders_) leaders_->abort();
+  if (columns_) columns_->abort();
   world_->abort();
 }
 
@@ -169,6 +185,10 @@ c10::intrusive_ptr<c10d::Work> HierarchicalEngine::allreduce(std::vector<at::Ten
   constexpr int64_t kMinPiece = int64_t(1) << 20, kMaxPieces = 8;
   const int64_t bytes = t.numel() * int64_t(t.element_size());
   const int64_t pieces = t.is_cpu() ? std::min(kMaxPieces, bytes / kMinPiece) : 1;
+  if (columns_) {
+    if (t.numel() > 0) allreduce_sharded(t.view({-1}), opts.reduceOp, opts.timeout, std::max<int64_t>(pieces, 1));
+    return enqueued_work({t});
+  }
   const auto reduce_opts = reducing<c10d::ReduceOptions>(step_op(opts.reduceOp), opts.timeout);
   const auto allreduce_opts = reducing<c10d::AllreduceOptions>(step_op(opts.reduceOp), opts.timeout);
   const auto bcast_opts = rooted<c10d::BroadcastOptions>(0, opts.timeout);
@@ -203,6 +223,58 @@ c10::intrusive_ptr<c10d::Work> HierarchicalEngine::allreduce(std::vector<at::Ten
   }
   finish(pieces - 1);
   return enqueued_work({t});
+}
+
+// The sharded schedule (hierarchical_engine.h), in the same pieces as the
+// leaders' one, pipelined alike: the column all_reduce of piece i runs
+// between hosts while this thread reduce-scatters piece i + 1 inside the
+// host. A piece of m elements is cut into k shards of c = ceil(m / k); where
+// k * c > m it goes through a scratch copy whose tail (c * k - m elements,
+// fewer than k) is reduced and dropped. Every rank of a host runs the same
+// order of local steps: reduce_scatter 0, then for each i >= 1
+// reduce_scatter i and all_gather i - 1, then all_gather of the last piece.
+void HierarchicalEngine::allreduce_sharded(const at::Tensor& flat, const ReduceOp& op,
+                                            std::chrono::milliseconds timeout, int64_t pieces) {
+  const int64_t n = flat.numel(), per = (n + pieces - 1) / pieces;
+  const int k = local_->getSize();
+  const auto rs_opts = reducing<c10d::ReduceScatterOptions>(step_op(op), timeout);
+  const auto ar_opts = reducing<c10d::AllreduceOptions>(step_op(op), timeout);
+  const auto ag_opts = timed<c10d::AllgatherOptions>(timeout);
+  struct Piece {
+    at::Tensor dst, whole, shard;  // dst: the caller's elements; whole: k shards (dst itself, or a scratch copy)
+    c10::intrusive_ptr<c10d::Work> across;
+  };
+  std::vector<Piece> ps(pieces);
+  const char* who = "this rank's column";
+  const auto start = [&](int64_t i) {
+    Piece& p = ps[i];
+    p.dst = flat.narrow(0, i * per, std::min(per, n - i * per));
+    const int64_t m = p.dst.numel(), c = (m + k - 1) / k;
+    p.whole = p.dst;
+    if (c * k != m) {
+      p.whole = at::empty({c * k}, flat.options());
+      p.whole.narrow(0, 0, m).copy_(p.dst);
+      p.whole.narrow(0, m, c * k - m).zero_();
+    }
+    p.shard = at::empty({c}, flat.options());
+    local_->_reduce_scatter_base(p.shard, p.whole, rs_opts)->wait();
+    std::vector<at::Tensor> v{p.shard};
+    p.across = across_hosts([&] { return columns_->allreduce(v, ar_opts); }, who);
+  };
+  const auto finish = [&](int64_t i) {
+    Piece& p = ps[i];
+    across_hosts([&] { p.across->wait(); }, who);
+    p.across.reset();
+    if (is_avg(op)) divide_sum(p.shard, getSize());
+    local_->_allgather_base(p.whole, p.shard, ag_opts)->wait();
+    if (!p.whole.is_same(p.dst)) p.dst.copy_(p.whole.narrow(0, 0, p.dst.numel()));
+    p = Piece{};
+  };
+  for (int64_t i = 0; i < pieces; ++i) {
+    start(i);
+    if (i > 0) finish(i - 1);
+  }
+  finish(pieces - 1);
 }
 
 // Root's host: local broadcast from the root (its leader gets the data with
@@ -445,19 +517,25 @@ A torch.distributed backend for ranks on several hosts, composed of `local`
 (this host's ranks), `leaders` (each host's lowest rank; None elsewhere) and
 `world` (every rank): all_reduce, broadcast, reduce, all_gather and
 reduce_scatter (and their tensor / coalesced forms) run as local steps around
-one leaders' call; everything else goes to `world`. fastpar.distributed builds
+one leaders' call; everything else goes to `world`. With `columns` (the ranks
+of this rank's local index on every host; hosts of equal size), all_reduce runs
+sharded: local reduce_scatter, each column's all_reduce, local all_gather. fastpar.distributed builds
 it for CUDA tensors on several hosts (CUDA IPC inside a host, NCCL between).)")
       .def(py::init([](int rank, int size, std::vector<int> host_of, const c10::intrusive_ptr<c10d::Backend>& local,
                        std::optional<c10::intrusive_ptr<c10d::Backend>> leaders,
-                       const c10::intrusive_ptr<c10d::Backend>& world) {
+                       const c10::intrusive_ptr<c10d::Backend>& world,
+                       std::optional<c10::intrusive_ptr<c10d::Backend>> columns) {
              return c10::make_intrusive<HierarchicalEngine>(rank, size, std::move(host_of), local,
-                                                             leaders.value_or(nullptr), world);
+                                                             leaders.value_or(nullptr), world,
+                                                             columns.value_or(nullptr));
            }),
            py::arg("rank"), py::arg("size"), py::arg("host_of"), py::arg("local"), py::arg("leaders"),
-           py::arg("world"))
+           py::arg("world"), py::arg("columns") = py::none())
       .def_property_readonly("local", &HierarchicalEngine::local)
       .def_property_readonly("leaders", &HierarchicalEngine::leaders)
       .def_property_readonly("world", &HierarchicalEngine::world)
+      .def_property_readonly("columns", &HierarchicalEngine::columns)
+      .def_property_readonly("hosts_allreduce", &HierarchicalEngine::hosts_allreduce)
       .def_property_readonly("hierarchical_calls", &HierarchicalEngine::hierarchical_calls);
 }
 

@@ -36,6 +36,15 @@
 // `local`, raise at once naming it and the error, not at their timeout or
 // when its process exits; `local` stays failed.
 //
+// all_reduce has two schedules between hosts. "leaders" (above): each host's
+// data crosses once, through its leader. "sharded" (given `columns`): a local
+// reduce_scatter leaves each rank of a host one k-th of the host's sum, the
+// ranks of one local index (a column, one per host) all_reduce their shard
+// between hosts, and a local all_gather puts the shards together. The same
+// bytes cross the hosts; every rank carries its own share (its own NIC, core
+// and connection where it has them). Only where every host has the same
+// number k >= 2 of ranks.
+//
 // Reductions: AVG runs as SUM and is divided once by the group size, where
 // the final value is formed (integers: truncated toward zero). Tensors cross the leaders as bytes where the
 // step copies (broadcast, all_gather), so every dtype goes through.
@@ -52,8 +61,11 @@ namespace distributed {
 class HierarchicalEngine : public Engine {
  public:
   // host_of[r]: rank r's host, hosts numbered in order of their lowest rank.
+  // columns: null, or the group of the ranks of this rank's local index on
+  // every host (rank = host index), which selects the sharded all_reduce.
   HierarchicalEngine(int rank, int size, std::vector<int> host_of, c10::intrusive_ptr<c10d::Backend> local,
-                      c10::intrusive_ptr<c10d::Backend> leaders, c10::intrusive_ptr<c10d::Backend> world);
+                      c10::intrusive_ptr<c10d::Backend> leaders, c10::intrusive_ptr<c10d::Backend> world,
+                      c10::intrusive_ptr<c10d::Backend> columns = nullptr);
   // Drops the groups without the GIL (engine.h: drop_without_gil).
   ~HierarchicalEngine() override;
 
@@ -93,15 +105,21 @@ class HierarchicalEngine : public Engine {
   // inter_host_backend.h, which raises their failures as DistBackendError).
   c10::intrusive_ptr<c10d::Backend> leaders() const;
   c10::intrusive_ptr<c10d::Backend> world() const;
+  c10::intrusive_ptr<c10d::Backend> columns() const;
+  // all_reduce's schedule between hosts: "sharded" or "leaders".
+  const char* hosts_allreduce() const { return columns_ ? "sharded" : "leaders"; }
   int64_t hierarchical_calls() const { return hier_calls_; }
 
  private:
   // Whether this rank leads its host (only leaders take the leaders' steps).
   bool leads() const { return bool(leaders_); }
-  // Runs `step`, this leader's call among the leaders or its Work's wait;
-  // if it fails (argument errors aside), aborts `local` with the error before it propagates.
+  // Runs `step`, this rank's call between hosts (among the leaders or in its
+  // column) or its Work's wait; if it fails (argument errors aside), aborts
+  // `local` with the error, naming `who` failed, before it propagates.
   template <class F>
-  auto across_hosts(F&& step) -> decltype(step());
+  auto across_hosts(F&& step, const char* who = "this host's leader") -> decltype(step());
+  void allreduce_sharded(const at::Tensor& flat, const c10d::ReduceOp& op, std::chrono::milliseconds timeout,
+                         int64_t pieces);
   void all_gather_bytes(const at::Tensor& in, const at::Tensor& out, std::chrono::milliseconds timeout);
   void reduce_scatter_flat(const at::Tensor& output, const at::Tensor& input, const c10d::ReduceOp& op,
                            bool avg, std::chrono::milliseconds timeout);
@@ -110,7 +128,7 @@ class HierarchicalEngine : public Engine {
   std::vector<std::vector<int>> host_ranks_;  // each host's ranks, ascending
   int host_ = 0;
   bool hosts_contiguous_ = true;  // host h's ranks follow host h-1's
-  c10::intrusive_ptr<c10d::Backend> local_, leaders_, world_;
+  c10::intrusive_ptr<c10d::Backend> local_, leaders_, world_, columns_;
   int64_t hier_calls_ = 0;
 };
 
