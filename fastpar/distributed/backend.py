@@ -126,8 +126,7 @@ def _exchange_hosts(store, rank: int, size: int, timeout: datetime.timedelta) ->
     """Every rank's host id, and the all_reduce schedule between hosts, which
     every rank must have chosen alike (a rank that differs is named)."""
     schedule = _hosts_allreduce_knob()
-    store.set(f"fastpar/hosts_allreduce/{rank}", schedule)  # before the host key, which the others wait for
-    store.set(f"fastpar/host/{rank}", _host_id())
+    store.set(f"fastpar/host/{rank}", f"{schedule} {_host_id()}")  # one key each: the schedule has no space
     keys = [f"fastpar/host/{r}" for r in range(size)]
     for r, key in enumerate(keys):
         try:
@@ -137,12 +136,14 @@ def _exchange_hosts(store, rank: int, size: int, timeout: datetime.timedelta) ->
                 f"fastpar: init on rank {rank} timed out after {_millis(timeout)} ms waiting for rank {r} "
                 f"to join (store key '{key}'): {e}"
             ) from e
-    for r in range(size):
-        theirs = store.get(f"fastpar/hosts_allreduce/{r}").decode()
+    hosts = []
+    for r, key in enumerate(keys):
+        theirs, host = store.get(key).decode().split(" ", 1)
         if theirs != schedule:
             raise ValueError(f"fastpar: FASTPAR_HOSTS_ALLREDUCE is {schedule!r} on rank {rank} but {theirs!r} on "
                              f"rank {r}; every rank of a group must set it alike")
-    return [store.get(k).decode() for k in keys], schedule
+        hosts.append(host)
+    return hosts, schedule
 
 
 def _columns(host_index: list[int], rank: int, schedule: str) -> list[int] | None:
