@@ -96,12 +96,12 @@ def worker(max_bytes: int, budget_s: float, rounds: int) -> None:
     mine = local_groups[host[rank]]
     leaders_gloo = dist.new_group(leaders, backend="gloo")
     world_gloo = dist.new_group(list(range(world)), backend="gloo")
-    sharded = None  # a world group under the sharded schedule, where it applies
-    if all(len(rs) >= 2 and len(rs) == len(hosts[0]) for rs in hosts):
+    sharded = None  # a world group under the sharded schedule, where it applies (fastpar's rule: _columns)
+    if fd_backend._columns(host, rank, "sharded") is not None:
         os.environ["FASTPAR_HOSTS_ALLREDUCE"] = "sharded"  # read when the group's backend is created
         sharded = dist.new_group(list(range(world)), backend="fastpar")
         assert fd_backend.get_fastpar_backend(sharded).hosts_allreduce == "sharded"
-        del os.environ["FASTPAR_HOSTS_ALLREDUCE"]
+        os.environ["FASTPAR_HOSTS_ALLREDUCE"] = "leaders"  # as run_layout set it for the default group
     ctl = torch.zeros(1)
 
     def agree_max(x: float) -> float:
@@ -182,7 +182,9 @@ def run_layout(H: int, R: int, rate: str, max_bytes: int, budget_s: float, round
 
     with Hosts(H, rate=rate) as hs:
         env = lambda h: hs.env({"PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),  # noqa: E731
-                                "FASTPAR_BIND_CORES": "0"})
+                                "FASTPAR_BIND_CORES": "0",
+                                # the "fastpar" rows: the default schedule, whatever the caller's environment
+                                "FASTPAR_HOSTS_ALLREDUCE": "leaders"})
         script = [os.path.abspath(__file__), "--worker", "--max-bytes", str(max_bytes), "--budget", str(budget_s),
                   "--rounds", str(rounds)]
         busy0, own0, wall0 = busy_cpu_s(), own_cpu_s(), time.monotonic()
