@@ -293,6 +293,110 @@ def test_sharded_all_reduce_between_fake_hosts():
     assert "".join(r.out for r in results).count("hierarchical collectives ok") == 4 + 4 + 3
 
 
+# Dtypes fastpar's shared memory carries and gloo's gather, scatter and
+# all_to_all refuse ("Invalid scalar type"), and two it takes.
+CROSSING_DTYPES = [torch.complex64, torch.complex128, torch.int16, torch.uint16, torch.uint32, torch.uint64,
+                   torch.float8_e4m3fn, torch.float8_e5m2, torch.bool, torch.float32]
+
+
+def same_bytes(got: torch.Tensor, want: torch.Tensor, what: str):
+    """Bitwise equality for every dtype (torch.equal has no float8 kernels)."""
+    assert got.dtype == want.dtype and got.shape == want.shape, f"{what}: {got.dtype} {got.shape} != {want.dtype} {want.shape}"
+    g, w = got.contiguous().view(torch.uint8), want.contiguous().view(torch.uint8)
+    assert torch.equal(g, w), f"{what}: got {got.flatten()[:6]} want {want.flatten()[:6]}"
+
+
+@scenario
+def sc_every_dtype_between_hosts():
+    """Hosts A (ranks 0, 1) and B (2, 3): every copying collective and
+    point-to-point call of every dtype the group takes on one host, roots on
+    either host; complex reduce and reduce_scatter (SUM, AVG); one-element
+    tensors of a step slice; an async gather's Work reports the caller's
+    tensors."""
+    init()
+    assert fd.get_fastpar_backend().hierarchical
+
+    def x(q, n=6, dtype=torch.float32):  # rank q's data; 0..n-1 are exact in every dtype, float8 too
+        return (torch.arange(n) + q).remainder(8).to(dtype)
+
+    for dt in CROSSING_DTYPES:
+        what = lambda op: f"{op} {dt} between hosts"  # noqa: E731
+        t = x(RANK, dtype=dt)
+        dist.broadcast(t, src=1)
+        same_bytes(t, x(1, dtype=dt), what("broadcast"))
+        outs = [torch.empty(6, dtype=dt) for _ in range(WORLD)]
+        dist.all_gather(outs, x(RANK, dtype=dt))
+        for q in range(WORLD):
+            same_bytes(outs[q], x(q, dtype=dt), what(f"all_gather [{q}]"))
+        outs = [torch.empty(6, dtype=dt) for _ in range(WORLD)] if RANK == 3 else None
+        dist.gather(x(RANK, dtype=dt), outs, dst=3)
+        for q in range(WORLD if RANK == 3 else 0):
+            same_bytes(outs[q], x(q, dtype=dt), what(f"gather [{q}]"))
+        out = torch.empty(6, dtype=dt)
+        dist.scatter(out, [x(10 + q, dtype=dt) for q in range(WORLD)] if RANK == 0 else None, src=0)
+        same_bytes(out, x(10 + RANK, dtype=dt), what("scatter"))
+        # rows of 3; rank q sends q + i rows to rank i (uneven, none from rank 0 to 0)
+        rows = lambda q, i: q + i  # noqa: E731
+        mine = torch.cat([x(10 * RANK + i, 3 * rows(RANK, i), dt).view(-1, 3) for i in range(WORLD)])
+        got = torch.empty(sum(rows(q, RANK) for q in range(WORLD)), 3, dtype=dt)
+        dist.all_to_all_single(got, mine, [rows(q, RANK) for q in range(WORLD)], [rows(RANK, i) for i in range(WORLD)])
+        want = torch.cat([x(10 * q + RANK, 3 * rows(q, RANK), dt).view(-1, 3) for q in range(WORLD)])
+        same_bytes(got, want, what("all_to_all_single"))
+        if RANK in (0, 2):  # host A to host B and back
+            t = x(RANK, dtype=dt)
+            if RANK == 0:
+                dist.send(t, 2)
+                dist.recv(t, 2)
+            else:
+                r = torch.empty(6, dtype=dt)
+                dist.recv(r, 0)
+                dist.send(x(RANK, dtype=dt), 0)
+                t = r
+            same_bytes(t, x(2 - RANK, dtype=dt), what("send/recv"))
+    for dt in (torch.complex64, torch.complex128):
+        xs = [torch.complex(exact_data(q, 5, torch.float64), exact_data(q + 1, 5, torch.float64)).to(dt)
+              for q in range(WORLD)]
+        for op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
+            want = sum(xs[1:], xs[0]) / (WORLD if op == dist.ReduceOp.AVG else 1)
+            t = xs[RANK].clone()
+            dist.reduce(t, dst=2, op=op)
+            if RANK == 2:
+                torch.testing.assert_close(t, want, msg=lambda m: f"reduce {dt} {op}: {m}")
+            ins = [[x_.roll(i) for i in range(WORLD)] for x_ in xs]
+            out = torch.empty(5, dtype=dt)
+            dist.reduce_scatter(out, ins[RANK], op=op)
+            want = sum((ins[q][RANK] for q in range(1, WORLD)), ins[0][RANK]) / (WORLD if op == dist.ReduceOp.AVG else 1)
+            torch.testing.assert_close(out, want, msg=lambda m: f"reduce_scatter {dt} {op}: {m}")
+    # One element of a step slice: contiguous, with a stride of 2.
+    base = torch.full((2,), float(RANK))
+    dist.broadcast(base[::2], src=3)
+    assert base.tolist() == [3.0, float(RANK)], base
+    outs = [torch.zeros(4)[::2][:1] for _ in range(WORLD)]
+    dist.all_gather(outs, torch.full((2,), float(RANK))[::2])
+    assert [o.item() for o in outs] == [float(q) for q in range(WORLD)], outs
+    # An async gather (which goes to the world backend): its Work and future give the caller's tensors.
+    outs = [torch.empty(6, dtype=torch.int16) for _ in range(WORLD)] if RANK == 0 else None
+    work = dist.gather(x(RANK, dtype=torch.int16), outs, dst=0, async_op=True)
+    work.wait()
+    if RANK == 0:
+        value = work.get_future().value()
+        assert [v.dtype for v in value] == [torch.int16] * WORLD, value
+        assert [v.data_ptr() for v in value] == [o.data_ptr() for o in outs]
+    dist.barrier()
+    print("every dtype crossed", flush=True)
+    finish()
+
+
+@pytest.mark.usefixtures("no_leftover_segments")
+def test_every_dtype_crosses_between_hosts():
+    """What a group on one host carries, a group over several hosts carries
+    too, although gloo between them refuses many of these dtypes."""
+    host = lambda r: {"FASTPAR_HOST_ID": "nodeA" if r < 2 else "nodeB"}  # noqa: E731
+    results = run(sc_every_dtype_between_hosts, 4, per_rank_env=host, timeout=120)
+    assert_ok(results)
+    assert all("every dtype crossed" in r.out for r in results)
+
+
 @scenario
 def sc_hosts_allreduce_disagreement():
     """Rank 1 sets FASTPAR_HOSTS_ALLREDUCE unlike the others: every rank's

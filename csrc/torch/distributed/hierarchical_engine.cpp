@@ -18,8 +18,7 @@ namespace {
 
 using c10d::ReduceOp;
 
-// A contiguous tensor's bytes, as a flat uint8 view.
-at::Tensor bytes_of(const at::Tensor& t) { return t.reshape({-1}).view(at::kByte); }
+using carried::bytes;
 
 bool is_avg(const ReduceOp& op) { return op.op_ == ReduceOp::AVG; }
 
@@ -34,22 +33,18 @@ void divide_sum(at::Tensor t, int n) {
   else t.div_(n);
 }
 
-// Whether the hierarchical schedules serve this reduction of these tensors:
-// dense and contiguous, a reduction that composes (SUM, PRODUCT, MIN, MAX,
-// AVG as a SUM divided once). Others go to the world backend,
-// which gives their semantics or their error.
-bool dense(const std::vector<at::Tensor>& ts) {
-  for (const auto& t : ts)
-    if (!t.defined() || t.is_sparse() || !t.is_contiguous()) return false;
-  return true;
-}
+// Whether the hierarchical schedules serve these tensors: dense and
+// contiguous (for a reduction, also one that composes: SUM, PRODUCT, MIN,
+// MAX, AVG as a SUM divided once). Others go to the world backend, which
+// gives their semantics or their error.
+using carried::all_dense;
 
 bool reducible(const std::vector<at::Tensor>& ts, const ReduceOp& op) {
   const auto k = op.op_;
   if (k != ReduceOp::SUM && k != ReduceOp::AVG && k != ReduceOp::PRODUCT && k != ReduceOp::MIN &&
       k != ReduceOp::MAX)
     return false;
-  return dense(ts);
+  return all_dense(ts);
 }
 
 // The options of one step: the call's timeout, and the step's root and
@@ -282,13 +277,13 @@ void HierarchicalEngine::allreduce_sharded(const at::Tensor& flat, const ReduceO
 // leaders' broadcast into the leader, then the local broadcast from it.
 c10::intrusive_ptr<c10d::Work> HierarchicalEngine::broadcast(std::vector<at::Tensor>& tensors,
                                                               const c10d::BroadcastOptions& opts) {
-  if (!dense(tensors)) return world_->broadcast(tensors, opts);
+  if (!all_dense(tensors)) return world_->broadcast(tensors, opts);
   at::Tensor& t = tensors[0];
   const int root = int(opts.rootRank), root_host = host_of_[root];
   ++hier_calls_;
   auto leaders_step = [&] {
     if (!leads()) return;
-    std::vector<at::Tensor> v{bytes_of(t)};
+    std::vector<at::Tensor> v{bytes(t)};
     across_hosts([&] { leaders_->broadcast(v, rooted<c10d::BroadcastOptions>(root_host, opts.timeout))->wait(); });
   };
   auto local_step = [&](int local_root) {
@@ -399,20 +394,20 @@ void HierarchicalEngine::all_gather_bytes(const at::Tensor& in, const at::Tensor
 c10::intrusive_ptr<c10d::Work> HierarchicalEngine::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                               std::vector<at::Tensor>& inputs,
                                                               const c10d::AllgatherOptions& opts) {
-  if (!dense(outputs[0])) return world_->allgather(outputs, inputs, opts);
+  if (!all_dense(outputs[0])) return world_->allgather(outputs, inputs, opts);
   const at::Tensor& in = inputs[0];
   const int64_t B = in.numel() * int64_t(in.element_size());
   ++hier_calls_;
   at::Tensor flat = at::empty({B * getSize()}, in.options().dtype(at::kByte));
-  all_gather_bytes(bytes_of(in), flat, opts.timeout);
-  for (int q = 0; q < getSize(); ++q) bytes_of(outputs[0][q]).copy_(flat.narrow(0, q * B, B));
+  all_gather_bytes(bytes(in), flat, opts.timeout);
+  for (int q = 0; q < getSize(); ++q) bytes(outputs[0][q]).copy_(flat.narrow(0, q * B, B));
   return enqueued_work(outputs[0]);
 }
 
 c10::intrusive_ptr<c10d::Work> HierarchicalEngine::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                                     const c10d::AllgatherOptions& opts) {
   ++hier_calls_;
-  all_gather_bytes(bytes_of(input), bytes_of(output), opts.timeout);
+  all_gather_bytes(bytes(input), bytes(output), opts.timeout);
   return enqueued_work({output});
 }
 

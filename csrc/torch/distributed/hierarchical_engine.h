@@ -46,8 +46,10 @@
 // number k >= 2 of ranks.
 //
 // Reductions: AVG runs as SUM and is divided once by the group size, where
-// the final value is formed (integers: truncated toward zero). Tensors cross the leaders as bytes where the
-// step copies (broadcast, all_gather), so every dtype goes through.
+// the final value is formed (integers: truncated toward zero). What crosses
+// between hosts crosses as bytes where the step copies, and complex sums as
+// real and imaginary parts (inter_host_backend.h), so every dtype the local
+// engine takes goes through.
 #pragma once
 
 #include "engine.h"
