@@ -258,6 +258,10 @@ def hier_collectives(g, host: str, be=None):
     x = torch.full((3,), 1 << me, dtype=torch.int32)
     dist.all_reduce(x, op=dist.ReduceOp.BXOR, group=g)
     check(x, torch.full((3,), (1 << n_ranks) - 1, dtype=torch.int32), f"all_reduce BXOR {host}")
+    x = torch.full((3,), 1 << me, dtype=torch.int32)
+    dist.reduce(x, dst=glob(n_ranks - 1), op=dist.ReduceOp.BOR, group=g)  # on world gloo, which writes non-roots
+    want = (1 << n_ranks) - 1 if me == n_ranks - 1 else 1 << me
+    check(x, torch.full((3,), want, dtype=torch.int32), f"reduce BOR (non-root inputs left alone) {host}")
     print(f"hierarchical collectives ok: {host} rank {me} of {n_ranks}, {be.hierarchical_calls} hierarchical calls",
           flush=True)
 

@@ -309,7 +309,13 @@ c10::intrusive_ptr<c10d::Work> HierarchicalEngine::broadcast(std::vector<at::Ten
 // written.
 c10::intrusive_ptr<c10d::Work> HierarchicalEngine::reduce(std::vector<at::Tensor>& tensors,
                                                            const c10d::ReduceOptions& opts) {
-  if (!reducible(tensors, opts.reduceOp)) return world_->reduce(tensors, opts);
+  if (!reducible(tensors, opts.reduceOp)) {
+    // gloo's reduce leaves partial results in non-root tensors (a bitwise op's
+    // too); fastpar's reduce never writes them, on one host or several.
+    if (getRank() == int(opts.rootRank)) return world_->reduce(tensors, opts);
+    std::vector<at::Tensor> scratch{tensors.at(0).clone()};
+    return world_->reduce(scratch, opts);
+  }
   at::Tensor& t = tensors[0];
   const int root = int(opts.rootRank), root_host = host_of_[root];
   const auto& mine = host_ranks_[host_];
