@@ -95,8 +95,8 @@ class InterHostWork : public c10d::Work {
     if (!results_) return inner_->getFuture();
     std::lock_guard<std::mutex> lock(future_mu_);
     if (!future_) {  // completes (or fails) with the inner one, holding the caller's tensors
-      future_ = inner_->getFuture()->then([results = *results_](c10::ivalue::Future&) { return c10::IValue(results); },
-                                          c10::ListType::ofTensors());
+      future_ = inner_->getFuture()->then(
+          [results = *results_](c10::ivalue::Future&) { return c10::IValue(results); }, c10::ListType::ofTensors());
     }
     return future_;
   }
@@ -186,6 +186,8 @@ inline std::optional<std::vector<int64_t>> byte_splits(const at::Tensor& t, cons
 }  // namespace carried
 
 class InterHostBackend : public c10d::Backend {
+  using Tensors = std::vector<at::Tensor>;
+
  public:
   // `rank`: the rank in the whole group, for messages.
   InterHostBackend(c10::intrusive_ptr<c10d::Backend> inner, int rank)
@@ -214,7 +216,8 @@ class InterHostBackend : public c10d::Backend {
     if (!carried::summed_as_real({output, input}, opts.reduceOp))
       return call("reduce_scatter_tensor", [&] { return inner_->_reduce_scatter_base(output, input, opts); });
     at::Tensor out = carried::real_parts(output), in = carried::real_parts(input);
-    return call("reduce_scatter_tensor", [&] { return inner_->_reduce_scatter_base(out, in, opts); }, std::vector<at::Tensor>{output});
+    return call(
+        "reduce_scatter_tensor", [&] { return inner_->_reduce_scatter_base(out, in, opts); }, Tensors{output});
   }
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) override {
     if (!carried::all_dense(tensors)) return call("broadcast", [&] { return inner_->broadcast(tensors, opts); });
@@ -233,7 +236,7 @@ class InterHostBackend : public c10d::Backend {
     if (!carried::all_dense({output, input}))
       return call("all_gather_into_tensor", [&] { return inner_->_allgather_base(output, input, opts); });
     at::Tensor out = carried::bytes(output), in = carried::bytes(input);
-    return call("all_gather_into_tensor", [&] { return inner_->_allgather_base(out, in, opts); }, std::vector<at::Tensor>{output});
+    return call("all_gather_into_tensor", [&] { return inner_->_allgather_base(out, in, opts); }, Tensors{output});
   }
   c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
                                         const c10d::GatherOptions& opts) override {
@@ -263,7 +266,8 @@ class InterHostBackend : public c10d::Backend {
     }
     at::Tensor out = carried::bytes(output), in = carried::bytes(input);
     return call(
-        "all_to_all_single", [&] { return inner_->alltoall_base(out, in, *out_splits, *in_splits, opts); }, std::vector<at::Tensor>{output});
+        "all_to_all_single", [&] { return inner_->alltoall_base(out, in, *out_splits, *in_splits, opts); },
+        Tensors{output});
   }
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override {
     return call("barrier", [&] { return inner_->barrier(opts); });
