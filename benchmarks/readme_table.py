@@ -226,17 +226,21 @@ def table(out_dir: str) -> str:
     runs = {r["row"]: r for r in read(log_path)} if os.path.exists(log_path) else {}
     out = ["| what | fastpar vs baseline | command (CSV in `" + os.path.relpath(out_dir, ROOT) + "/`) |",
            "|---|---|---|"]
-    dates = set()
+    provenance: dict[tuple, list[str]] = {}  # (date, commit, dirty, machine) -> the rows run so
     for key, what, _, cell in ROWS:
         path = os.path.join(out_dir, f"{key}.csv")
         if key not in runs or not os.path.exists(path):
             continue  # never run: no claim
         run = runs[key]
-        dates.add((run["date_utc"][:10], run["commit"], run["uncommitted_changes"], run["machine"]))
+        origin = (run["date_utc"][:10], run["commit"], run["uncommitted_changes"], run["machine"])
+        provenance.setdefault(origin, []).append(what)
         out.append(f"| {what} | {cell(read(path))} | `{run['command']}` |")
     head = []
-    for date, commit, dirty, mach in sorted(dates):
-        head.append(f"Run on {date} on commit {commit}" + (" plus uncommitted changes" if dirty == "yes" else "")
+    for (date, commit, dirty, mach), whats in sorted(provenance.items()):
+        # Rows from several runs: each line names its rows, so no number is read against the wrong commit.
+        rows = "" if len(provenance) == 1 else "The rows " + "; ".join(f'"{w}"' for w in whats) + ": run"
+        head.append((rows or "Run") + f" on {date} on commit {commit}"
+                    + (" plus uncommitted changes" if dirty == "yes" else "")
                     + f", {mach}; baselines measured in the same runs.")
     gpu_dir = os.path.join(ROOT, "benchmarks", "results", "gpu")
     gpu = " ".join(x for x in (gpu_line(os.path.join(gpu_dir, "summary.txt")),

@@ -1,9 +1,11 @@
 """benchmarks/readme_table.py on synthetic CSVs: a row is shown only when its
 command ran (runs.csv) and its CSV exists, with that command beside it; the
-run's date, commit and machine head the table; the GPU line counts the
-targets of a gpu_check summary."""
+run's date, commit and machine head the table (each run's rows named, when
+rows come from several); the GPU line counts the targets of a gpu_check
+summary."""
 import csv
 import os
+import shutil
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -40,6 +42,24 @@ def test_only_rows_that_ran_with_their_commands(tmp_path):
     assert len(rows) == 1, rows  # training has a CSV but no run record; lists has no CSV
     assert "direct call 1.25 us, `dist.all_reduce` 4.90 us, gloo 1200 us" in rows[0]
     assert f"`{cmd}`" in rows[0]
+
+
+def test_rows_of_several_runs_are_named_with_their_run(tmp_path):
+    write(tmp_path / "latency.csv", [
+        {"path": "gloo", "bytes": 4096, "ranks": 2, "us_per_call": 1200.0},
+        {"path": "fastpar direct", "bytes": 4096, "ranks": 2, "us_per_call": 1.25},
+        {"path": "fastpar", "bytes": 4096, "ranks": 2, "us_per_call": 4.9}])
+    shutil.copy(os.path.join(ROOT, "benchmarks", "results", "readme", "training.csv"), tmp_path)  # a real one
+    run = {"command": "python x", "machine": "Some CPU, 2 CPUs", "seconds": 30}
+    write(tmp_path / "runs.csv", [
+        {"row": "latency", **run, "date_utc": "2026-11-27 18:00", "commit": "abc1234", "uncommitted_changes": "no"},
+        {"row": "training", **run, "date_utc": "2026-11-28 09:00", "commit": "def5678", "uncommitted_changes": "yes"}])
+    lines = readme_table.table(str(tmp_path)).splitlines()
+    latency = next(w for k, w, *_ in readme_table.ROWS if k == "latency")
+    training = next(w for k, w, *_ in readme_table.ROWS if k == "training")
+    assert lines[0] == (f'The rows "{latency}": run on 2026-11-27 on commit abc1234, Some CPU, 2 CPUs; '
+                        "baselines measured in the same runs."), lines[0]
+    assert lines[1].startswith(f'The rows "{training}": run on 2026-11-28 on commit def5678 plus uncommitted'), lines[1]
 
 
 def test_gpu_line_counts_the_summary(tmp_path):
