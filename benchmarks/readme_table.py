@@ -154,6 +154,10 @@ def run_rows(keys: List[str], out_dir: str, nice: bool) -> None:
     log_path = os.path.join(out_dir, "runs.csv")
     runs = {r["row"]: r for r in read(log_path)} if os.path.exists(log_path) else {}
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    # Whether the code differs from the commit, read before any row runs, and
+    # not counting the results themselves (the rows rewrite them).
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".",
+                f":(exclude){os.path.relpath(out_dir, ROOT)}")
     for key, what, template, _ in ROWS:
         if key not in keys:
             continue
@@ -167,7 +171,7 @@ def run_rows(keys: List[str], out_dir: str, nice: bool) -> None:
             sys.exit(f"readme_table: {key} failed (exit {done.returncode}): python {' '.join(cmd)}")
         runs[key] = {"row": key, "command": "python " + " ".join(cmd),
                      "date_utc": t0.strftime("%Y-%m-%d %H:%M"), "commit": git("rev-parse", "--short", "HEAD"),
-                     "uncommitted_changes": "yes" if git("status", "--porcelain", "--untracked-files=no") else "no",
+                     "uncommitted_changes": "yes" if dirty else "no",
                      "machine": machine(), "seconds": f"{(datetime.datetime.now(datetime.timezone.utc) - t0).total_seconds():.0f}",
                      # other jobs on the machine move the numbers: the 1-minute load average before the run
                      "load_before": f"{load:.1f}"}
