@@ -1,6 +1,7 @@
 """The hierarchical paths: fake hosts (FASTPAR_HOST_ID) with shared memory
 inside and gloo between the leaders, every collective with a hierarchical
-schedule against a reference; fastpar._C.HierarchicalEngine (the composition
+schedule against a reference, and every dtype through the calls that cross
+hosts as bytes; fastpar._C.HierarchicalEngine (the composition
 CUDA tensors get on several hosts) run on CPU stand-ins, and its refusal of a
 composition that does not match its host layout, naming the argument and
 both values, before any call."""

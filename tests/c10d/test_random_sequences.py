@@ -10,10 +10,12 @@ complex too), op (the bitwise ones too), size (empty to past the pipelining
 threshold), group, root, strided or contiguous tensors, sync or async. Each
 rank checks its own results against torch; async calls are waited in an
 order of the rank's own, a few calls later. A failure names the step (and
-the test's id the seed)."""
+the test's id the seed). FASTPAR_TEST_SOAK=FIRST-LAST runs many more seeds
+(test_soak)."""
 from __future__ import annotations
 
 import functools
+import os
 import random
 from dataclasses import dataclass
 
@@ -316,3 +318,34 @@ def test_random_sequence(world, seed, hosts, env):
     assert_ok(results)
     for r in results:
         assert f"rank {r.rank}: {steps} steps of seed {seed} ok" in r.out
+
+
+
+@pytest.mark.skipif("FASTPAR_TEST_SOAK" not in os.environ, reason="a soak, run on demand: FASTPAR_TEST_SOAK=FIRST-LAST")
+def test_soak():
+    """Many more sequences than the suite runs (FASTPAR_TEST_SOAK=100-139,
+    FASTPAR_TEST_SOAK_STEPS, default 300; pytest -s shows a line per seed):
+    seed s on 2 + (s // 2) % 4 ranks, odd seeds on fake hosts (the layouts
+    in turn, sharded and leaders in turn), five knob settings in turn."""
+    first, last = (int(v) for v in os.environ["FASTPAR_TEST_SOAK"].split("-"))
+    steps = int(os.environ.get("FASTPAR_TEST_SOAK_STEPS", "300"))
+    settings = [SMALL_SLOTS, {}, {"FASTPAR_SHM_SLOT_BYTES": "1024", "FASTPAR_SHM_PLACEMENT": "far"},
+                {"FASTPAR_SHM_ALLREDUCE": "two_shot", "FASTPAR_SHM_SLOT_BYTES": "8192"},
+                {"FASTPAR_SHM_ONESHOT_MAX_BYTES": "0", "FASTPAR_SHM_P2P_CHUNK_BYTES": "64"}]
+    layouts = {2: ["AB"], 3: ["AAB", "ABA", "ABC"], 4: ["AABB", "ABAB", "AAAB", "ABCD"], 5: ["AABBC", "ABABA"]}
+    failed = []
+    for seed in range(first, last + 1):
+        world, env, args, per_rank_env, hosts = 2 + (seed // 2) % 4, dict(settings[seed % 5]), [seed, steps], None, "-"
+        if seed % 2:
+            hosts = layouts[world][(seed // 16) % len(layouts[world])]
+            env["FASTPAR_HOSTS_ALLREDUCE"] = "sharded" if (seed // 8) % 2 else "leaders"
+            per_rank_env = lambda r, hosts=hosts: {"FASTPAR_HOST_ID": f"host-{hosts[r]}"}  # noqa: E731
+            args.append("hosts")
+        results = run(sc_random_sequence, world, timeout=900, env=env, per_rank_env=per_rank_env, args=args)
+        bad = [r for r in results if r.rc != 0]
+        print(f"seed {seed}: {world} ranks, hosts {hosts}, {env}: {'FAILED' if bad else 'ok'}", flush=True)
+        for r in bad:
+            print(f"--- rank {r.rank} (exit {r.rc})\n{r.err[-3000:]}", flush=True)
+        if bad:
+            failed.append(seed)
+    assert not failed, f"seeds that failed: {failed}"
