@@ -19,7 +19,7 @@ import fastpar
 import fastpar.distributed as fd
 from batched_scenarios import REGISTERED, InBatch, assert_scenario_ok, batched, scenario_result, shapes
 from dist_harness import assert_ok, scenario
-from reference import DTYPES, FLOATS, INT_AVG_CASES, exact_data, in_rank_order, random_data, reference
+from reference import DTYPES, FLOATS, INT_AVG_CASES, bitwise_fold, exact_data, in_rank_order, random_data, reference
 from worker_context import (ARGS, DEV, MAX_IPC, RANK, SHARED, WORLD, check, check_equal, cuda_backend, finish, init,
                             ops_for, peer_access_everywhere, same_bits_everywhere)
 
@@ -499,16 +499,6 @@ def sc_avg_integers():
     finish()
 
 
-def _logical_or_bitwise(op, dtype):
-    """The pure-torch fold of `op` over ranks, as gloo computes it: on bool
-    SUM and MAX are an or, PRODUCT and MIN an and."""
-    if dtype == torch.bool:
-        op = {dist.ReduceOp.SUM: dist.ReduceOp.BOR, dist.ReduceOp.MAX: dist.ReduceOp.BOR,
-              dist.ReduceOp.PRODUCT: dist.ReduceOp.BAND, dist.ReduceOp.MIN: dist.ReduceOp.BAND}.get(op, op)
-    return {dist.ReduceOp.BAND: torch.bitwise_and, dist.ReduceOp.BOR: torch.bitwise_or,
-            dist.ReduceOp.BXOR: torch.bitwise_xor}[op]
-
-
 @pytest.mark.parametrize("device,layout,world", shapes(cpu_worlds=[2, 3], cuda_layouts=[]))
 @batched(sc_avg_integers)
 def test_avg_of_integers_as_nccl_computes_it(request, device, layout, world):
@@ -544,7 +534,7 @@ def sc_bitwise_bool_complex():
                     want = torch.stack([torch.view_as_real(x) for x in xs]).sum(0)
                     want = torch.view_as_complex(want / WORLD if op == dist.ReduceOp.AVG else want)
                 else:
-                    fold = _logical_or_bitwise(op, dtype)
+                    fold = bitwise_fold(op, dtype)
                     want = xs[0]
                     for x in xs[1:]:
                         want = fold(want, x)

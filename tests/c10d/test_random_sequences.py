@@ -26,7 +26,7 @@ from torch.distributed import ReduceOp
 
 import fastpar.distributed as fd
 from dist_harness import assert_ok, run, scenario
-from reference import DTYPES, FLOATS, OPS, exact_data, reference
+from reference import DTYPES, FLOATS, OPS, bitwise_fold, exact_data, reference
 from worker_context import ARGS, RANK, WORLD, check, finish, init
 
 pytestmark = pytest.mark.usefixtures("no_leftover_segments")
@@ -107,15 +107,8 @@ def _data(q: int, n: int, dtype, step: int, part: int = 0) -> torch.Tensor:
 def _reference(xs, op):
     """op over the ranks' tensors, as fastpar and gloo compute it."""
     dtype = xs[0].dtype
-    if dtype == torch.bool:
-        if op in (ReduceOp.SUM, ReduceOp.MAX, ReduceOp.BOR):
-            return functools.reduce(torch.logical_or, xs)
-        if op in (ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.BAND):
-            return functools.reduce(torch.logical_and, xs)
-        return functools.reduce(torch.logical_xor, xs)
-    if op in BITWISE:
-        f = {ReduceOp.BAND: torch.bitwise_and, ReduceOp.BOR: torch.bitwise_or, ReduceOp.BXOR: torch.bitwise_xor}[op]
-        return functools.reduce(f, xs)
+    if dtype == torch.bool or op in BITWISE:
+        return functools.reduce(bitwise_fold(op, dtype), xs)
     if dtype in COMPLEX:
         s = functools.reduce(torch.add, xs)
         return s / len(xs) if op == ReduceOp.AVG else s

@@ -1,7 +1,8 @@
 """Pure-torch references and test data for every collective test, single-process
 and multi-process, CPU and CUDA alike: `reference` (any order of summation: for
-exact data, or where a tolerance applies) and `in_rank_order` (ranks combined
-0..n-1, what the CUDA IPC kernels compute bit for bit), and the data both feed
+exact data, or where a tolerance applies), `in_rank_order` (ranks combined
+0..n-1, what the CUDA IPC kernels compute bit for bit), `bitwise_fold` (the
+bitwise ops and bool tensors, as gloo reduces them), and the data fed to
 them (`exact_data`: small integers every order sums to the same bits;
 `random_data`: floats whose bits depend on the order)."""
 import torch
@@ -108,3 +109,13 @@ def in_rank_order(xs, op, dtype):
         acc = torch.div(acc.to(torch.int64), len(xs), rounding_mode="trunc")
     return acc.to(dtype)
 
+
+
+def bitwise_fold(op, dtype):
+    """The pure-torch function that folds ranks' tensors for a bitwise op, or
+    for any op on bool tensors, as gloo computes it: on bool SUM and MAX are
+    an or, PRODUCT and MIN an and."""
+    if dtype == torch.bool:
+        op = {ReduceOp.SUM: ReduceOp.BOR, ReduceOp.MAX: ReduceOp.BOR,
+              ReduceOp.PRODUCT: ReduceOp.BAND, ReduceOp.MIN: ReduceOp.BAND}.get(op, op)
+    return {ReduceOp.BAND: torch.bitwise_and, ReduceOp.BOR: torch.bitwise_or, ReduceOp.BXOR: torch.bitwise_xor}[op]
