@@ -283,7 +283,7 @@ c10::intrusive_ptr<c10d::Work> HierarchicalEngine::broadcast(std::vector<at::Ten
   ++hier_calls_;
   auto leaders_step = [&] {
     if (!leads()) return;
-    std::vector<at::Tensor> v{bytes(t)};
+    std::vector<at::Tensor> v{t};  // crosses as its bytes (inter_host_backend.h)
     across_hosts([&] { leaders_->broadcast(v, rooted<c10d::BroadcastOptions>(root_host, opts.timeout))->wait(); });
   };
   auto local_step = [&](int local_root) {
