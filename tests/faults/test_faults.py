@@ -271,6 +271,64 @@ def test_default_group_recreated(kind, store):
 
 
 @scenario
+def sc_failure_in_a_coalescing_block():
+    """2 ranks; rank 1 SIGKILLs itself after a barrier. Rank 0's next
+    all_reduce raises (the communicator fails); then its calls inside
+    coalescing blocks (batch_isend_irecv; a coalescing manager around
+    collectives) must raise at the block's wait(), not inside the block:
+    torch leaves a block that raises half open, and the group's next calls
+    would silently not run. Those next calls, sync and async, must raise."""
+    init(timeout_s=60)
+    dist.barrier()
+    if RANK == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    t = torch.ones(1000)
+    try:
+        while True:  # rank 1's death may take a moment to show
+            dist.all_reduce(t)
+    except dist.DistBackendError as e:
+        print(f"first: {str(e).splitlines()[0]}", flush=True)
+    reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, t, 1), dist.P2POp(dist.irecv, torch.empty(1000), 1)])
+    print("batch_isend_irecv returned", flush=True)
+    for req in reqs:
+        try:
+            req.wait()
+        except dist.DistBackendError as e:
+            print(f"batch wait: {str(e).splitlines()[0]}", flush=True)
+    with dist._coalescing_manager(device=torch.device("cpu"), async_ops=True) as cm:
+        dist.all_reduce(t)
+        dist.all_reduce(t)
+    print("coalescing manager returned", flush=True)
+    try:
+        cm.wait()
+    except dist.DistBackendError as e:
+        print(f"manager wait: {str(e).splitlines()[0]}", flush=True)
+    for async_op in (False, True):
+        try:
+            work = dist.all_reduce(t, async_op=async_op)
+            if async_op:
+                work.wait()
+            print(f"all_reduce(async_op={async_op}) did not raise", flush=True)
+        except dist.DistBackendError as e:
+            print(f"all_reduce(async_op={async_op}): {str(e).splitlines()[0]}", flush=True)
+    dist.destroy_process_group()
+
+
+def test_failure_in_a_coalescing_block_raises_at_wait():
+    r0, r1 = run(sc_failure_in_a_coalescing_block, 2, timeout=60)
+    assert r1.rc == -signal.SIGKILL, r1.err
+    assert r0.rc == 0, r0.err
+    assert "first: fastpar: allreduce on rank 0" in r0.out, r0.out
+    lines = r0.out.splitlines()
+    # Each block returned, and its wait raised; the group's later calls ran (and raised).
+    for what in ["batch_isend_irecv returned", "batch wait: fastpar",
+                 "coalescing manager returned", "manager wait: fastpar: ",
+                 "all_reduce(async_op=False): fastpar: ", "all_reduce(async_op=True): fastpar: "]:
+        assert any(line.startswith(what) for line in lines), f"{what!r} not in\n{r0.out}\n{r0.err}"
+    assert "did not raise" not in r0.out, r0.out
+
+
+@scenario
 def sc_any_source_sender_dies():
     """3 ranks. Rank 1 streams 1 MiB messages to rank 0 and SIGKILLs itself
     after a few; rank 2 sends its part and stays in the group (ARGS[1] 'stay')

@@ -47,6 +47,13 @@ class CoalescedWork : public c10d::Work {
   std::vector<c10::intrusive_ptr<c10d::Work>> works_;
 };
 
+// A call of a coalescing block that raised DistBackendError (a failed peer or
+// communicator): complete, with that error, which wait() raises.
+class FailedWork : public c10d::Work {
+ public:
+  explicit FailedWork(std::exception_ptr error) : Work(-1, c10d::OpType::UNKNOWN) { finish(std::move(error)); }
+};
+
 }  // namespace
 
 Backend::Backend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::chrono::milliseconds timeout,
@@ -101,10 +108,26 @@ Engine& Backend::engine_for(const char* op, const std::string& name, const at::T
 template <class Call>
 Work Backend::dispatch(const char* op, const std::string& name, const at::Tensor& t, Call&& call) {
   Staging s;
-  return record(s.done(call(engine_for(op, name, t), s)));
+  return record([&] { return s.done(call(engine_for(op, name, t), s)); });
 }
 
-Work Backend::record(Work work) {
+// Inside a coalescing block a failure is not raised at the call: torch's
+// coalescing manager (batch_isend_irecv, _coalescing_manager) leaves the
+// group's op list behind when its block raises, and from then on torch
+// issues none of that group's calls (a sync collective returns having done
+// nothing, an async one an _IllegalWork). The failed call's Work carries the
+// error instead, and the block's Work (endCoalescing) raises it at wait().
+// Argument errors are raised at once, as everywhere.
+template <class Call>
+Work Backend::record(Call&& call) {
+  Work work;
+  try {
+    work = call();
+  } catch (const c10::DistBackendError&) {
+    std::lock_guard<std::mutex> g(coalescing_mu_);
+    if (!coalesced_) throw;
+    work = c10::make_intrusive<FailedWork>(std::current_exception());
+  }
   ++calls_;
   std::lock_guard<std::mutex> g(coalescing_mu_);
   if (coalesced_) coalesced_->push_back(work);
@@ -144,7 +167,7 @@ Work Backend::allreduce_sparse(std::vector<at::Tensor>& tensors, const c10d::All
   TORCH_CHECK_VALUE(t.defined() && t.is_sparse(), "fastpar.", op, ": tensors[0] is not a sparse COO tensor");
   TORCH_CHECK_VALUE(opts.reduceOp == c10d::ReduceOp::SUM, "fastpar.", op, ": sparse tensors reduce with "
                     "ReduceOp.SUM only, got ReduceOp value ", int(opts.reduceOp.op_));
-  return record(engine_for(op, "tensors[0]", t).allreduce_sparse(tensors, opts));
+  return record([&] { return engine_for(op, "tensors[0]", t).allreduce_sparse(tensors, opts); });
 }
 
 Work Backend::allreduce_coalesced(std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
@@ -349,8 +372,8 @@ Work Backend::alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>
 // A barrier names no tensor: it runs on the CPU engine, as gloo's does, unless
 // the call names CUDA devices (NCCL's device_ids).
 Work Backend::barrier(const c10d::BarrierOptions& opts) {
-  if (!opts.device_ids.empty() && cuda_) return record(cuda_->barrier(opts));
-  return record(cpu_engine().barrier(opts));
+  if (!opts.device_ids.empty() && cuda_) return record([&] { return cuda_->barrier(opts); });
+  return record([&] { return cpu_engine().barrier(opts); });
 }
 
 void Backend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {
@@ -362,7 +385,7 @@ Work Backend::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
   checks::tensor("send", "tensors[0]", tensors[0]);
   checks::contiguous("send", "tensors[0]", tensors[0]);
   checks::peer("send", "dst", dst_rank, getRank(), getSize());
-  return record(engine_for("send", "tensors[0]", tensors[0]).send(tensors, dst_rank, tag));
+  return record([&] { return engine_for("send", "tensors[0]", tensors[0]).send(tensors, dst_rank, tag); });
 }
 
 Work Backend::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
@@ -370,14 +393,14 @@ Work Backend::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
   checks::tensor("recv", "tensors[0]", tensors[0]);
   checks::contiguous("recv", "tensors[0]", tensors[0]);
   checks::peer("recv", "src", src_rank, getRank(), getSize());
-  return record(engine_for("recv", "tensors[0]", tensors[0]).recv(tensors, src_rank, tag));
+  return record([&] { return engine_for("recv", "tensors[0]", tensors[0]).recv(tensors, src_rank, tag); });
 }
 
 Work Backend::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
   checks::one("recv", "tensors", tensors.size());
   checks::tensor("recv", "tensors[0]", tensors[0]);
   checks::contiguous("recv", "tensors[0]", tensors[0]);
-  return record(engine_for("recv", "tensors[0]", tensors[0]).recvAnysource(tensors, tag));
+  return record([&] { return engine_for("recv", "tensors[0]", tensors[0]).recvAnysource(tensors, tag); });
 }
 
 // ---------------------------------------------------------------- fastpar's own calls

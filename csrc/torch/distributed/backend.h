@@ -17,7 +17,9 @@
 //
 // Coalescing (startCoalescing / endCoalescing, which batch_isend_irecv and
 // torch's coalescing manager use): the calls in between run as they come
-// and endCoalescing returns one Work over all of them.
+// and endCoalescing returns one Work over all of them; a call in between
+// that fails (DistBackendError) raises at that Work's wait(), not at the
+// call (backend.cpp, record, says why).
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -153,8 +155,11 @@ class Backend : public c10d::Backend {
   // copied back once the Work is done); the Work is recorded.
   template <class Call>
   c10::intrusive_ptr<c10d::Work> dispatch(const char* op, const std::string& name, const at::Tensor& t, Call&& call);
-  // Counts the call; inside a coalescing block, keeps its Work for endCoalescing.
-  c10::intrusive_ptr<c10d::Work> record(c10::intrusive_ptr<c10d::Work> work);
+  // Runs `call` (it returns the call's Work) and counts it; inside a
+  // coalescing block, keeps its Work for endCoalescing, and a failure
+  // becomes that Work's error (backend.cpp says why).
+  template <class Call>
+  c10::intrusive_ptr<c10d::Work> record(Call&& call);
 
   std::chrono::milliseconds timeout_;
   c10::intrusive_ptr<ShmEngine> shm_;
