@@ -1,17 +1,18 @@
 """Creates the fastpar c10d backend for a process group.
 
 The group gets one fastpar._C.Backend, which checks every call and hands it to
-an engine (docs/architecture.md).
+an engine (docs/architecture.md); every engine is built here.
 
 CPU tensors: ranks are grouped by host: ranks that see the same /dev/shm, pid
 and IPC namespaces of one kernel (_host_id; FASTPAR_HOST_ID overrides it, to
 fake several hosts on one machine in tests). Inside a host the ranks share memory
-(the backend's shared-memory engine). With several hosts, the lowest rank of
+(a fastpar._C.ShmEngine). With several hosts, the lowest rank of
 each host is its leader and the leaders form a gloo group; allreduce, barrier,
 broadcast, reduce, all_gather(_into_tensor) and reduce_scatter(_tensor) run
 hierarchically (shm steps inside each host, one gloo call among the leaders
 that carries each host's data once; docs/algorithms.md gives the schedules),
-while gather, scatter and all_to_all run on a gloo group over all ranks. Hosts
+while gather, scatter and all_to_all run on a gloo group over all ranks (a
+fastpar._C.HierarchicalEngine over the ShmEngine and the gloo groups). Hosts
 may hold different numbers of ranks and need not be contiguous in rank.
 FASTPAR_HOSTS_ALLREDUCE=sharded (equal on every rank) makes all_reduce carry
 each rank's share across hosts instead, in a group per local index ("columns",
@@ -352,8 +353,10 @@ def create_backend(store, rank: int, size: int, timeout: datetime.timedelta, glo
     column = _columns(host_index, rank, schedule)
     cuda = _cuda_engine(store, rank, size, timeout, host_index, global_ranks, backend_options, group_name, device,
                         column)
+    local_global = [global_ranks[r] for r in local]
     if len(order) == 1:
-        return _C.Backend(store, rank, size, ms, local, global_ranks, cuda=cuda)
+        shm = _C.ShmEngine(store, local.index(rank), len(local), local_global, ms)
+        return _C.Backend(rank, size, ms, shm, cuda=cuda)
     leaders = [min(r for r in range(size) if hosts[r] == h) for h in order]
     leader_pg = None
     if rank in leaders:
@@ -364,8 +367,9 @@ def create_backend(store, rank: int, size: int, timeout: datetime.timedelta, glo
         column_pg = _gloo(dist.PrefixStore(f"fastpar/column{local.index(rank)}/", store), column.index(rank),
                           len(column), timeout)
     node_store = dist.PrefixStore(f"fastpar/host{order.index(me)}/", store)
-    return _C.Backend(node_store, rank, size, ms, local, global_ranks, leader_pg, world_pg, host_index, column_pg,
-                      cuda=cuda)
+    shm = _C.ShmEngine(node_store, local.index(rank), len(local), local_global, ms)
+    hierarchical = _C.HierarchicalEngine(rank, size, host_index, shm, leader_pg, world_pg, column_pg)
+    return _C.Backend(rank, size, ms, shm, hierarchical=hierarchical, cuda=cuda)
 
 
 def _bound_device(dist_opts):

@@ -125,7 +125,8 @@ def test_calls_without_ipc_schedule_go_to_the_fallback():
 
 def front(cb):
     """fastpar's one backend over a one-rank group, with `cb` as its CUDA engine."""
-    return fastpar._C.Backend(dist.HashStore(), 0, 1, 10_000, [0], [0], cuda=cb)
+    shm = fastpar._C.ShmEngine(dist.HashStore(), 0, 1, [0], 10_000)
+    return fastpar._C.Backend(0, 1, 10_000, shm, cuda=cb)
 
 
 META = torch.empty(3, device="meta")

@@ -38,6 +38,28 @@ def build(rank, size, host_of, local, leaders, world, columns=None):
     return fastpar._C.HierarchicalEngine(rank, size, host_of, local, leaders, world, columns)
 
 
+def shm_of_one():
+    """fastpar's shared-memory engine of a one-rank host."""
+    return fastpar._C.ShmEngine(dist.HashStore(), 0, 1, [0], 5000)
+
+
+def test_front_checks_its_engines():
+    # fastpar.distributed composes the engines; the front refuses ones that do
+    # not fit the group, naming what is wrong.
+    with pytest.raises(ValueError, match=r"shm has 1 ranks but the group has 2 \(a group over several hosts needs "
+                                         r"hierarchical\)"):
+        fastpar._C.Backend(0, 2, 5000, shm_of_one())
+    hier = build(0, 2, [0, 1], shm_of_one(), fake_backend(0, 2), fake_backend(0, 2))
+    with pytest.raises(ValueError, match=r"hierarchical's local engine is not shm"):
+        fastpar._C.Backend(0, 2, 5000, shm_of_one(), hierarchical=hier)
+    with pytest.raises(ValueError, match=r"hierarchical is rank 0 of 2 but the group's rank is 0 of 3"):
+        fastpar._C.Backend(0, 3, 5000, hier.local, hierarchical=hier)
+    with pytest.raises(ValueError, match=r"global_ranks has 2 entries but the host has 1 ranks"):
+        fastpar._C.ShmEngine(dist.HashStore(), 0, 1, [0, 1], 5000)
+    front = fastpar._C.Backend(0, 2, 5000, hier.local, hierarchical=hier)
+    assert front.hierarchical and front.local_size == 1
+
+
 def test_host_of_must_cover_the_group():
     with pytest.raises(ValueError, match=r"host_of has 1 entries but the group has 2 ranks"):
         build(0, 2, [0], gloo_of_one(), gloo_of_one(), gloo_of_one())

@@ -496,11 +496,12 @@ def test_malformed_chunk_header_names_the_peer():
     assert "bad headers ok" in results[1].out
 
 
-def _backend_with_store(store, rank: int, size: int = 2, timeout_ms: int = 3000):
-    """fastpar's backend for `rank`, built on a store the test controls."""
+def _engine_with_store(store, rank: int, size: int = 2, timeout_ms: int = 3000):
+    """fastpar's shared-memory engine for `rank` (where a group's segments are
+    made and mapped), built on a store the test controls."""
     import fastpar
 
-    return fastpar._C.Backend(store, rank, size, timeout_ms, list(range(size)), list(range(size)))
+    return fastpar._C.ShmEngine(store, rank, size, list(range(size)), timeout_ms)
 
 
 @pytest.mark.parametrize("value", ["victim_{pid}", "../victim_{pid}", "fastpar_0123456789abcdef_r1_p{pid}",
@@ -522,7 +523,7 @@ def test_segment_names_from_the_store_are_checked(value):
 
         def rank0():
             try:
-                _backend_with_store(store, 0)
+                _engine_with_store(store, 0)
             except Exception as e:  # noqa: BLE001  checked below
                 errors.append(e)
 
@@ -550,7 +551,7 @@ def test_job_id_from_the_store_is_checked():
     store.set("job", "../../etc/x")
     with pytest.raises(dist.DistBackendError, match=r"init on rank 1: the store's job id \(key 'job', written by "
                                                     r"rank 0\) is '../../etc/x', not 16 hex digits"):
-        _backend_with_store(store, 1)
+        _engine_with_store(store, 1)
 
 
 @scenario

@@ -6,7 +6,6 @@
 #include "../dtypes.h"  // to_dtype
 #include "checks.h"
 #include "engine.h"
-#include "hierarchical_engine.h"
 #include "staging.h"
 
 namespace fastpar {
@@ -56,24 +55,24 @@ class FailedWork : public c10d::Work {
 
 }  // namespace
 
-Backend::Backend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::chrono::milliseconds timeout,
-                 std::vector<int> local_ranks, std::vector<int> global_ranks, c10::intrusive_ptr<c10d::Backend> leaders,
-                 c10::intrusive_ptr<c10d::Backend> world, std::vector<int> hosts,
-                 c10::intrusive_ptr<c10d::Backend> columns, c10::intrusive_ptr<Engine> cuda)
-    : c10d::Backend(rank, size), timeout_(timeout), cuda_(std::move(cuda)) {
-  const auto it = std::find(local_ranks.begin(), local_ranks.end(), rank);
-  TORCH_CHECK_VALUE(it != local_ranks.end(), "fastpar: rank ", rank, " is not among its host's ranks ", local_ranks);
-  TORCH_CHECK_VALUE(global_ranks.size() == size_t(size), "fastpar: global_ranks has ", global_ranks.size(),
-                    " entries but the group has ", size, " ranks");
-  TORCH_CHECK_VALUE(!world || hosts.size() == size_t(size), "fastpar: hosts has ", hosts.size(),
-                    " entries but the group has ", size, " ranks");
-  std::vector<int> local_global;
-  for (int r : local_ranks) local_global.push_back(global_ranks[r]);
-  const ShmKnobs knobs = shm_knobs(timeout);
-  shm_ = c10::make_intrusive<ShmEngine>(store, int(it - local_ranks.begin()), int(local_ranks.size()),
-                                        std::move(local_global), knobs.options, knobs.tuning);
-  if (world)
-    cpu_hier_ = c10::make_intrusive<HierarchicalEngine>(rank, size, std::move(hosts), shm_, leaders, world, columns);
+Backend::Backend(int rank, int size, std::chrono::milliseconds timeout, c10::intrusive_ptr<ShmEngine> shm,
+                 c10::intrusive_ptr<HierarchicalEngine> hierarchical, c10::intrusive_ptr<Engine> cuda)
+    : c10d::Backend(rank, size),
+      timeout_(timeout),
+      shm_(std::move(shm)),
+      cpu_hier_(std::move(hierarchical)),
+      cuda_(std::move(cuda)) {
+  TORCH_CHECK_VALUE(shm_, "fastpar: Backend needs a ShmEngine (shm is None)");
+  if (cpu_hier_) {
+    TORCH_CHECK_VALUE(cpu_hier_->local().get() == shm_.get(),
+                      "fastpar: hierarchical's local engine is not shm (it must run over this host's ShmEngine)");
+    TORCH_CHECK_VALUE(cpu_hier_->getRank() == rank && cpu_hier_->getSize() == size, "fastpar: hierarchical is rank ",
+                      cpu_hier_->getRank(), " of ", cpu_hier_->getSize(), " but the group's rank is ", rank, " of ",
+                      size);
+  } else {
+    TORCH_CHECK_VALUE(shm_->getSize() == size, "fastpar: shm has ", shm_->getSize(), " ranks but the group has ", size,
+                      " (a group over several hosts needs hierarchical)");
+  }
 }
 
 Backend::~Backend() { drop_without_gil(cuda_, cpu_hier_, shm_); }
@@ -457,11 +456,11 @@ bool Backend::is_registered(const at::Tensor& t) const {
 }
 
 int64_t Backend::hierarchical_calls() const {
-  return cpu_hier_ ? static_cast<HierarchicalEngine&>(*cpu_hier_).hierarchical_calls() : 0;
+  return cpu_hier_ ? cpu_hier_->hierarchical_calls() : 0;
 }
 
 std::string Backend::hosts_allreduce() const {
-  return cpu_hier_ ? static_cast<HierarchicalEngine&>(*cpu_hier_).hosts_allreduce() : "";
+  return cpu_hier_ ? cpu_hier_->hosts_allreduce() : "";
 }
 
 void Backend::set_allreduce_tuning(int64_t one_shot_max_bytes, int algo) {
@@ -477,25 +476,20 @@ void register_distributed(pybind11::module& m) {
   py::module::import("torch._C._distributed_c10d");  // registers c10d::Backend with pybind first
   py::class_<Engine, c10d::Backend, c10::intrusive_ptr<Engine>>(m, "Engine", R"(
 One of fastpar's engines (the group's fastpar._C.Backend hands them its checked
-calls): CudaEngine, HierarchicalEngine.)");
+calls): ShmEngine, CudaEngine, HierarchicalEngine.)");
   py::class_<Backend, c10d::Backend, c10::intrusive_ptr<Backend>>(m, "Backend", R"(
-fastpar's torch.distributed backend (created by fastpar.distributed; not meant
-to be constructed by hand).)")
-      .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, int64_t timeout_ms,
-                       std::vector<int> local_ranks, std::vector<int> global_ranks,
-                       std::optional<c10::intrusive_ptr<c10d::Backend>> leaders,
-                       std::optional<c10::intrusive_ptr<c10d::Backend>> world, std::vector<int> hosts,
-                       std::optional<c10::intrusive_ptr<c10d::Backend>> columns,
+fastpar's torch.distributed backend: checks every call and hands it to the
+engine for its tensors' device (`shm`, or `hierarchical` over it on several
+hosts, for CPU tensors; `cuda` for CUDA tensors). fastpar.distributed builds it
+and its engines for each group.)")
+      .def(py::init([](int rank, int size, int64_t timeout_ms, const c10::intrusive_ptr<ShmEngine>& shm,
+                       std::optional<c10::intrusive_ptr<HierarchicalEngine>> hierarchical,
                        std::optional<c10::intrusive_ptr<Engine>> cuda) {
-             return c10::make_intrusive<Backend>(store, rank, size, std::chrono::milliseconds(timeout_ms),
-                                                 std::move(local_ranks), std::move(global_ranks),
-                                                 leaders.value_or(nullptr), world.value_or(nullptr), std::move(hosts),
-                                                 columns.value_or(nullptr), cuda.value_or(nullptr));
+             return c10::make_intrusive<Backend>(rank, size, std::chrono::milliseconds(timeout_ms), shm,
+                                                 hierarchical.value_or(nullptr), cuda.value_or(nullptr));
            }),
-           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout_ms"), py::arg("local_ranks"),
-           py::arg("global_ranks"), py::arg("leaders") = py::none(), py::arg("world") = py::none(),
-           py::arg("hosts") = std::vector<int>{}, py::arg("columns") = py::none(), py::arg("cuda") = py::none(),
-           py::call_guard<py::gil_scoped_release>())
+           py::arg("rank"), py::arg("size"), py::arg("timeout_ms"), py::arg("shm"),
+           py::arg("hierarchical") = py::none(), py::arg("cuda") = py::none())
       .def("registered_empty", &Backend::registered_empty, py::arg("sizes"), py::arg("dtype"), py::arg("device"),
            py::call_guard<py::gil_scoped_release>())
       .def("is_registered", &Backend::is_registered, py::arg("tensor"))
@@ -548,6 +542,7 @@ to be constructed by hand).)")
         if (!b.cuda_engine()) return py::none();
         return py::cast(b.cuda_engine());
       });
+  register_shm_engine(m);
   register_hierarchical_engine(m);
   m.attr("SHM_SEGMENT_PREFIX") = cpu_shm::kSegmentPrefix;
 }

@@ -34,6 +34,7 @@
 #include <optional>
 #include <vector>
 
+#include "hierarchical_engine.h"
 #include "knobs.h"
 #include "shm_engine.h"
 
@@ -44,16 +45,12 @@ class Staging;  // staging.h
 
 class Backend : public c10d::Backend {
  public:
-  // `local_ranks`: the group ranks on this host, ascending, including `rank`.
-  // Several hosts: `leaders` is the gloo group of the lowest rank of every
-  // host (on those ranks only), `world` gloo over all ranks, `hosts` the host
-  // index of every group rank (hosts numbered in order of their lowest rank),
-  // `columns` null or the gloo group that selects the sharded all_reduce
-  // (hierarchical_engine.h). `cuda`: the engine for CUDA tensors, or null.
-  Backend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::chrono::milliseconds timeout,
-          std::vector<int> local_ranks, std::vector<int> global_ranks, c10::intrusive_ptr<c10d::Backend> leaders,
-          c10::intrusive_ptr<c10d::Backend> world, std::vector<int> hosts, c10::intrusive_ptr<c10d::Backend> columns,
-          c10::intrusive_ptr<Engine> cuda);
+  // The group's engines, which fastpar/distributed/backend.py builds: `shm`
+  // for this host's ranks; on several hosts `hierarchical`, the
+  // HierarchicalEngine over `shm` and the gloo groups between hosts (null on
+  // one host); `cuda` the engine for CUDA tensors, or null.
+  Backend(int rank, int size, std::chrono::milliseconds timeout, c10::intrusive_ptr<ShmEngine> shm,
+          c10::intrusive_ptr<HierarchicalEngine> hierarchical, c10::intrusive_ptr<Engine> cuda);
   // Drops the engines without the GIL (engine.h: drop_without_gil).
   ~Backend() override;
 
@@ -163,14 +160,15 @@ class Backend : public c10d::Backend {
 
   std::chrono::milliseconds timeout_;
   c10::intrusive_ptr<ShmEngine> shm_;
-  c10::intrusive_ptr<Engine> cpu_hier_;         // several hosts: over shm_, leaders and world
+  c10::intrusive_ptr<HierarchicalEngine> cpu_hier_;  // several hosts: over shm_, leaders and world
   c10::intrusive_ptr<Engine> cuda_;             // CudaEngine / HierarchicalEngine, or null
   std::atomic<uint64_t> calls_{0};
   std::mutex coalescing_mu_;
   std::optional<std::vector<c10::intrusive_ptr<c10d::Work>>> coalesced_;  // set between start/endCoalescing
 };
 
-// Adds fastpar._C.Backend, HierarchicalEngine and the module's constants.
+// Adds fastpar._C.Engine, Backend, ShmEngine, HierarchicalEngine and the
+// module's constants.
 void register_distributed(pybind11::module& m);
 
 }  // namespace distributed

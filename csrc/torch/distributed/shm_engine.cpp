@@ -4,6 +4,7 @@
 
 #include "../dtypes.h"  // maybe_dtype
 #include "checks.h"
+#include "knobs.h"  // shm_knobs
 
 namespace fastpar {
 namespace distributed {
@@ -312,6 +313,26 @@ void ShmEngine::set_placement(cpu_shm::PlacementMode mode) {
 void ShmEngine::mark_placement_drifted() {
   std::lock_guard<std::mutex> g(mu_);
   placement_.mark_drifted();
+}
+
+void register_shm_engine(pybind11::module& m) {
+  namespace py = pybind11;
+  py::class_<ShmEngine, Engine, c10::intrusive_ptr<ShmEngine>>(m, "ShmEngine", R"(
+The engine for CPU tensors among one host's ranks: every collective and point
+to point over shared memory. `rank` and `size` are this host's (local) ones,
+`global_ranks[i]` the torch rank of its i-th rank (for messages); `store` is
+the host's. Creating it is collective over the host's ranks (each maps every
+peer's segment); the FASTPAR_SHM_* knobs are read then.)")
+      .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::vector<int> global_ranks,
+                       int64_t timeout_ms) {
+             TORCH_CHECK_VALUE(global_ranks.size() == size_t(size), "fastpar: global_ranks has ", global_ranks.size(),
+                               " entries but the host has ", size, " ranks");
+             const ShmKnobs knobs = shm_knobs(std::chrono::milliseconds(timeout_ms));
+             return c10::make_intrusive<ShmEngine>(store, rank, size, std::move(global_ranks), knobs.options,
+                                                   knobs.tuning);
+           }),
+           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("global_ranks"), py::arg("timeout_ms"),
+           py::call_guard<py::gil_scoped_release>());
 }
 
 }  // namespace distributed

@@ -96,5 +96,8 @@ class ShmEngine : public Engine {
   c10::intrusive_ptr<c10d::Work> spare_allreduce_;
 };
 
+// Adds fastpar._C.ShmEngine (after fastpar._C.Engine).
+void register_shm_engine(pybind11::module& m);
+
 }  // namespace distributed
 }  // namespace fastpar
