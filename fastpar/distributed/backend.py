@@ -6,13 +6,13 @@ an engine (docs/architecture.md); every engine is built here.
 CPU tensors: ranks are grouped by host: ranks that see the same /dev/shm, pid
 and IPC namespaces of one kernel (_host_id; FASTPAR_HOST_ID overrides it, to
 fake several hosts on one machine in tests). Inside a host the ranks share memory
-(a fastpar._C.ShmEngine). With several hosts, the lowest rank of
-each host is its leader and the leaders form a gloo group; allreduce, barrier,
+(a fastpar._C.ShmEngine). With several hosts (a fastpar._C.HierarchicalEngine
+over the ShmEngine and the gloo groups below), the lowest rank of each host is
+its leader and the leaders form a gloo group; allreduce, barrier,
 broadcast, reduce, all_gather(_into_tensor) and reduce_scatter(_tensor) run
 hierarchically (shm steps inside each host, one gloo call among the leaders
 that carries each host's data once; docs/algorithms.md gives the schedules),
-while gather, scatter and all_to_all run on a gloo group over all ranks (a
-fastpar._C.HierarchicalEngine over the ShmEngine and the gloo groups). Hosts
+while gather, scatter and all_to_all run on a gloo group over all ranks. Hosts
 may hold different numbers of ranks and need not be contiguous in rank.
 FASTPAR_HOSTS_ALLREDUCE=sharded (equal on every rank) makes all_reduce carry
 each rank's share across hosts instead, in a group per local index ("columns",

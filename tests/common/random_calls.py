@@ -1,7 +1,7 @@
 """Random calls of every collective, drawn alike on every rank from a seed,
 issued on this rank and checked against torch: the generator of
 c10d/test_random_sequences.py (a reference for long sequences) and
-faults/test_random_deaths.py (a peer killed at a random call)."""
+faults/test_random_faults.py (a peer killed or stalled at a random call)."""
 from __future__ import annotations
 
 import datetime

@@ -1,8 +1,9 @@
-"""A peer SIGKILLed at a random call of a random sequence of collectives
-(random_calls.py: every collective, dtype and op, subgroups, strided tensors,
-sync and async, one host or fake hosts), with calls of its own and of its
-peers still in flight. test_faults.py kills a peer inside a stream of one
-collective; this kills it wherever the sequence happens to be.
+"""A peer SIGKILLed, or stalled past the timeout, at a random call of a random
+sequence of collectives (random_calls.py: every collective, dtype and op,
+subgroups, strided tensors, sync and async, one host or fake hosts), with
+calls of its own and of its peers still in flight. test_faults.py kills a
+peer inside a stream of one collective; this hits it wherever the sequence
+happens to be.
 
 Every survivor goes on with the sequence. Each call must either complete with
 the right result or raise DistBackendError; then the survivor meets the
@@ -49,7 +50,7 @@ STALL_TIMEOUT_S = 5
 
 
 @scenario
-def sc_random_death():
+def sc_random_fault():
     """ARGS: seed, steps, victim, fault step, group timeout (s), "kill" or
     "stall"[, "hosts"]. "kill": the victim SIGKILLs itself and prints when.
     "stall": it stops for longer than the timeout, then goes on with the
@@ -110,7 +111,7 @@ def _run(world: int, seed: int, hosts: str | None, fault: str, steps: int = 60):
     victim, step = pick.randrange(world), pick.randrange(5, steps - 5)
     per_rank_env = (lambda r: {"FASTPAR_HOST_ID": f"host-{hosts[r]}"}) if hosts else None
     timeout_s = STALL_TIMEOUT_S if fault == "stall" else HOSTS_TIMEOUT_S if hosts else TIMEOUT_S
-    results = run(sc_random_death, world, timeout=4 * timeout_s + 60, per_rank_env=per_rank_env,
+    results = run(sc_random_fault, world, timeout=4 * timeout_s + 60, per_rank_env=per_rank_env,
                   env={"FASTPAR_SHM_SLOT_BYTES": "4096", "FASTPAR_SHM_P2P_CHUNK_BYTES": "256"},
                   args=(seed, steps, victim, step, timeout_s, fault) + (("hosts",) if hosts else ()))
     every = "\n".join(f"--- rank {r.rank} rc={r.rc}\n{r.out}\n{r.err[-3000:]}" for r in results)
