@@ -15,13 +15,11 @@ the test's id the seed). FASTPAR_TEST_SOAK=FIRST-LAST runs many more seeds
 from __future__ import annotations
 
 import os
-import random
 
 import pytest
-import torch.distributed as dist
 
 from dist_harness import assert_ok, run, scenario
-from random_calls import draw, issue, make_groups
+from random_calls import make_groups, run_sequence
 from worker_context import ARGS, RANK, finish, init
 
 pytestmark = pytest.mark.usefixtures("no_leftover_segments")
@@ -35,25 +33,7 @@ def sc_random_sequence():
     seed, steps = int(ARGS[0]), int(ARGS[1])
     one_host = "hosts" not in ARGS[2:]
     init()
-    groups = make_groups()
-    rng = random.Random(seed)
-    mine = random.Random(seed * 1000 + RANK)  # this rank's own: when and in which order to wait
-    pending: list = []
-    for step in range(steps):
-        c = draw(rng, groups, one_host)
-        ranks, group = groups[c.group]
-        if RANK in ranks:
-            issue(c, step, ranks, group, pending)
-        if pending and mine.random() < 0.4:
-            mine.shuffle(pending)
-            for work, verify in pending:
-                work.wait()
-                verify()
-            pending.clear()
-    for work, verify in pending:
-        work.wait()
-        verify()
-    dist.barrier()
+    run_sequence(seed, steps, make_groups(), one_host)
     print(f"rank {RANK}: {steps} steps of seed {seed} ok", flush=True)
     finish()
 

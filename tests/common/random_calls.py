@@ -1,7 +1,8 @@
 """Random calls of every collective, drawn alike on every rank from a seed,
 issued on this rank and checked against torch: the generator of
 c10d/test_random_sequences.py (a reference for long sequences) and
-faults/test_random_faults.py (a peer killed or stalled at a random call)."""
+faults/test_random_faults.py (a peer killed or stalled at a random call),
+which both run it with run_sequence."""
 from __future__ import annotations
 
 import datetime
@@ -255,3 +256,29 @@ def issue(c: Call, step: int, ranks, group, pending: list):
         pending.append((work, verify_all))
     else:
         verify_all()
+
+
+def run_sequence(seed: int, steps: int, groups, one_host: bool, attempt=None, before=None) -> None:
+    """Draws `steps` calls from `seed` and issues this rank's; async ones are
+    waited a few calls later, in an order of the rank's own; then a world
+    barrier. Every issue, wait and the barrier runs as attempt(step, fn)
+    (default: fn()); before(step, pending) runs after each draw."""
+    attempt = attempt or (lambda step, fn: fn())
+    rng = random.Random(seed)
+    mine = random.Random(seed * 1000 + RANK)  # this rank's own: when and in which order to wait
+    pending: list = []
+    for step in range(steps):
+        c = draw(rng, groups, one_host)
+        if before is not None:
+            before(step, pending)
+        ranks, group = groups[c.group]
+        if RANK in ranks:
+            attempt(step, lambda: issue(c, step, ranks, group, pending))
+        if pending and mine.random() < 0.4:
+            mine.shuffle(pending)
+            for work, verify in pending:
+                attempt(step, lambda: (work.wait(), verify()))
+            pending.clear()
+    for work, verify in pending:
+        attempt(steps, lambda: (work.wait(), verify()))
+    attempt(steps, dist.barrier)

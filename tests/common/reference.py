@@ -110,7 +110,6 @@ def in_rank_order(xs, op, dtype):
     return acc.to(dtype)
 
 
-
 def bitwise_fold(op, dtype):
     """The pure-torch function that folds ranks' tensors for a bitwise op, or
     for any op on bool tensors, as gloo computes it: on bool SUM and MAX are

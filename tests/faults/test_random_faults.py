@@ -34,7 +34,7 @@ import pytest
 import torch.distributed as dist
 
 from dist_harness import run, scenario
-from random_calls import draw, issue, make_groups
+from random_calls import make_groups, run_sequence
 from worker_context import ARGS, RANK, finish, init
 
 pytestmark = pytest.mark.usefixtures("no_leftover_segments")
@@ -61,10 +61,6 @@ def sc_random_fault():
     stall = ARGS[5] == "stall"
     one_host = "hosts" not in ARGS[6:]
     init(timeout_s=timeout_s)
-    groups = make_groups(timeout_s)
-    rng = random.Random(seed)
-    mine = random.Random(seed * 1000 + RANK)
-    pending: list = []
     raised: list[tuple[int, str]] = []
     longest = 0.0
 
@@ -77,26 +73,17 @@ def sc_random_fault():
             raised.append((step, str(e).splitlines()[0]))
         longest = max(longest, time.monotonic() - t0)
 
-    for step in range(steps):
-        c = draw(rng, groups, one_host)
-        if RANK == victim and step == death:
-            what = "stalled" if stall else "killed"
-            print(f"{what} at {time.time():.3f}, step {step}, {len(pending)} calls in flight", flush=True)
-            if stall:
-                time.sleep(timeout_s + 2)
-            else:
-                os.kill(os.getpid(), signal.SIGKILL)
-        ranks, group = groups[c.group]
-        if RANK in ranks:
-            attempt(step, lambda: issue(c, step, ranks, group, pending))
-        if pending and mine.random() < 0.4:
-            mine.shuffle(pending)
-            for work, verify in pending:
-                attempt(step, lambda: (work.wait(), verify()))
-            pending.clear()
-    for work, verify in pending:
-        attempt(steps, lambda: (work.wait(), verify()))
-    attempt(steps, dist.barrier)
+    def hit(step: int, pending: list) -> None:
+        if RANK != victim or step != death:
+            return
+        what = "stalled" if stall else "killed"
+        print(f"{what} at {time.time():.3f}, step {step}, {len(pending)} calls in flight", flush=True)
+        if stall:
+            time.sleep(timeout_s + 2)
+        else:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    run_sequence(seed, steps, make_groups(timeout_s), one_host, attempt, hit)
     first = f"step {raised[0][0]}: {raised[0][1]}" if raised else "none"
     print(f"rank {RANK}: done at {time.time():.3f}; {len(raised)} calls raised; longest call {longest:.2f} s; "
           f"first: {first}", flush=True)
