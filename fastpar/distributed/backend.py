@@ -123,6 +123,17 @@ def _hosts_allreduce_knob() -> str:
     return value
 
 
+def _failure_poll_ms() -> int:
+    """FASTPAR_HOSTS_FAILURE_POLL_MS: how often a rank waiting between hosts
+    looks in the group's store for a failure another rank posted (default
+    100; 0: never, a failure elsewhere then reaches it only through gloo)."""
+    value = os.environ.get("FASTPAR_HOSTS_FAILURE_POLL_MS", "") or "100"
+    if not value.isdigit():
+        raise ValueError(f"FASTPAR_HOSTS_FAILURE_POLL_MS is {value!r} but must be a whole number of milliseconds "
+                         "(0 turns the failure notice off)")
+    return int(value)
+
+
 def _exchange_hosts(store, rank: int, size: int, timeout: datetime.timedelta) -> tuple[list[str], str]:
     """Every rank's host id, and the all_reduce schedule between hosts, which
     every rank must have chosen alike (a rank that differs is named)."""
@@ -341,6 +352,7 @@ def create_backend(store, rank: int, size: int, timeout: datetime.timedelta, glo
                    backend_options=None, group_name=None, device=None):
     """Builds the backend for one group: `store` is the group's (prefixed)
     store; `device` the one init_process_group(device_id=...) bound it to."""
+    failure_poll_ms = _failure_poll_ms()
     store = _fresh_keys(store, rank)
     hosts, schedule = _exchange_hosts(store, rank, size, timeout)
     order = list(dict.fromkeys(hosts))  # hosts in order of their lowest rank
@@ -368,7 +380,8 @@ def create_backend(store, rank: int, size: int, timeout: datetime.timedelta, glo
                           len(column), timeout)
     node_store = dist.PrefixStore(f"fastpar/host{order.index(me)}/", store)
     shm = _C.ShmEngine(node_store, local.index(rank), len(local), local_global, ms)
-    hierarchical = _C.HierarchicalEngine(rank, size, host_index, shm, leader_pg, world_pg, column_pg)
+    hierarchical = _C.HierarchicalEngine(rank, size, host_index, shm, leader_pg, world_pg, column_pg, store=store,
+                                         failure_poll_ms=failure_poll_ms)
     return _C.Backend(rank, size, ms, shm, hierarchical=hierarchical, cuda=cuda)
 
 

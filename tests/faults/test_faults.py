@@ -590,8 +590,8 @@ def test_fake_hosts_exit(end):
 
 @scenario
 def sc_hier_leader_fails():
-    """2 fake hosts of 2 ranks, all_reduce in a loop; host 1's leader (rank 2)
-    SIGKILLs itself. Each survivor prints when it raised and what, stays
+    """Fake hosts (host{r // 2}, or as the test sets them), all_reduce in a
+    loop; rank 2 SIGKILLs itself. Each survivor prints when it raised and what, stays
     ARGS[1] s (so that no rank learns of another's failure from its exit),
     calls all_reduce once more and prints what that raised, and exits 3."""
     init(timeout_s=float(ARGS[0]))
@@ -631,5 +631,57 @@ def test_leader_failing_between_hosts_fails_its_host():
                      r"all_reduce on rank 0 failed between hosts \(gloo\): ", raised[1][1]), every
     assert float(raised[1][0]) - float(raised[0][0]) < 1.5, every
     assert "rank 2 (pid" in raised[3][1], every
-    assert "the communicator is unusable after an earlier error: this host's leader failed between hosts" in \
-        results[0].err, every
+    # Rank 0 hears of the death from gloo, or first from rank 3 through the failure notice.
+    assert re.search(r"again raised: fastpar: all_reduce on rank 0: the communicator is unusable after an earlier "
+                     r"error: (all_reduce on rank 0 failed between hosts \(gloo\)|the group failed on another rank): ",
+                     results[0].err), every
+
+
+@pytest.mark.parametrize("poll_ms", ["100", "0"], ids=["notice", "notice-off"])
+def test_a_rank_that_fails_and_lives_on_is_heard_of_on_other_hosts(poll_ms):
+    # Host A holds rank 0 alone; host B ranks 1 and 2. Rank 2 dies: rank 1
+    # (host B's leader) learns it from /proc in its local reduce, raises and
+    # stays on for `linger` s. Rank 0 waits for rank 1 in the leaders' gloo
+    # all_reduce, where nothing tells it: gloo's connection to rank 1 is
+    # reset only when rank 1 exits. With the failure notice rank 0 finds
+    # rank 1's error in the store within the poll interval and raises with
+    # it; FASTPAR_HOSTS_FAILURE_POLL_MS=0 turns the notice off, and rank 0
+    # hears of it from gloo, when rank 1 exits.
+    linger = 4
+    hosts = "ABB"
+    results = run(sc_hier_leader_fails, 3, per_rank_env=lambda r: {"FASTPAR_HOST_ID": f"host{hosts[r]}"},
+                  env={"FASTPAR_HOSTS_FAILURE_POLL_MS": poll_ms}, args=[60, linger], timeout=50)
+    every = "\n".join(f"rank {r.rank} rc={r.rc}\n{r.err}" for r in results)
+    assert results[2].rc == -9, every
+    assert all(r.rc == 3 and "again raised: " in r.err for r in results[:2]), every
+    raised = {r.rank: re.search(r"raised at ([\d.]+): (.*)", r.err).groups() for r in results[:2]}
+    assert re.search(r"fastpar: reduce on rank 1: rank 2 \(pid \d+\) exited while this rank waited", raised[1][1]), \
+        every
+    late = float(raised[0][0]) - float(raised[1][0])
+    if poll_ms == "0":
+        assert "the group failed on another rank" not in results[0].err, every
+        assert late > linger - 1, f"rank 0 raised {late:.3f} s after rank 1, before rank 1 exited\n{every}"
+        return
+    assert late < 1.5, f"rank 0 raised {late:.3f} s after rank 1\n{every}"
+    assert re.search(r"fastpar: all_reduce on rank 0 failed between hosts \(gloo\): the communicator is unusable after "
+                     r"an earlier error: the group failed on another rank: reduce on rank 1: rank 2 \(pid \d+\) "
+                     r"exited while this rank waited", raised[0][1]), every
+    assert "again raised: fastpar: all_reduce on rank 0: the communicator is unusable after an earlier error: " \
+        "the group failed on another rank: " in results[0].err, every
+
+
+@scenario
+def sc_bad_failure_poll():
+    try:
+        init()
+    except ValueError as e:
+        assert "FASTPAR_HOSTS_FAILURE_POLL_MS is '-5' but must be a whole number of milliseconds" in str(e), str(e)
+        print("refused", flush=True)
+        return
+    raise AssertionError("FASTPAR_HOSTS_FAILURE_POLL_MS=-5 accepted")
+
+
+def test_a_bad_failure_poll_is_refused_by_name():
+    results = run(sc_bad_failure_poll, 1, env={"FASTPAR_HOSTS_FAILURE_POLL_MS": "-5"}, timeout=60)
+    assert_ok(results)
+    assert "refused" in results[0].out

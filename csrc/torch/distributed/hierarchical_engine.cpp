@@ -75,13 +75,17 @@ HierarchicalEngine::HierarchicalEngine(int rank, int size, std::vector<int> host
                                          c10::intrusive_ptr<c10d::Backend> local,
                                          c10::intrusive_ptr<c10d::Backend> leaders,
                                          c10::intrusive_ptr<c10d::Backend> world,
-                                         c10::intrusive_ptr<c10d::Backend> columns)
+                                         c10::intrusive_ptr<c10d::Backend> columns,
+                                         c10::intrusive_ptr<c10d::Store> store,
+                                         std::chrono::milliseconds failure_poll)
     : Engine(rank, size),
       host_of_(std::move(host_of)),
+      notice_(store && failure_poll.count() > 0 ? std::make_shared<FailureNotice>(std::move(store), failure_poll)
+                                                : nullptr),
       local_(std::move(local)),
-      leaders_(inter_host(std::move(leaders), rank)),
-      world_(inter_host(std::move(world), rank)),
-      columns_(inter_host(std::move(columns), rank)) {
+      leaders_(inter_host(std::move(leaders), rank, notice_)),
+      world_(inter_host(std::move(world), rank, notice_)),
+      columns_(inter_host(std::move(columns), rank, notice_)) {
   TORCH_CHECK_VALUE(int(host_of_.size()) == size, "fastpar: host_of has ", host_of_.size(),
                     " entries but the group has ", size, " ranks");
   TORCH_CHECK_VALUE(local_ && world_, "fastpar: HierarchicalEngine needs a local and a world backend");
@@ -128,11 +132,26 @@ auto HierarchicalEngine::across_hosts(F&& step, const char* who) -> decltype(ste
   try {
     return step();
   } catch (const c10::DistBackendError& e) {
-    std::string why = e.what_without_backtrace();
-    const std::string prefix = "fastpar: ";
-    if (why.compare(0, prefix.size(), prefix) == 0) why.erase(0, prefix.size());
     if (auto* l = dynamic_cast<Engine*>(local_.get()))
-      l->abort_with(std::string(who) + " failed between hosts: " + why);
+      l->abort_with(std::string(who) + " failed between hosts: " + cause(e));
+    throw;
+  }
+}
+
+template <class F>
+c10::intrusive_ptr<c10d::Work> HierarchicalEngine::guarded(const char* op, F&& call) {
+  if (!notice_) return call();
+  if (auto why = notice_->known()) {
+    // As the shared memory says of itself; and this host's ranks, which may
+    // be waiting there for this rank, hear of it.
+    if (auto* l = dynamic_cast<Engine*>(local_.get())) l->abort_with(*why);
+    C10_THROW_ERROR(DistBackendError, std::string("fastpar: ") + op + " on rank " + std::to_string(getRank()) +
+                                          ": the communicator is unusable after an earlier error: " + *why);
+  }
+  try {
+    return call();
+  } catch (const c10::DistBackendError& e) {
+    notice_->post(cause(e));
     throw;
   }
 }
@@ -174,50 +193,52 @@ void HierarchicalEngine::abort() {
 // i >= 1 reduce i and broadcast i - 1, then broadcast of the last piece.
 c10::intrusive_ptr<c10d::Work> HierarchicalEngine::allreduce(std::vector<at::Tensor>& tensors,
                                                               const c10d::AllreduceOptions& opts) {
-  if (!reducible(tensors, opts.reduceOp)) return world_->allreduce(tensors, opts);
-  at::Tensor& t = tensors[0];
-  ++hier_calls_;
-  constexpr int64_t kMinPiece = int64_t(1) << 20, kMaxPieces = 8;
-  const int64_t bytes = t.numel() * int64_t(t.element_size());
-  const int64_t pieces = t.is_cpu() ? std::min(kMaxPieces, bytes / kMinPiece) : 1;
-  if (columns_) {
-    if (t.numel() > 0) allreduce_sharded(t.view({-1}), opts.reduceOp, opts.timeout, std::max<int64_t>(pieces, 1));
-    return enqueued_work({t});
-  }
-  const auto reduce_opts = reducing<c10d::ReduceOptions>(step_op(opts.reduceOp), opts.timeout);
-  const auto allreduce_opts = reducing<c10d::AllreduceOptions>(step_op(opts.reduceOp), opts.timeout);
-  const auto bcast_opts = rooted<c10d::BroadcastOptions>(0, opts.timeout);
-  if (pieces < 2) {
-    std::vector<at::Tensor> v{t};
-    local_->reduce(v, reduce_opts)->wait();
-    if (leads()) {
-      across_hosts([&] { leaders_->allreduce(v, allreduce_opts)->wait(); });
-      if (is_avg(opts.reduceOp)) divide_sum(t, getSize());
+  return guarded("all_reduce", [&]() -> c10::intrusive_ptr<c10d::Work> {
+    if (!reducible(tensors, opts.reduceOp)) return world_->allreduce(tensors, opts);
+    at::Tensor& t = tensors[0];
+    ++hier_calls_;
+    constexpr int64_t kMinPiece = int64_t(1) << 20, kMaxPieces = 8;
+    const int64_t bytes = t.numel() * int64_t(t.element_size());
+    const int64_t pieces = t.is_cpu() ? std::min(kMaxPieces, bytes / kMinPiece) : 1;
+    if (columns_) {
+      if (t.numel() > 0) allreduce_sharded(t.view({-1}), opts.reduceOp, opts.timeout, std::max<int64_t>(pieces, 1));
+      return enqueued_work({t});
     }
-    local_->broadcast(v, bcast_opts)->wait();
-    return enqueued_work({t});
-  }
-  const at::Tensor flat = t.view({-1});
-  const int64_t n = flat.numel(), per = (n + pieces - 1) / pieces;
-  const auto piece = [&](int64_t i) { return flat.narrow(0, i * per, std::min(per, n - i * per)); };
-  std::vector<c10::intrusive_ptr<c10d::Work>> across(pieces);
-  const auto finish = [&](int64_t i) {
-    std::vector<at::Tensor> v{piece(i)};
-    if (leads()) {
-      across_hosts([&] { across[i]->wait(); });
-      across[i].reset();
-      if (is_avg(opts.reduceOp)) divide_sum(v[0], getSize());
+    const auto reduce_opts = reducing<c10d::ReduceOptions>(step_op(opts.reduceOp), opts.timeout);
+    const auto allreduce_opts = reducing<c10d::AllreduceOptions>(step_op(opts.reduceOp), opts.timeout);
+    const auto bcast_opts = rooted<c10d::BroadcastOptions>(0, opts.timeout);
+    if (pieces < 2) {
+      std::vector<at::Tensor> v{t};
+      local_->reduce(v, reduce_opts)->wait();
+      if (leads()) {
+        across_hosts([&] { leaders_->allreduce(v, allreduce_opts)->wait(); });
+        if (is_avg(opts.reduceOp)) divide_sum(t, getSize());
+      }
+      local_->broadcast(v, bcast_opts)->wait();
+      return enqueued_work({t});
     }
-    local_->broadcast(v, bcast_opts)->wait();
-  };
-  for (int64_t i = 0; i < pieces; ++i) {
-    std::vector<at::Tensor> v{piece(i)};
-    local_->reduce(v, reduce_opts)->wait();
-    if (leads()) across[i] = across_hosts([&] { return leaders_->allreduce(v, allreduce_opts); });
-    if (i > 0) finish(i - 1);
-  }
-  finish(pieces - 1);
-  return enqueued_work({t});
+    const at::Tensor flat = t.view({-1});
+    const int64_t n = flat.numel(), per = (n + pieces - 1) / pieces;
+    const auto piece = [&](int64_t i) { return flat.narrow(0, i * per, std::min(per, n - i * per)); };
+    std::vector<c10::intrusive_ptr<c10d::Work>> across(pieces);
+    const auto finish = [&](int64_t i) {
+      std::vector<at::Tensor> v{piece(i)};
+      if (leads()) {
+        across_hosts([&] { across[i]->wait(); });
+        across[i].reset();
+        if (is_avg(opts.reduceOp)) divide_sum(v[0], getSize());
+      }
+      local_->broadcast(v, bcast_opts)->wait();
+    };
+    for (int64_t i = 0; i < pieces; ++i) {
+      std::vector<at::Tensor> v{piece(i)};
+      local_->reduce(v, reduce_opts)->wait();
+      if (leads()) across[i] = across_hosts([&] { return leaders_->allreduce(v, allreduce_opts); });
+      if (i > 0) finish(i - 1);
+    }
+    finish(pieces - 1);
+    return enqueued_work({t});
+  });
 }
 
 // The sharded schedule (hierarchical_engine.h), in the same pieces as the
@@ -277,27 +298,29 @@ void HierarchicalEngine::allreduce_sharded(const at::Tensor& flat, const ReduceO
 // leaders' broadcast into the leader, then the local broadcast from it.
 c10::intrusive_ptr<c10d::Work> HierarchicalEngine::broadcast(std::vector<at::Tensor>& tensors,
                                                               const c10d::BroadcastOptions& opts) {
-  if (!all_dense(tensors)) return world_->broadcast(tensors, opts);
-  at::Tensor& t = tensors[0];
-  const int root = int(opts.rootRank), root_host = host_of_[root];
-  ++hier_calls_;
-  auto leaders_step = [&] {
-    if (!leads()) return;
-    std::vector<at::Tensor> v{t};  // crosses as its bytes (inter_host_backend.h)
-    across_hosts([&] { leaders_->broadcast(v, rooted<c10d::BroadcastOptions>(root_host, opts.timeout))->wait(); });
-  };
-  auto local_step = [&](int local_root) {
-    local_->broadcast(tensors, rooted<c10d::BroadcastOptions>(local_root, opts.timeout))->wait();
-  };
-  if (host_ == root_host) {
-    const auto& mine = host_ranks_[host_];
-    local_step(int(std::find(mine.begin(), mine.end(), root) - mine.begin()));
-    leaders_step();
-  } else {
-    leaders_step();
-    local_step(0);
-  }
-  return enqueued_work({t});
+  return guarded("broadcast", [&]() -> c10::intrusive_ptr<c10d::Work> {
+    if (!all_dense(tensors)) return world_->broadcast(tensors, opts);
+    at::Tensor& t = tensors[0];
+    const int root = int(opts.rootRank), root_host = host_of_[root];
+    ++hier_calls_;
+    auto leaders_step = [&] {
+      if (!leads()) return;
+      std::vector<at::Tensor> v{t};  // crosses as its bytes (inter_host_backend.h)
+      across_hosts([&] { leaders_->broadcast(v, rooted<c10d::BroadcastOptions>(root_host, opts.timeout))->wait(); });
+    };
+    auto local_step = [&](int local_root) {
+      local_->broadcast(tensors, rooted<c10d::BroadcastOptions>(local_root, opts.timeout))->wait();
+    };
+    if (host_ == root_host) {
+      const auto& mine = host_ranks_[host_];
+      local_step(int(std::find(mine.begin(), mine.end(), root) - mine.begin()));
+      leaders_step();
+    } else {
+      leaders_step();
+      local_step(0);
+    }
+    return enqueued_work({t});
+  });
 }
 
 // Other hosts: local reduce into a copy on the leader, which joins the
@@ -309,44 +332,46 @@ c10::intrusive_ptr<c10d::Work> HierarchicalEngine::broadcast(std::vector<at::Ten
 // written.
 c10::intrusive_ptr<c10d::Work> HierarchicalEngine::reduce(std::vector<at::Tensor>& tensors,
                                                            const c10d::ReduceOptions& opts) {
-  if (!reducible(tensors, opts.reduceOp)) {
-    // gloo's reduce leaves partial results in non-root tensors (a bitwise op's
-    // too); fastpar's reduce never writes them, on one host or several.
-    if (getRank() == int(opts.rootRank)) return world_->reduce(tensors, opts);
-    std::vector<at::Tensor> scratch{tensors.at(0).clone()};
-    return world_->reduce(scratch, opts);
-  }
-  at::Tensor& t = tensors[0];
-  const int root = int(opts.rootRank), root_host = host_of_[root];
-  const auto& mine = host_ranks_[host_];
-  ++hier_calls_;
-  auto leaders_step = [&](const at::Tensor& buf) {
-    std::vector<at::Tensor> v{buf};
-    across_hosts([&] {
-      leaders_->reduce(v, reducing<c10d::ReduceOptions>(step_op(opts.reduceOp), opts.timeout, root_host))->wait();
-    });
-  };
-  auto local_step = [&](const at::Tensor& buf, int local_root) {
-    std::vector<at::Tensor> v{buf};
-    local_->reduce(v, reducing<c10d::ReduceOptions>(step_op(opts.reduceOp), opts.timeout, local_root))->wait();
-  };
-  if (host_ != root_host) {
-    const at::Tensor buf = leads() ? t.clone() : t;  // only the leader's is written
-    local_step(buf, 0);
-    if (leads()) leaders_step(buf);
-  } else if (mine[0] == root) {
-    local_step(t, 0);
-    if (leads()) leaders_step(t);
-  } else {
-    at::Tensor in = t;
-    if (leads()) {
-      in = t.clone();
-      leaders_step(in);
+  return guarded("reduce", [&]() -> c10::intrusive_ptr<c10d::Work> {
+    if (!reducible(tensors, opts.reduceOp)) {
+      // gloo's reduce leaves partial results in non-root tensors (a bitwise op's
+      // too); fastpar's reduce never writes them, on one host or several.
+      if (getRank() == int(opts.rootRank)) return world_->reduce(tensors, opts);
+      std::vector<at::Tensor> scratch{tensors.at(0).clone()};
+      return world_->reduce(scratch, opts);
     }
-    local_step(in, int(std::find(mine.begin(), mine.end(), root) - mine.begin()));  // the root's `in` is t
-  }
-  if (is_avg(opts.reduceOp) && getRank() == root) divide_sum(t, getSize());
-  return enqueued_work({t});
+    at::Tensor& t = tensors[0];
+    const int root = int(opts.rootRank), root_host = host_of_[root];
+    const auto& mine = host_ranks_[host_];
+    ++hier_calls_;
+    auto leaders_step = [&](const at::Tensor& buf) {
+      std::vector<at::Tensor> v{buf};
+      across_hosts([&] {
+        leaders_->reduce(v, reducing<c10d::ReduceOptions>(step_op(opts.reduceOp), opts.timeout, root_host))->wait();
+      });
+    };
+    auto local_step = [&](const at::Tensor& buf, int local_root) {
+      std::vector<at::Tensor> v{buf};
+      local_->reduce(v, reducing<c10d::ReduceOptions>(step_op(opts.reduceOp), opts.timeout, local_root))->wait();
+    };
+    if (host_ != root_host) {
+      const at::Tensor buf = leads() ? t.clone() : t;  // only the leader's is written
+      local_step(buf, 0);
+      if (leads()) leaders_step(buf);
+    } else if (mine[0] == root) {
+      local_step(t, 0);
+      if (leads()) leaders_step(t);
+    } else {
+      at::Tensor in = t;
+      if (leads()) {
+        in = t.clone();
+        leaders_step(in);
+      }
+      local_step(in, int(std::find(mine.begin(), mine.end(), root) - mine.begin()));  // the root's `in` is t
+    }
+    if (is_avg(opts.reduceOp) && getRank() == root) divide_sum(t, getSize());
+    return enqueued_work({t});
+  });
 }
 
 // Local gather to the leader (straight into the host's positions of `out`);
@@ -400,21 +425,25 @@ void HierarchicalEngine::all_gather_bytes(const at::Tensor& in, const at::Tensor
 c10::intrusive_ptr<c10d::Work> HierarchicalEngine::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                               std::vector<at::Tensor>& inputs,
                                                               const c10d::AllgatherOptions& opts) {
-  if (!all_dense(outputs[0])) return world_->allgather(outputs, inputs, opts);
-  const at::Tensor& in = inputs[0];
-  const int64_t B = in.numel() * int64_t(in.element_size());
-  ++hier_calls_;
-  at::Tensor flat = at::empty({B * getSize()}, in.options().dtype(at::kByte));
-  all_gather_bytes(bytes(in), flat, opts.timeout);
-  for (int q = 0; q < getSize(); ++q) bytes(outputs[0][q]).copy_(flat.narrow(0, q * B, B));
-  return enqueued_work(outputs[0]);
+  return guarded("all_gather", [&]() -> c10::intrusive_ptr<c10d::Work> {
+    if (!all_dense(outputs[0])) return world_->allgather(outputs, inputs, opts);
+    const at::Tensor& in = inputs[0];
+    const int64_t B = in.numel() * int64_t(in.element_size());
+    ++hier_calls_;
+    at::Tensor flat = at::empty({B * getSize()}, in.options().dtype(at::kByte));
+    all_gather_bytes(bytes(in), flat, opts.timeout);
+    for (int q = 0; q < getSize(); ++q) bytes(outputs[0][q]).copy_(flat.narrow(0, q * B, B));
+    return enqueued_work(outputs[0]);
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> HierarchicalEngine::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                                     const c10d::AllgatherOptions& opts) {
-  ++hier_calls_;
-  all_gather_bytes(bytes(input), bytes(output), opts.timeout);
-  return enqueued_work({output});
+  return guarded("all_gather_into_tensor", [&]() -> c10::intrusive_ptr<c10d::Work> {
+    ++hier_calls_;
+    all_gather_bytes(bytes(input), bytes(output), opts.timeout);
+    return enqueued_work({output});
+  });
 }
 
 // Local reduce of the whole input to the leader; the leaders' reduce_scatter
@@ -462,51 +491,67 @@ void HierarchicalEngine::reduce_scatter_flat(const at::Tensor& output, const at:
 
 c10::intrusive_ptr<c10d::Work> HierarchicalEngine::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                          const c10d::ReduceScatterOptions& opts) {
-  if (!reducible({output}, opts.reduceOp)) return world_->_reduce_scatter_base(output, input, opts);
-  ++hier_calls_;
-  reduce_scatter_flat(output.view({-1}), input.view({-1}), step_op(opts.reduceOp), is_avg(opts.reduceOp),
-                      opts.timeout);
-  return enqueued_work({output});
+  return guarded("reduce_scatter_tensor", [&]() -> c10::intrusive_ptr<c10d::Work> {
+    if (!reducible({output}, opts.reduceOp)) return world_->_reduce_scatter_base(output, input, opts);
+    ++hier_calls_;
+    reduce_scatter_flat(output.view({-1}), input.view({-1}), step_op(opts.reduceOp), is_avg(opts.reduceOp),
+                        opts.timeout);
+    return enqueued_work({output});
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> HierarchicalEngine::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                                            std::vector<at::Tensor>& inputs,
                                                            const c10d::GatherOptions& opts) {
-  return world_->gather(outputs, inputs, opts);
+  return guarded("gather", [&]() -> c10::intrusive_ptr<c10d::Work> {
+    return world_->gather(outputs, inputs, opts);
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> HierarchicalEngine::scatter(std::vector<at::Tensor>& outputs,
                                                             std::vector<std::vector<at::Tensor>>& inputs,
                                                             const c10d::ScatterOptions& opts) {
-  return world_->scatter(outputs, inputs, opts);
+  return guarded("scatter", [&]() -> c10::intrusive_ptr<c10d::Work> {
+    return world_->scatter(outputs, inputs, opts);
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> HierarchicalEngine::alltoall_base(at::Tensor& output, at::Tensor& input,
                                                                   std::vector<int64_t>& output_split_sizes,
                                                                   std::vector<int64_t>& input_split_sizes,
                                                                   const c10d::AllToAllOptions& opts) {
-  return world_->alltoall_base(output, input, output_split_sizes, input_split_sizes, opts);
+  return guarded("all_to_all_single", [&]() -> c10::intrusive_ptr<c10d::Work> {
+    return world_->alltoall_base(output, input, output_split_sizes, input_split_sizes, opts);
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> HierarchicalEngine::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
-  return world_->send(tensors, dst_rank, tag);
+  return guarded("send", [&]() -> c10::intrusive_ptr<c10d::Work> {
+    return world_->send(tensors, dst_rank, tag);
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> HierarchicalEngine::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
-  return world_->recv(tensors, src_rank, tag);
+  return guarded("recv", [&]() -> c10::intrusive_ptr<c10d::Work> {
+    return world_->recv(tensors, src_rank, tag);
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> HierarchicalEngine::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
-  return world_->recvAnysource(tensors, tag);
+  return guarded("recv", [&]() -> c10::intrusive_ptr<c10d::Work> {
+    return world_->recvAnysource(tensors, tag);
+  });
 }
 
 // Everyone in the host, then the hosts' leaders, then everyone in the host
 // again: a rank leaves only after every rank of every host has arrived.
 c10::intrusive_ptr<c10d::Work> HierarchicalEngine::barrier(const c10d::BarrierOptions& opts) {
-  local_->barrier(opts)->wait();
-  if (leads()) across_hosts([&] { leaders_->barrier(opts)->wait(); });
-  local_->barrier(opts)->wait();
-  return enqueued_work({});
+  return guarded("barrier", [&]() -> c10::intrusive_ptr<c10d::Work> {
+    local_->barrier(opts)->wait();
+    if (leads()) across_hosts([&] { leaders_->barrier(opts)->wait(); });
+    local_->barrier(opts)->wait();
+    return enqueued_work({});
+  });
 }
 
 void register_hierarchical_engine(pybind11::module& m) {
@@ -521,17 +566,22 @@ reduce_scatter (and their tensor / coalesced forms) run as local steps around
 one leaders' call; everything else goes to `world`. With `columns` (the ranks
 of this rank's local index on every host; hosts of equal size), all_reduce runs
 sharded: local reduce_scatter, each column's all_reduce, local all_gather. fastpar.distributed builds
-it for CUDA tensors on several hosts (CUDA IPC inside a host, NCCL between).)")
+it for CUDA tensors on several hosts (CUDA IPC inside a host, NCCL between). With `store` (the group's)
+and `failure_poll_ms` > 0, a failed call tells the group through the store, a rank waiting in gloo
+between hosts looks for such a failure every `failure_poll_ms` and raises on finding one, and every
+call after a failure raises at once (failure_notice.h).)")
       .def(py::init([](int rank, int size, std::vector<int> host_of, const c10::intrusive_ptr<c10d::Backend>& local,
                        std::optional<c10::intrusive_ptr<c10d::Backend>> leaders,
                        const c10::intrusive_ptr<c10d::Backend>& world,
-                       std::optional<c10::intrusive_ptr<c10d::Backend>> columns) {
-             return c10::make_intrusive<HierarchicalEngine>(rank, size, std::move(host_of), local,
-                                                             leaders.value_or(nullptr), world,
-                                                             columns.value_or(nullptr));
+                       std::optional<c10::intrusive_ptr<c10d::Backend>> columns,
+                       std::optional<c10::intrusive_ptr<c10d::Store>> store, int64_t failure_poll_ms) {
+             return c10::make_intrusive<HierarchicalEngine>(
+                 rank, size, std::move(host_of), local, leaders.value_or(nullptr), world, columns.value_or(nullptr),
+                 store.value_or(nullptr), std::chrono::milliseconds(failure_poll_ms));
            }),
            py::arg("rank"), py::arg("size"), py::arg("host_of"), py::arg("local"), py::arg("leaders"),
-           py::arg("world"), py::arg("columns") = py::none())
+           py::arg("world"), py::arg("columns") = py::none(), py::arg("store") = py::none(),
+           py::arg("failure_poll_ms") = 0)
       .def_property_readonly("local", &HierarchicalEngine::local)
       .def_property_readonly("leaders", &HierarchicalEngine::leaders)
       .def_property_readonly("world", &HierarchicalEngine::world)

@@ -34,7 +34,11 @@
 // the leaders fails aborts `local` with that error before raising
 // (Engine::abort_with), so its host's other ranks, which wait for it in
 // `local`, raise at once naming it and the error, not at their timeout or
-// when its process exits; `local` stays failed.
+// when its process exits; `local` stays failed. Given the group's store, a
+// failed call is also posted to every rank of the group (failure_notice.h):
+// a rank waiting in gloo for a peer that has given up raises within the poll
+// interval, not at the timeout, and every call after a failure raises at
+// once.
 //
 // all_reduce has two schedules between hosts. "leaders" (above): each host's
 // data crosses once, through its leader. "sharded" (given `columns`): a local
@@ -53,8 +57,10 @@
 #pragma once
 
 #include "engine.h"
+#include "failure_notice.h"
 
 #include <chrono>
+#include <memory>
 #include <vector>
 
 namespace fastpar {
@@ -65,9 +71,14 @@ class HierarchicalEngine : public Engine {
   // host_of[r]: rank r's host, hosts numbered in order of their lowest rank.
   // columns: null, or the group of the ranks of this rank's local index on
   // every host (rank = host index), which selects the sharded all_reduce.
+  // store: the group's, for its failure notice (failure_notice.h), polled
+  // every `failure_poll`; without one, or at 0, a rank hears of a failure on
+  // another host only from gloo.
   HierarchicalEngine(int rank, int size, std::vector<int> host_of, c10::intrusive_ptr<c10d::Backend> local,
                       c10::intrusive_ptr<c10d::Backend> leaders, c10::intrusive_ptr<c10d::Backend> world,
-                      c10::intrusive_ptr<c10d::Backend> columns = nullptr);
+                      c10::intrusive_ptr<c10d::Backend> columns = nullptr,
+                      c10::intrusive_ptr<c10d::Store> store = nullptr,
+                      std::chrono::milliseconds failure_poll = std::chrono::milliseconds(0));
   // Drops the groups without the GIL (engine.h: drop_without_gil).
   ~HierarchicalEngine() override;
 
@@ -120,6 +131,11 @@ class HierarchicalEngine : public Engine {
   // `local` with the error, naming `who` failed, before it propagates.
   template <class F>
   auto across_hosts(F&& step, const char* who = "this host's leader") -> decltype(step());
+  // Runs `call`, the whole of one call `op`, under the failure notice: once
+  // the group is known to have failed, raises at once; a failure of `call`
+  // is posted to the group.
+  template <class F>
+  c10::intrusive_ptr<c10d::Work> guarded(const char* op, F&& call);
   void allreduce_sharded(const at::Tensor& flat, const c10d::ReduceOp& op, std::chrono::milliseconds timeout,
                          int64_t pieces);
   void all_gather_bytes(const at::Tensor& in, const at::Tensor& out, std::chrono::milliseconds timeout);
@@ -127,6 +143,7 @@ class HierarchicalEngine : public Engine {
                            bool avg, std::chrono::milliseconds timeout);
 
   std::vector<int> host_of_;
+  std::shared_ptr<FailureNotice> notice_;  // null: none (no store, or polling off)
   std::vector<std::vector<int>> host_ranks_;  // each host's ranks, ascending
   int host_ = 0;
   bool hosts_contiguous_ = true;  // host h's ranks follow host h-1's

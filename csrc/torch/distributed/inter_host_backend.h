@@ -20,6 +20,11 @@
 // reductions) crosses as it is and gets the inner backend's result or error.
 // The Work reports the caller's tensors, not the views that crossed.
 //
+// Failures: given the group's failure notice (failure_notice.h), a failed
+// call or Work posts its error to the group, and a gloo Work's wait() also
+// ends, raising, when another rank's failure is posted first. NCCL's wait()
+// does not block the host, so it has nothing to cut short.
+//
 // Only the methods HierarchicalEngine calls are forwarded.
 #pragma once
 
@@ -27,6 +32,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -34,9 +40,19 @@
 #include <vector>
 
 #include "engine.h"  // c10d::Backend, FASTPAR_TORCH_AT_LEAST
+#include "failure_notice.h"
 
 namespace fastpar {
 namespace distributed {
+
+// An error's message without the "fastpar: " that starts fastpar's own, to
+// be quoted in another.
+inline std::string cause(const c10::Error& e) {
+  std::string why = e.what_without_backtrace();
+  const std::string prefix = "fastpar: ";
+  if (why.compare(0, prefix.size(), prefix) == 0) why.erase(0, prefix.size());
+  return why;
+}
 
 // Runs `f`; an error other than an argument error leaves as DistBackendError
 // naming `op`, the rank and the inter-host backend.
@@ -70,13 +86,15 @@ auto between_hosts(const char* op, int rank, const std::string& backend, F&& f) 
 // value give those.
 class InterHostWork : public c10d::Work {
  public:
+  // `notice`: the group's, or null.
   InterHostWork(c10::intrusive_ptr<c10d::Work> inner, const char* op, int rank, std::string backend,
-                std::optional<std::vector<at::Tensor>> results = std::nullopt)
+                std::shared_ptr<FailureNotice> notice, std::optional<std::vector<at::Tensor>> results = std::nullopt)
       : c10d::Work(rank),
         inner_(std::move(inner)),
         op_(op),
         rank_(rank),
         backend_(std::move(backend)),
+        notice_(std::move(notice)),
         results_(std::move(results)) {}
   bool isCompleted() override { return inner_->isCompleted(); }
   bool isSuccess() const override { return inner_->isSuccess(); }
@@ -84,10 +102,24 @@ class InterHostWork : public c10d::Work {
   int sourceRank() const override { return inner_->sourceRank(); }
   std::vector<at::Tensor> result() override { return results_ ? *results_ : inner_->result(); }
   void synchronize() override {
-    between_hosts(op_, rank_, backend_, [&] { inner_->synchronize(); });
+    posting([&] { between_hosts(op_, rank_, backend_, [&] { inner_->synchronize(); }); });
   }
   bool wait(std::chrono::milliseconds timeout) override {
-    return between_hosts(op_, rank_, backend_, [&] { return inner_->wait(timeout); });
+    if (notice_ && backend_ == "gloo") {
+      switch (notice_->wait(*inner_, timeout)) {
+        case FailureNotice::Waited::kCompleted:
+          break;
+        case FailureNotice::Waited::kFailed:
+          C10_THROW_ERROR(DistBackendError, std::string("fastpar: ") + op_ + " on rank " + std::to_string(rank_) +
+                                                " failed between hosts (" + backend_ +
+                                                "): the communicator is unusable after an earlier error: " +
+                                                notice_->known().value_or(""));
+        case FailureNotice::Waited::kTimedOut:  // the caller's limit: the inner Work raises as it does
+          timeout = std::chrono::milliseconds(1);
+          break;
+      }
+    }
+    return posting([&] { return between_hosts(op_, rank_, backend_, [&] { return inner_->wait(timeout); }); });
   }
   void blockCurrentStream() override { inner_->blockCurrentStream(); }
   void abort() override { inner_->abort(); }
@@ -105,10 +137,23 @@ class InterHostWork : public c10d::Work {
   uint64_t getSequencenumber() const override { return inner_->getSequencenumber(); }
 
  private:
+  // Runs `f`; where it fails because the call failed (not because the
+  // caller's own wait limit ran out first), posts the failure.
+  template <class F>
+  auto posting(F&& f) -> decltype(f()) {
+    try {
+      return f();
+    } catch (const c10::DistBackendError& e) {
+      if (notice_ && inner_->isCompleted()) notice_->post(cause(e));
+      throw;
+    }
+  }
+
   c10::intrusive_ptr<c10d::Work> inner_;
   const char* op_;
   int rank_;
   std::string backend_;
+  std::shared_ptr<FailureNotice> notice_;
   std::optional<std::vector<at::Tensor>> results_;
   std::mutex future_mu_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
@@ -189,9 +234,13 @@ class InterHostBackend : public c10d::Backend {
   using Tensors = std::vector<at::Tensor>;
 
  public:
-  // `rank`: the rank in the whole group, for messages.
-  InterHostBackend(c10::intrusive_ptr<c10d::Backend> inner, int rank)
-      : c10d::Backend(inner->getRank(), inner->getSize()), inner_(std::move(inner)), rank_(rank) {}
+  // `rank`: the rank in the whole group, for messages. `notice`: the
+  // group's failure notice, or null.
+  InterHostBackend(c10::intrusive_ptr<c10d::Backend> inner, int rank, std::shared_ptr<FailureNotice> notice)
+      : c10d::Backend(inner->getRank(), inner->getSize()),
+        inner_(std::move(inner)),
+        rank_(rank),
+        notice_(std::move(notice)) {}
 
   const c10::intrusive_ptr<c10d::Backend>& inner() const { return inner_; }
   const std::string getBackendName() const override { return inner_->getBackendName(); }
@@ -294,17 +343,20 @@ class InterHostBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> call(const char* op, F&& f,
                                       std::optional<std::vector<at::Tensor>> results = std::nullopt) {
     const std::string name = inner_->getBackendName();
-    return c10::make_intrusive<InterHostWork>(between_hosts(op, rank_, name, f), op, rank_, name, std::move(results));
+    return c10::make_intrusive<InterHostWork>(between_hosts(op, rank_, name, f), op, rank_, name, notice_,
+                                              std::move(results));
   }
 
   c10::intrusive_ptr<c10d::Backend> inner_;
   int rank_;
+  std::shared_ptr<FailureNotice> notice_;
 };
 
 // `b` behind an InterHostBackend (null stays null).
-inline c10::intrusive_ptr<c10d::Backend> inter_host(c10::intrusive_ptr<c10d::Backend> b, int rank) {
+inline c10::intrusive_ptr<c10d::Backend> inter_host(c10::intrusive_ptr<c10d::Backend> b, int rank,
+                                                     std::shared_ptr<FailureNotice> notice) {
   if (!b) return b;
-  return c10::make_intrusive<InterHostBackend>(std::move(b), rank);
+  return c10::make_intrusive<InterHostBackend>(std::move(b), rank, std::move(notice));
 }
 
 // The backend an InterHostBackend wraps (others as they are).

@@ -1,0 +1,168 @@
+#include "failure_notice.h"
+
+#include <ATen/core/ivalue.h>
+#include <c10/util/Exception.h>
+
+#include <atomic>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace fastpar {
+namespace distributed {
+
+struct FailureNotice::State {
+  State(c10::intrusive_ptr<c10d::Store> s, std::chrono::milliseconds p) : store(std::move(s)), poll(p) {}
+  const c10::intrusive_ptr<c10d::Store> store;  // only the thread uses it
+  const std::chrono::milliseconds poll;
+  std::mutex mu;
+  std::condition_variable waiters;  // a Work completed, or the failure became known
+  std::condition_variable thread;   // something for the thread to do, or stop
+  int waiting = 0;                  // calls in wait()
+  bool started = false, stop = false;
+  bool store_failed = false;  // see write()
+  std::optional<std::string> known;    // the group's failure
+  std::optional<std::string> to_post;  // this rank's, not yet written
+};
+
+namespace {
+
+// write() and read() return false where the store failed: it is gone (the
+// process that served it died: with init_process_group's env:// store, rank 0
+// of the job) or lost, and the group is left to learn of failures from gloo,
+// as without the notice. A TCPStore client does not reconnect, so the notice
+// asks no more.
+bool write(c10d::Store& store, const std::string& why) {
+  const std::vector<uint8_t> value(why.begin(), why.end());
+  try {
+    store.compareSet(FailureNotice::kKey, {}, value);  // only where no failure was written before
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+bool read(c10d::Store& store, std::optional<std::string>* found) {
+  try {
+    if (store.check({FailureNotice::kKey})) {
+      const auto v = store.get(FailureNotice::kKey);
+      *found = std::string(v.begin(), v.end());
+    }
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+// The store through a connection of the notice's own, made while the group
+// is created and the store is known to answer: a request that hangs on a
+// store lost later then holds no lock that the rest of the process needs.
+c10::intrusive_ptr<c10d::Store> own_connection(c10::intrusive_ptr<c10d::Store> store) {
+  try {
+    return store->clone();
+  } catch (const std::exception&) {  // a store that cannot be cloned: share it
+    return store;
+  }
+}
+
+}  // namespace
+
+FailureNotice::FailureNotice(c10::intrusive_ptr<c10d::Store> store, std::chrono::milliseconds poll)
+    : state_(std::make_shared<State>(own_connection(std::move(store)), poll)) {}
+
+FailureNotice::~FailureNotice() {
+  {
+    std::lock_guard<std::mutex> g(state_->mu);
+    state_->stop = true;
+  }
+  state_->thread.notify_all();
+}
+
+void FailureNotice::start(const std::shared_ptr<State>& s) {
+  if (s->started) return;
+  s->started = true;
+  std::thread([s] { run(s); }).detach();
+}
+
+void FailureNotice::post(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> g(state_->mu);
+    if (state_->known) return;
+    state_->known = why;
+    state_->to_post = why;
+    start(state_);
+  }
+  state_->thread.notify_all();
+  state_->waiters.notify_all();
+}
+
+std::optional<std::string> FailureNotice::known() const {
+  std::lock_guard<std::mutex> g(state_->mu);
+  return state_->known;
+}
+
+FailureNotice::Waited FailureNotice::wait(c10d::Work& work, std::chrono::milliseconds timeout) {
+  const auto& s = state_;
+  c10::intrusive_ptr<c10::ivalue::Future> future;
+  try {
+    future = work.getFuture();
+  } catch (const c10::Error&) {
+    return Waited::kCompleted;  // no Future to wait on
+  }
+  auto done = std::make_shared<std::atomic<bool>>(false);
+  future->addCallback([s, done](c10::ivalue::Future&) {
+    {
+      std::lock_guard<std::mutex> g(s->mu);  // so that a waiter cannot miss the notification
+      done->store(true);
+    }
+    s->waiters.notify_all();
+  });
+  std::unique_lock<std::mutex> lock(s->mu);
+  const auto over = [&] { return done->load() || s->known.has_value(); };
+  if (!over()) {
+    ++s->waiting;
+    start(s);
+    s->thread.notify_all();
+    if (timeout.count() == 0) s->waiters.wait(lock, over);  // c10d::Work's kNoTimeout
+    else s->waiters.wait_for(lock, timeout, over);
+    --s->waiting;
+  }
+  if (done->load()) return Waited::kCompleted;
+  return s->known ? Waited::kFailed : Waited::kTimedOut;
+}
+
+void FailureNotice::run(const std::shared_ptr<State>& s) {
+  std::unique_lock<std::mutex> lock(s->mu);
+  while (!s->stop) {
+    if (s->to_post) {
+      const std::string why = *s->to_post;
+      s->to_post.reset();
+      if (s->store_failed) continue;
+      lock.unlock();
+      const bool ok = write(*s->store, why);
+      lock.lock();
+      s->store_failed = !ok;
+      continue;
+    }
+    const auto busy = [&] { return s->stop || s->to_post.has_value(); };
+    const auto polls = [&] { return s->waiting > 0 && !s->known && !s->store_failed; };
+    if (!polls()) {
+      s->thread.wait(lock, [&] { return busy() || polls(); });
+      continue;
+    }
+    // A call waits: look once it has waited an interval, and every interval after.
+    if (s->thread.wait_for(lock, s->poll, [&] { return busy() || s->waiting == 0; })) continue;
+    lock.unlock();
+    std::optional<std::string> found;
+    const bool ok = read(*s->store, &found);
+    lock.lock();
+    s->store_failed = !ok;
+    if (found && !s->known) {
+      s->known = "the group failed on another rank: " + *found;
+      s->waiters.notify_all();
+    }
+  }
+}
+
+}  // namespace distributed
+}  // namespace fastpar
