@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 import fastpar.distributed as fd
 from dist_harness import assert_ok, collect, free_port, launch, run, scenario
-from worker_context import ARGS, PORT, RANK, TIMEOUT_S, WORLD, error_exit, init
+from worker_context import ARGS, PORT, RANK, TIMEOUT_S, WORLD, error_exit, finish, init
 
 pytestmark = pytest.mark.usefixtures("no_leftover_segments")
 
@@ -661,13 +661,50 @@ def test_a_rank_that_fails_and_lives_on_is_heard_of_on_other_hosts(poll_ms):
     if poll_ms == "0":
         assert "the group failed on another rank" not in results[0].err, every
         assert late > linger - 1, f"rank 0 raised {late:.3f} s after rank 1, before rank 1 exited\n{every}"
+        print(f"notice off: rank 0 raised {late:.3f} s after rank 1")
         return
     assert late < 1.5, f"rank 0 raised {late:.3f} s after rank 1\n{every}"
+    print(f"notice on: rank 0 raised {late:.3f} s after rank 1")
     assert re.search(r"fastpar: all_reduce on rank 0 failed between hosts \(gloo\): the communicator is unusable after "
                      r"an earlier error: the group failed on another rank: reduce on rank 1: rank 2 \(pid \d+\) "
                      r"exited while this rank waited", raised[0][1]), every
     assert "again raised: fastpar: all_reduce on rank 0: the communicator is unusable after an earlier error: " \
         "the group failed on another rank: " in results[0].err, every
+
+
+@scenario
+def sc_own_wait_limit():
+    """Fake hosts A and B. Rank 1 comes to an all_to_all_single 3 s late;
+    rank 0 waits for its Work with a limit of 0.5 s, which raises, then
+    waits again without one. A wait's own limit is not the group's failure:
+    nothing is written to the failure notice, the call completes and the
+    group goes on."""
+    init(timeout_s=60)
+    out, inp = torch.zeros(WORLD), torch.full((WORLD,), float(RANK))
+    if RANK == 1:
+        time.sleep(3)
+    work = dist.all_to_all_single(out, inp, async_op=True)
+    if RANK == 0:
+        try:
+            work.wait(timeout=datetime.timedelta(seconds=0.5))
+            raise AssertionError("a wait of 0.5 s for a peer 3 s late returned")
+        except dist.DistBackendError as e:
+            assert "timed out" in str(e).lower(), e
+            print(f"own limit raised: {str(e).splitlines()[0]}", flush=True)
+    work.wait()
+    assert torch.equal(out, torch.arange(WORLD, dtype=torch.float32)), out
+    t = torch.ones(3)
+    dist.all_reduce(t)
+    assert torch.equal(t, torch.full((3,), float(WORLD))), t
+    print("group went on", flush=True)
+    finish()
+
+
+def test_a_waits_own_limit_does_not_fail_the_group():
+    results = run(sc_own_wait_limit, 2, per_rank_env=lambda r: {"FASTPAR_HOST_ID": f"host{'AB'[r]}"}, timeout=60)
+    assert_ok(results)
+    assert "own limit raised" in results[0].out, results[0].out
+    assert all("group went on" in r.out for r in results), [r.out for r in results]
 
 
 @scenario

@@ -19,7 +19,9 @@ struct FailureNotice::State {
   std::condition_variable waiters;  // a Work completed, or the failure became known
   std::condition_variable thread;   // something for the thread to do, or stop
   int waiting = 0;                  // calls in wait()
+  uint64_t waits = 0;               // calls that have entered wait()
   bool started = false, stop = false;
+  bool asleep = false;  // the thread sleeps until a call waits (it ticks otherwise)
   bool store_failed = false;  // see write()
   std::optional<std::string> known;    // the group's failure
   std::optional<std::string> to_post;  // this rank's, not yet written
@@ -121,8 +123,9 @@ FailureNotice::Waited FailureNotice::wait(c10d::Work& work, std::chrono::millise
   const auto over = [&] { return done->load() || s->known.has_value(); };
   if (!over()) {
     ++s->waiting;
+    ++s->waits;
     start(s);
-    s->thread.notify_all();
+    if (s->asleep) s->thread.notify_all();  // not on every call: waking a thread costs more than a short call
     if (timeout.count() == 0) s->waiters.wait(lock, over);  // c10d::Work's kNoTimeout
     else s->waiters.wait_for(lock, timeout, over);
     --s->waiting;
@@ -145,13 +148,24 @@ void FailureNotice::run(const std::shared_ptr<State>& s) {
       continue;
     }
     const auto busy = [&] { return s->stop || s->to_post.has_value(); };
-    const auto polls = [&] { return s->waiting > 0 && !s->known && !s->store_failed; };
-    if (!polls()) {
-      s->thread.wait(lock, [&] { return busy() || polls(); });
+    if (s->known || s->store_failed) {  // nothing left to look for
+      s->thread.wait(lock, busy);
       continue;
     }
-    // A call waits: look once it has waited an interval, and every interval after.
-    if (s->thread.wait_for(lock, s->poll, [&] { return busy() || s->waiting == 0; })) continue;
+    // One tick. The store is read only for a call that has waited through a
+    // whole tick: a call was waiting when it began and when it ended, and no
+    // call began in between. A tick with no call at all puts the thread to
+    // sleep until a call waits.
+    const uint64_t waits = s->waits;
+    const bool waited = s->waiting > 0;
+    if (s->thread.wait_for(lock, s->poll, busy)) continue;
+    if (!waited && s->waiting == 0 && s->waits == waits) {
+      s->asleep = true;
+      s->thread.wait(lock, [&] { return busy() || s->waiting > 0; });
+      s->asleep = false;
+      continue;
+    }
+    if (!waited || s->waiting == 0 || s->waits != waits) continue;
     lock.unlock();
     std::optional<std::string> found;
     const bool ok = read(*s->store, &found);

@@ -11,18 +11,19 @@
 //
 // So a rank whose call fails writes its error under one key of the group's
 // store (the first write stays: the first failure, not the timeouts it
-// caused), and a rank that waits for a gloo call between hosts for longer
-// than the poll interval looks for that key. Finding it, it stops waiting and
-// raises with that error; every later call of the group raises at once.
-// PyTorch's NCCL backend spreads its errors through the store the same way
-// (TORCH_NCCL_PROPAGATE_ERROR).
+// caused), and a rank that waits for a gloo call between hosts through a
+// whole tick of the poll interval looks for that key. Finding it, it stops
+// waiting and raises with that error; every later call of the group raises
+// at once. PyTorch's NCCL backend has used its store the same way, to tell
+// the other ranks of a communicator it aborted (its NCCLABORTEDCOMM key).
 //
 // The store is read and written on a thread of the notice's own (started at
 // the first wait or failure), over a connection of its own where the store
-// can be cloned (made with the group): a waiter never waits for the store. A store that cannot be
-// reached (its host is gone) leaves the waiters as they were, bound by
-// gloo's timeout. Polling costs one store lookup per interval, and only while
-// some call waits longer than that. FASTPAR_HOSTS_FAILURE_POLL_MS sets the
+// can be cloned (made with the group): a waiter never waits for the store.
+// A store that cannot be reached (its host is gone) leaves the waiters as
+// they were, bound by gloo's timeout. Polling costs one store lookup per interval, and only while
+// one call waits that long; the thread sleeps while no call waits, and a call
+// does not wake it unless it sleeps. FASTPAR_HOSTS_FAILURE_POLL_MS sets the
 // interval; 0 turns the notice off (docs/faults.md).
 #pragma once
 
