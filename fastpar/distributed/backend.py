@@ -128,7 +128,7 @@ def _failure_poll_ms() -> int:
     looks in the group's store for a failure another rank posted (default
     100; 0: never, a failure elsewhere then reaches it only through gloo)."""
     value = os.environ.get("FASTPAR_HOSTS_FAILURE_POLL_MS", "") or "100"
-    if not value.isdigit():
+    if not (value.isascii() and value.isdigit()):
         raise ValueError(f"FASTPAR_HOSTS_FAILURE_POLL_MS is {value!r} but must be a whole number of milliseconds "
                          "(0 turns the failure notice off)")
     return int(value)

@@ -36,9 +36,9 @@
 // `local`, raise at once naming it and the error, not at their timeout or
 // when its process exits; `local` stays failed. Given the group's store, a
 // failed call is also posted to every rank of the group (failure_notice.h):
-// a rank waiting in gloo for a peer that has given up raises within the poll
-// interval, not at the timeout, and every call after a failure raises at
-// once.
+// a rank waiting in gloo for a peer that has given up raises within one or
+// two poll intervals, not at the timeout, and every call after a failure
+// raises at once.
 //
 // all_reduce has two schedules between hosts. "leaders" (above): each host's
 // data crosses once, through its leader. "sharded" (given `columns`): a local
