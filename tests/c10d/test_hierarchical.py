@@ -448,18 +448,25 @@ def test_ranks_that_choose_different_hosts_allreduce_are_refused():
 
 
 @scenario
-def sc_bad_hosts_allreduce():
+def sc_bad_hosts_knob():
+    """ARGS: the variable, its value (set in the environment) and the message expected."""
+    name, value, message = ARGS
     try:
         init()
     except ValueError as e:
-        assert "FASTPAR_HOSTS_ALLREDUCE is 'rings' but must be 'leaders' or 'sharded'" in str(e), str(e)
+        assert message in str(e), str(e)
         print("refused", flush=True)
         return
-    raise AssertionError("FASTPAR_HOSTS_ALLREDUCE=rings accepted")
+    raise AssertionError(f"{name}={value} accepted")
 
 
-def test_a_bad_hosts_allreduce_value_is_refused_by_name():
-    results = run(sc_bad_hosts_allreduce, 1, env={"FASTPAR_HOSTS_ALLREDUCE": "rings"}, timeout=60)
+@pytest.mark.parametrize("name,value,message", [
+    ("FASTPAR_HOSTS_ALLREDUCE", "rings", "FASTPAR_HOSTS_ALLREDUCE is 'rings' but must be 'leaders' or 'sharded'"),
+    ("FASTPAR_HOSTS_FAILURE_POLL_MS", "-5",
+     "FASTPAR_HOSTS_FAILURE_POLL_MS is '-5' but must be a whole number of milliseconds"),
+], ids=["hosts_allreduce", "failure_poll"])
+def test_a_bad_hosts_knob_is_refused_by_name(name, value, message):
+    results = run(sc_bad_hosts_knob, 1, env={name: value}, args=[name, value, message], timeout=60)
     assert_ok(results)
     assert "refused" in results[0].out
 

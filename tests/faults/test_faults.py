@@ -705,20 +705,3 @@ def test_a_waits_own_limit_does_not_fail_the_group():
     assert_ok(results)
     assert "own limit raised" in results[0].out, results[0].out
     assert all("group went on" in r.out for r in results), [r.out for r in results]
-
-
-@scenario
-def sc_bad_failure_poll():
-    try:
-        init()
-    except ValueError as e:
-        assert "FASTPAR_HOSTS_FAILURE_POLL_MS is '-5' but must be a whole number of milliseconds" in str(e), str(e)
-        print("refused", flush=True)
-        return
-    raise AssertionError("FASTPAR_HOSTS_FAILURE_POLL_MS=-5 accepted")
-
-
-def test_a_bad_failure_poll_is_refused_by_name():
-    results = run(sc_bad_failure_poll, 1, env={"FASTPAR_HOSTS_FAILURE_POLL_MS": "-5"}, timeout=60)
-    assert_ok(results)
-    assert "refused" in results[0].out
