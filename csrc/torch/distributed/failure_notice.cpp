@@ -56,21 +56,15 @@ bool read(c10d::Store& store, std::optional<std::string>* found) {
   }
 }
 
-// The store through a connection of the notice's own, made while the group
-// is created and the store is known to answer: a request that hangs on a
-// store lost later then holds no lock that the rest of the process needs.
-c10::intrusive_ptr<c10d::Store> own_connection(c10::intrusive_ptr<c10d::Store> store) {
-  try {
-    return store->clone();
-  } catch (const std::exception&) {  // a store that cannot be cloned: share it
-    return store;
-  }
-}
-
 }  // namespace
 
+// The group's store itself, not a clone: a clone is one more connection to
+// the store's server per rank and group, and a job's ranks times its groups
+// can run past the server's file limit. The store client is thread-safe; a
+// request of the thread's that hangs on a lost store holds it only while the
+// store is lost for everyone in the process.
 FailureNotice::FailureNotice(c10::intrusive_ptr<c10d::Store> store, std::chrono::milliseconds poll)
-    : state_(std::make_shared<State>(own_connection(std::move(store)), poll)) {}
+    : state_(std::make_shared<State>(std::move(store), poll)) {}
 
 FailureNotice::~FailureNotice() {
   {
