@@ -591,9 +591,10 @@ def test_fake_hosts_exit(end):
 @scenario
 def sc_hier_leader_fails():
     """Fake hosts (host{r // 2}, or as the test sets them), all_reduce in a
-    loop; rank 2 SIGKILLs itself. Each survivor prints when it raised and what, stays
-    ARGS[1] s (so that no rank learns of another's failure from its exit),
-    calls all_reduce once more and prints what that raised, and exits 3."""
+    loop; rank 2 SIGKILLs itself. Each survivor prints when it raised and
+    what, stays ARGS[1] s (so that no rank learns of another's failure from
+    its exit), calls all_reduce once more and prints what that raised, and
+    exits 3."""
     init(timeout_s=float(ARGS[0]))
     assert fd.get_fastpar_backend().hierarchical
     t = torch.ones(1000)
@@ -644,8 +645,8 @@ def test_a_rank_that_fails_and_lives_on_is_heard_of_on_other_hosts(poll_ms):
     # stays on for `linger` s. Rank 0 waits for rank 1 in the leaders' gloo
     # all_reduce, where nothing tells it: gloo's connection to rank 1 is
     # reset only when rank 1 exits. With the failure notice rank 0 finds
-    # rank 1's error in the store within the poll interval and raises with
-    # it; FASTPAR_HOSTS_FAILURE_POLL_MS=0 turns the notice off, and rank 0
+    # rank 1's error in the store within a poll interval or two and raises
+    # with it; FASTPAR_HOSTS_FAILURE_POLL_MS=0 turns the notice off, and rank 0
     # hears of it from gloo, when rank 1 exits.
     linger = 4
     hosts = "ABB"
@@ -700,7 +701,7 @@ def sc_own_wait_limit():
     finish()
 
 
-def test_a_waits_own_limit_does_not_fail_the_group():
+def test_the_limit_of_a_wait_does_not_fail_the_group():
     results = run(sc_own_wait_limit, 2, per_rank_env=lambda r: {"FASTPAR_HOST_ID": f"host{'AB'[r]}"}, timeout=60)
     assert_ok(results)
     assert "own limit raised" in results[0].out, results[0].out
