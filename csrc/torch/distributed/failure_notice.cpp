@@ -99,6 +99,7 @@ std::optional<std::string> FailureNotice::known() const {
 
 FailureNotice::Waited FailureNotice::wait(c10d::Work& work, std::chrono::milliseconds timeout) {
   const auto& s = state_;
+  if (work.isCompleted()) return Waited::kCompleted;  // no Future callback to set up for a call already done
   c10::intrusive_ptr<c10::ivalue::Future> future;
   try {
     future = work.getFuture();

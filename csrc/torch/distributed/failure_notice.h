@@ -20,10 +20,11 @@
 // The store is read and written on a thread of the notice's own (started at
 // the first wait or failure): a waiter never waits for the store. A store
 // that cannot be reached (its host is gone) leaves the waiters as they were,
-// bound by gloo's timeout. Polling costs one store lookup per interval, and only while
-// one call waits that long; the thread sleeps while no call waits, and a call
-// does not wake it unless it sleeps. FASTPAR_HOSTS_FAILURE_POLL_MS sets the
-// interval; 0 turns the notice off (docs/faults.md).
+// bound by gloo's timeout. Polling costs one store lookup per interval, and
+// only while one call waits that long; the thread sleeps while no call
+// waits, and a call does not wake it unless it sleeps.
+// FASTPAR_HOSTS_FAILURE_POLL_MS sets the interval; 0 turns the notice off
+// (docs/faults.md).
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
