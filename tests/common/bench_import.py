@@ -21,8 +21,9 @@ BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.pat
 
 
 def benchmark_module(name: str) -> ModuleType:
-    """benchmarks/NAME.py, the package benchmarks/NAME/, or a module of that
-    package ("training.modes"), imported once."""
+    """The module or package `name` of benchmarks/ ("readme_table",
+    "training"), or a module of such a package ("training.modes"), imported
+    once."""
     top, _, rest = name.partition(".")
     if top not in sys.modules:
         path = os.path.join(BENCHMARKS, top)
