@@ -18,24 +18,26 @@ def test_the_lists_come_from_the_code():
     assert {"allreduce", "broadcast_coalesced", "reduce_scatter", "gather"} <= qt.list_ops()
 
 
+def check_family(family, every, what):
+    """The table's entries cover every name of `every` on `family`, but the
+    ones UNTESTED names (which the table must not cover, and which must be
+    names of `every`)."""
+    untested = set(qt.UNTESTED.get(family, {}))
+    missing = every - qt.covered(family) - untested
+    assert not missing, f"no test of the quick tier runs the {what} {sorted(missing)} on {family}"
+    assert not untested & qt.covered(family), f"UNTESTED[{family!r}] names what the table covers: " \
+                                                f"{sorted(untested & qt.covered(family))}"
+    assert untested <= every, f"UNTESTED[{family!r}] names no {what}: {sorted(untested - every)}"
+
+
 @pytest.mark.parametrize("engine", qt.ENGINES)
 def test_every_collective_on_every_engine(engine):
-    untested = set(qt.UNTESTED.get(engine, {}))
-    missing = qt.collectives() - qt.covered(engine) - untested
-    assert not missing, f"no test of the quick tier runs {sorted(missing)} on the {engine} engine"
-    assert not untested & qt.covered(engine), f"UNTESTED[{engine!r}] names what the table covers: " \
-                                                f"{sorted(untested & qt.covered(engine))}"
-    assert untested <= qt.collectives(), sorted(untested - qt.collectives())
+    check_family(engine, qt.collectives(), "collectives")
 
 
 @pytest.mark.parametrize("family", qt.LIST_OPS)
 def test_every_list_op_on_cpu_and_cuda(family):
-    untested = set(qt.UNTESTED.get(family, {}))
-    missing = qt.list_ops() - qt.covered(family) - untested
-    assert not missing, f"no test of the quick tier runs the list ops {sorted(missing)} ({family})"
-    assert not untested & qt.covered(family), f"UNTESTED[{family!r}] names what the table covers: " \
-                                                f"{sorted(untested & qt.covered(family))}"
-    assert untested <= qt.list_ops(), sorted(untested - qt.list_ops())
+    check_family(family, qt.list_ops(), "list ops")
 
 
 def test_every_feature_once():
