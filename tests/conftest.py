@@ -1,7 +1,8 @@
 """Shared by every test folder: tests/common (the harness, the one
-multi-process worker, the references) and benchmarks/training (the training
-helpers the benchmarks and examples share) on sys.path, the marker of the
-CUDA shapes, and the fixtures."""
+multi-process worker, the references) on sys.path, the markers (`cuda`: the
+CUDA shapes; `quick`: the quick tier, given by the table of
+common/quick_tier.py), and the fixtures. Modules of benchmarks/ are imported
+by path (common/bench_import.py), never through sys.path."""
 import os
 import sys
 
@@ -9,12 +10,28 @@ import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "common"))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "benchmarks"))
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "cuda: runs on CUDA tensors (scripts/gpu_check.sh's multi-process phase "
                                        "selects these with -m cuda)")
+    config.addinivalue_line("markers", "quick: the quick tier (bash tests/run.sh --quick), every feature once; "
+                                       "chosen by the table of tests/common/quick_tier.py")
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m reads the markers
+def pytest_collection_modifyitems(config, items):
+    import quick_tier
+
+    ids = [quick_tier.test_id(str(item.path), item.name) for item in items]
+    for item, tid in zip(items, ids):
+        if quick_tier.selects(tid):
+            item.add_marker(pytest.mark.quick)
+    # The table's entries in files collected whole must each name a test.
+    whole = [os.path.join(str(config.invocation_params.dir), a) for a in config.args if "::" not in a]
+    stale = quick_tier.stale_entries(ids, whole)
+    if stale:
+        raise pytest.UsageError("tests/common/quick_tier.py names tests that do not exist: " + ", ".join(stale))
 
 
 @pytest.fixture

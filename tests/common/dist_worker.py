@@ -33,10 +33,6 @@ import worker_context
 from dist_harness import ROOT, SCENARIOS
 from worker_context import ARGS, CUDA, RANK, SCENARIO, WORLD, base_store, cuda_backend
 
-# What tests/conftest.py puts on the path of the test modules: the training
-# helpers of benchmarks/.
-sys.path.insert(1, os.path.join(ROOT, "benchmarks"))
-
 
 def scenario(ref: str):
     """The @scenario function `ref` ("tests/c10d/test_p2p.py:sc_direct"),

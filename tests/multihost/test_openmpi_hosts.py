@@ -24,11 +24,12 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
-import mpi_baseline  # noqa: E402
 import netns_hosts  # noqa: E402
+from bench_import import benchmark_module  # noqa: E402
 from netns_hosts import Hosts  # noqa: E402
+
+mpi_baseline = benchmark_module("mpi_baseline")
 
 MISSING = netns_hosts.missing() or mpi_baseline.missing()
 pytestmark = pytest.mark.skipif(MISSING is not None, reason=f"Open MPI across hosts: {MISSING}")

@@ -3,15 +3,13 @@ argument parsing, rows, the targets table, CSV and plots, on synthetic rows
 (--dry-run), so scripts/gpu_check.sh's report works before a GPU ever runs it."""
 import csv
 import os
-import sys
 
 import pytest
+from bench_import import benchmark_module
 from ci_policy import under_ci
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                                "benchmarks"))
-import bench_cuda  # noqa: E402
-import gpu_summary as gs  # noqa: E402
+gs = benchmark_module("gpu_summary")
+bench_cuda = benchmark_module("bench_cuda")
 
 MiB = gs.MiB
 

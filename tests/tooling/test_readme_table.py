@@ -6,11 +6,11 @@ summary."""
 import csv
 import os
 import shutil
-import sys
+
+from bench_import import benchmark_module
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-import readme_table  # noqa: E402
+readme_table = benchmark_module("readme_table")
 
 
 def write(path, rows):

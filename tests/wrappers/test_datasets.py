@@ -4,8 +4,10 @@ import struct
 
 import pytest
 import torch
+from bench_import import benchmark_module
 
-from training.datasets import load_data, read_idx, synthetic_fashion_like
+load_data, read_idx, synthetic_fashion_like = (getattr(benchmark_module("training.datasets"), f)
+                                              for f in ("load_data", "read_idx", "synthetic_fashion_like"))
 
 
 def write_idx(path, t: torch.Tensor, code=0x08):

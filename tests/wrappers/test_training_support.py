@@ -7,8 +7,10 @@ import torch.distributed as dist
 from torch import nn
 
 import fastpar
-from training import modes as tb
+from bench_import import benchmark_module
 from fastpar.ddp import _assign_buckets
+
+tb = benchmark_module("training.modes")
 
 
 def test_first_bucket_is_small_and_buckets_split_by_dtype():
