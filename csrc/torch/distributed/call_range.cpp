@@ -2,11 +2,6 @@
 
 #include <string>
 
-#ifdef FASTPAR_WITH_CUDA
-#include <c10/cuda/CUDAStream.h>
-#include <cuda_runtime_api.h>
-#include <nvtx3/nvToolsExt.h>
-#endif
 
 namespace fastpar {
 namespace distributed {
@@ -54,18 +49,12 @@ class RangedWork : public c10d::Work {
   std::shared_ptr<CallRange::Range> range_;
 };
 
-#ifdef FASTPAR_WITH_CUDA
-// Ends the range it is given: a host function on the call's stream, which
-// runs once the GPU has done the work queued before it (no CUDA calls here).
-void CUDART_CB end_on_stream(void* range) { delete static_cast<std::shared_ptr<CallRange::Range>*>(range); }
-#endif
-
 }  // namespace
 
 CallRange::CallRange(const char* name, const at::Tensor& input) : input_(input) {
 #ifdef FASTPAR_WITH_CUDA
   if (input.defined() && input.is_cuda()) {
-    nvtxRangePushA((std::string("fastpar:") + name).c_str());
+    nvtx_push((std::string("fastpar:") + name).c_str());
     nvtx_ = true;
   }
 #endif
@@ -79,22 +68,16 @@ CallRange::CallRange(const char* name, const at::Tensor& input) : input_(input) 
 
 CallRange::~CallRange() {
 #ifdef FASTPAR_WITH_CUDA
-  if (nvtx_) nvtxRangePop();
+  if (nvtx_) nvtx_pop();
 #endif
 }
 
 c10::intrusive_ptr<c10d::Work> CallRange::finish(c10::intrusive_ptr<c10d::Work> work) {
   if (!range_) return work;
 #ifdef FASTPAR_WITH_CUDA
+  // CUDA: the call's work completes on the caller's stream.
   if (input_.defined() && input_.is_cuda()) {
-    // The range ends when the caller's stream, where the call's work
-    // completes, reaches this point.
-    auto* held = new std::shared_ptr<CallRange::Range>(std::move(range_));
-    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(input_.get_device()).stream();
-    if (cudaLaunchHostFunc(stream, end_on_stream, held) != cudaSuccess) {
-      cudaGetLastError();  // inside a graph capture, say: the range ends now instead
-      delete held;
-    }
+    end_on_stream(input_, std::move(range_));
     return work;
   }
 #endif

@@ -41,5 +41,14 @@ class CallRange {
   bool nvtx_ = false;
 };
 
+#ifdef FASTPAR_WITH_CUDA
+// CUDA's part (cuda_call_range.cpp): an NVTX range pushed and popped on this
+// thread, and `range` ended when the current stream of `t`'s device reaches
+// the point of this call (at once where no host function can be enqueued).
+void nvtx_push(const char* name);
+void nvtx_pop();
+void end_on_stream(const at::Tensor& t, std::shared_ptr<CallRange::Range> range);
+#endif
+
 }  // namespace distributed
 }  // namespace fastpar
