@@ -8,8 +8,8 @@
 one CSV under --dir (default benchmarks/results/readme/);
 runs.csv there records, for each row, the command, the date, the git commit and
 whether the checkout had uncommitted changes, and the machine (CPU model, cores).
-The table (markdown, on stdout and in --dir/table.md) shows every row with the
-command that produced it; the GPU line counts the targets met in
+The table (markdown, on stdout and in --dir/table.md) shows every row, and below
+it the command that produced each; the GPU line counts the targets met in
 benchmarks/results/gpu/summary.txt (written by scripts/gpu_check.sh on a GPU
 machine, not by this script). Run it on a quiet machine: the benchmarks take
 the best of a few samples, but a busy neighbour still moves the numbers.
@@ -225,11 +225,19 @@ def gpu_numbers(csv_path: str) -> str:
             f"(`{os.path.relpath(csv_path, ROOT)}`).")
 
 
+def wrap(text: str, width: int = 100) -> str:
+    """A paragraph as lines of at most `width` characters (the README keeps every line under 200)."""
+    import textwrap
+    return "\n".join(textwrap.wrap(text, width, break_long_words=False, break_on_hyphens=False))
+
+
 def table(out_dir: str) -> str:
+    """The table, then each row's command below it (a row with its command would run past 200
+    characters)."""
     log_path = os.path.join(out_dir, "runs.csv")
     runs = {r["row"]: r for r in read(log_path)} if os.path.exists(log_path) else {}
-    out = ["| what | fastpar vs baseline | command (CSV in `" + os.path.relpath(out_dir, ROOT) + "/`) |",
-           "|---|---|---|"]
+    out = ["| what | fastpar vs baseline |", "|---|---|"]
+    commands = ["", "Each row's command (its CSV in `" + os.path.relpath(out_dir, ROOT) + "/`):", ""]
     provenance: dict[tuple, list[str]] = {}  # (date, commit, dirty, machine) -> the rows run so
     for key, what, _, cell in ROWS:
         path = os.path.join(out_dir, f"{key}.csv")
@@ -238,7 +246,8 @@ def table(out_dir: str) -> str:
         run = runs[key]
         origin = (run["date_utc"][:10], run["commit"], run["uncommitted_changes"], run["machine"])
         provenance.setdefault(origin, []).append(what)
-        out.append(f"| {what} | {cell(read(path))} | `{run['command']}` |")
+        out.append(f"| {what} | {cell(read(path))} |")
+        commands += [f"- {what}:", f"  `{run['command']}`"]
     head = []
     for (date, commit, dirty, mach), whats in sorted(provenance.items()):
         # Rows from several runs: each line names its rows, so no number is read against the wrong commit.
@@ -249,7 +258,8 @@ def table(out_dir: str) -> str:
     gpu_dir = os.path.join(ROOT, "benchmarks", "results", "gpu")
     gpu = " ".join(x for x in (gpu_line(os.path.join(gpu_dir, "summary.txt")),
                                 gpu_numbers(os.path.join(gpu_dir, "bench_cuda.csv"))) if x)
-    return "\n".join(head + [""] + out + ([""] + [gpu] if gpu else [])) + "\n"
+    body = out + (commands if len(out) > 2 else [])
+    return "\n".join(head + [""] + body + ([""] + [wrap(gpu)] if gpu else [])) + "\n"
 
 
 def main(argv=None) -> None:

@@ -32,9 +32,9 @@ _is_compiling = torch.compiler.is_compiling
 
 
 def _allreduce_(ts: list, op: int, algorithm: str) -> None:
-    # torch.ops.fastpar.allreduce_ costs ~1.5 us of Python per call; the
-    # extension's entry reaches the same op through the dispatcher in C++. A
-    # torch.compile trace needs the op itself.
+    # torch.ops.fastpar.allreduce_'s Python side is a large part of a small
+    # call; the extension's entry reaches the same op through the dispatcher
+    # in C++. A torch.compile trace needs the op itself.
     if _is_compiling():
         _ops.allreduce_(ts, op, algorithm)
     else:

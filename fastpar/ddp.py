@@ -198,7 +198,7 @@ class DistributedDataParallel(nn.Module):
         if init_sync and self.world_size > 1:
             broadcast_tensors(list(module.parameters()) + list(module.buffers()), process_group)
         # The submodules whose buffers each forward broadcasts, found once: walking
-        # every submodule costs ~15 us per forward even for a model without buffers.
+        # every submodule on each forward costs even a model without buffers.
         self._buffer_owners = [m for m in module.modules() if m._buffers] if self.world_size > 1 else []
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad][::-1]
         self._build_buckets(named, int(bucket_cap_mb * 1024 * 1024))

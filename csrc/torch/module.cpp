@@ -21,8 +21,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("built_with_cuda") = false;
 #endif
   // fastpar.allreduce's call of torch.ops.fastpar.allreduce_ without the
-  // Python side of torch.ops (the overload lookup and boxing: about 1.5 us of
-  // a 4 KiB call), through the same dispatcher entry, so every device,
+  // Python side of torch.ops (the overload lookup and boxing, a large part of
+  // a small call), through the same dispatcher entry, so every device,
   // dispatch key and check is the op's.
   m.def(
       "_allreduce_",

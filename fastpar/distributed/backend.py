@@ -189,12 +189,11 @@ def _bind_cores(local_index: int, local_size: int) -> None:
     Ranks spin while they wait for each other (microseconds, when each has a
     core). Left to the scheduler, two spinning ranks of a fresh group sometimes
     share one core while the other runs something else, and every collective
-    then waits for time slices: bench_distributed.py --groups measured 2-4x
-    slower groups that way (docs/measurements.md, "Run-to-run stability"). So the first
+    then waits for time slices (docs/measurements.md, "Run-to-run stability"). So the first
     fastpar group binds each local rank to its own CPUs, all threads included,
     placed by topology.place(): "compact" keeps the ranks in as few L3 domains
-    as they fit in (a cache line between two L3 domains or packages costs 4-5x
-    one inside a domain), "spread" puts them round-robin on the domains (one
+    as they fit in (a cache line between two L3 domains or packages costs
+    several times one inside a domain), "spread" puts them round-robin on the domains (one
     per package first). FASTPAR_BIND_CORES: "auto" (default: compact, only
     when the process may use every online CPU, i.e. nobody — taskset, numactl,
     a launcher — has chosen already, and there are at least as many CPUs as

@@ -36,7 +36,7 @@ _NON_MEMBER = dist.GroupMember.NON_GROUP_MEMBER
 _group = dist.group
 
 # (weak reference to the group object, its fastpar backend) of the last call:
-# one identity test per call instead of a backend lookup (~1 us). Weak, so the
+# one identity test per call instead of a backend lookup. Weak, so the
 # cache never keeps a destroyed group alive: a group kept alive past
 # destroy_process_group keeps its TCPStore server alive too, and the next
 # init_process_group on the same port then reuses that server, old keys

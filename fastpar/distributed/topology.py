@@ -2,7 +2,7 @@
 
 A cache line that moves between two cores of one L3 domain (a die, a CCX)
 stays in that cache; between two L3 domains or two packages it crosses the
-interconnect, 4-5x slower. fastpar's shared-memory collectives move lines
+interconnect, several times slower. fastpar's shared-memory collectives move lines
 between the ranks' cores in every step, so a host's ranks run fastest inside
 one L3 domain. read_topology() tells which CPUs share an L3 cache, a package
 and a NUMA node; place() gives each local rank its CPUs (FASTPAR_BIND_CORES,

@@ -1,5 +1,5 @@
 """benchmarks/readme_table.py on synthetic CSVs: a row is shown only when its
-command ran (runs.csv) and its CSV exists, with that command beside it; the
+command ran (runs.csv) and its CSV exists, with that command below the table; the
 run's date, commit and machine head the table (each run's rows named, when
 rows come from several); the GPU line counts the targets of a gpu_check
 summary."""
@@ -41,7 +41,10 @@ def test_only_rows_that_ran_with_their_commands(tmp_path):
     rows = [line for line in lines if line.startswith("| ") and "---" not in line][1:]
     assert len(rows) == 1, rows  # training has a CSV but no run record; lists has no CSV
     assert "direct call 1.25 us, `dist.all_reduce` 4.90 us, gloo 1200 us" in rows[0]
-    assert f"`{cmd}`" in rows[0]
+    latency = next(w for k, w, *_ in readme_table.ROWS if k == "latency")
+    assert f"- {latency}:\n  `{cmd}`" in text  # the row's command, named by the row, below the table
+    assert "`python x`" not in text  # lists ran but has no CSV: no command either
+    assert max(len(line) for line in lines) <= 200  # the README's limit
 
 
 def test_rows_of_several_runs_are_named_with_their_run(tmp_path):

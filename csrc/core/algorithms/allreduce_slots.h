@@ -93,7 +93,7 @@ void allreduce_two_shot(Comm& c, const CollCall& call, const char* in, char* out
 // final shards from their owners and reduces its shard of chunk k in place
 // (only rank r ever reads or writes shard r of any arena before its reduce).
 // Chunking lets a peer copy a shard out while the owner's writes to it are
-// still in cache (unchunked was 1.2-1.4x slower at 64-256 MiB). The last phase
+// still in cache (unchunked measured slower: docs/measurements.md). The last phase
 // keeps the buffer from going back to the caller while a peer still copies our
 // shard out of it. m chunks take m+2 phases.
 template <class Comm, class Reducer>

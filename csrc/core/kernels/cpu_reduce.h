@@ -90,12 +90,10 @@ inline void write_block(T* const* dsts, int ndst, int64_t b, const T* out, int64
 }
 
 // Whether the loops write the destinations directly (above): the vector
-// paths, into one or two. Measured on our 2-core EPYC, one thread, 2 sources
-// of 1 MiB: with one destination 1.3x (float32) and 1.6x (bfloat16) the speed
-// of staging and copying, with two (the in-place pair of the list op) 1.65x
-// and 1.8x. The scalar loop (other dtypes) stays staged: the compiler
-// vectorizes it into the staging block, which cannot alias the sources, but
-// not always into a destination that may (float64 MAX ran 1.2-1.8x slower).
+// paths, into one or two, where that beat staging and copying
+// (docs/measurements.md). The scalar loop (other dtypes) stays staged: the
+// compiler vectorizes it into the staging block, which cannot alias the
+// sources, but not always into a destination that may.
 template <typename T>
 inline bool direct(CpuIsa isa, int ndst, bool streaming) {
   return !streaming && (ndst == 1 || ndst == 2) && has_simd_reduce<T>() && isa != CpuIsa::kScalar;
@@ -147,10 +145,9 @@ void reduce_range_blocks(CpuIsa isa, const T* const* s, int nsrc, T* const* dsts
 
 // K sources known at compile time (the common 2..8): one element-wise pass with
 // the sources unrolled, the value kept in a register and written to the
-// destinations (directly, or by way of a staged block: see direct()). Measured
-// on our 2-core EPYC, float32 SUM in place, 2 threads: 1.3-2x the generic loop
-// below (k=8, 64 MiB: 34 vs 17 GB/s), because the generic loop re-reads and
-// re-writes its accumulator block once per source.
+// destinations (directly, or by way of a staged block: see direct()). Faster
+// than the generic loop below, which re-reads and re-writes its accumulator
+// block once per source (docs/measurements.md).
 template <typename T, ReduceOp OP, int K>
 void cpu_reduce_range_k(CpuIsa isa, const T* const* srcs, T* const* dsts, int ndst, int64_t begin, int64_t end,
                         int contributions, bool streaming) {

@@ -198,9 +198,8 @@ FASTPAR_TARGET_POP
 
 // ------------------------------------------------ AVX-512 with AVX512-BF16
 // The AVX-512 loops with bfloat16 stores by VCVTNE2PS2BF16: one conversion
-// and one permute per 32 elements instead of two integer roundings. On a
-// 2-vCPU EPYC, fastpar.allreduce of two bf16 tensors ran 1.11-1.24x the
-// AVX-512 rate from 64 KiB to 4 MiB (benchmarks/bench_cpu_isa.py).
+// and one permute per 32 elements instead of two integer roundings
+// (benchmarks/bench_cpu_isa.py compares it with plain AVX-512).
 FASTPAR_TARGET_PUSH_AVX512BF16
 namespace fastpar {
 namespace simd_avx512bf16 {

@@ -65,7 +65,7 @@ namespace flags {
 
 constexpr int kSlots = 3;        // rotating data buffers per rank
 constexpr int kDescSlots = 2;    // rotating descriptors per rank
-constexpr int kPollSpins = 256;  // spins between deadline / poll checks (~1-3 us of PAUSEs)
+constexpr int kPollSpins = 256;  // spins between deadline / poll checks (cheap, and short against any deadline)
 
 enum class WaitStatus : int { kOk = 0, kTimeout = 1, kPeerAborted = 2, kPeerDead = 3, kMismatch = 4 };
 

@@ -1,11 +1,10 @@
 // CUDA events reused from call to call, for the c10d backend's Works and
 // stream orderings. A c10::cuda::CUDAEvent per call creates its event at the
 // first record and destroys it with the Work: two driver calls on every
-// collective's host path, whose budget is a few microseconds (a 4 KiB
-// all_reduce: 8 us of host time at most). The events come from the process-wide
-// cache of core/transport/cuda_p2p/handle_cache.h (shared with the list ops); a
-// PooledEvent takes one and gives it back when it dies, on whatever thread
-// that is.
+// collective's host path, which a small all_reduce cannot afford. The events
+// come from the process-wide cache of core/transport/cuda_p2p/handle_cache.h
+// (shared with the list ops); a PooledEvent takes one and gives it back when
+// it dies, on whatever thread that is.
 #pragma once
 
 #include <c10/cuda/CUDAStream.h>

@@ -1,30 +1,15 @@
-// How the ranks of a group on several hosts learn that the group has failed.
+// How the ranks of a group on several hosts learn that the group has failed,
+// where gloo alone would leave a rank waiting in a call between hosts (which
+// cannot be aborted) until its timeout; docs/faults.md tells the whole story.
 //
-// Inside a host a rank learns of a failed peer within milliseconds: the peer
-// aborted the shared memory, or /proc says its process is gone. Between hosts
-// a rank learns only what gloo tells it: at once when the peer's process dies
-// (its kernel resets the connection), but nothing when the peer lives on. A
-// rank whose call failed goes on to its next call, and a rank on another host
-// that waits for it in a gloo call waits out the whole timeout (a gloo call
-// cannot be aborted), and may do so again in a later call: with torch's
-// default timeout of 30 minutes, an hour before it hears of a failure.
-//
-// So a rank whose call fails writes its error under one key of the group's
-// store (the first write stays: the first failure, not the timeouts it
-// caused), and a rank that waits for a gloo call between hosts through a
-// whole tick of the poll interval looks for that key. Finding it, it stops
-// waiting and raises with that error; every later call of the group raises
-// at once. PyTorch's NCCL backend has used its store the same way, to tell
-// the other ranks of a communicator it aborted (its NCCLABORTEDCOMM key).
-//
-// The store is read and written on a thread of the notice's own (started at
-// the first wait or failure): a waiter never waits for the store. A store
-// that cannot be reached (its host is gone) leaves the waiters as they were,
-// bound by gloo's timeout. Polling costs one store lookup per interval, and
-// only while one call waits that long; the thread sleeps while no call
-// waits, and a call does not wake it unless it sleeps.
-// FASTPAR_HOSTS_FAILURE_POLL_MS sets the interval; 0 turns the notice off
-// (docs/faults.md).
+// Contract: a rank whose call fails posts its error under kKey in the group's
+// store; the first post stays (the failure, not the timeouts it caused). A
+// rank waiting in a gloo call between hosts for a whole poll interval looks
+// for the key; finding it, that call and every later call of the group raise
+// that error. The store is touched only on the notice's own thread, so a
+// waiter never waits for the store, and an unreachable store leaves waiters
+// bound by gloo's timeout. FASTPAR_HOSTS_FAILURE_POLL_MS sets the interval;
+// 0 turns the notice off.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Store.hpp>

@@ -74,7 +74,7 @@ void check_tensor_list(const char* op, const char* arg, const at::TensorList& ts
   TORCH_CHECK_VALUE(!ts.empty(), "fastpar.", op, ": expected a non-empty list of tensors for argument '",
                     arg, "', got an empty list");
   // The common case (every entry fine) builds no strings: these checks run on
-  // every call, and a call on one GPU costs only a few microseconds besides.
+  // every call, and a small call on one GPU does little else.
   if (!maybe_dtype(ts[0].scalar_type())) to_dtype(op, indexed(arg, 0), ts[0].scalar_type());
   const at::ScalarType dtype0 = ts[0].defined() ? ts[0].scalar_type() : at::ScalarType::Undefined;
   const int64_t numel0 = ts[0].defined() ? ts[0].numel() : 0;

@@ -1,5 +1,5 @@
-// Knobs the schedules read at call time. Defaults are measured (see
-// benchmarks/); tests shrink the ring segment so tiny tensors cross many
+// Knobs the schedules read at call time. Defaults come from the benchmarks
+// (benchmarks/); tests shrink the ring segment so tiny tensors cross many
 // windows and exercise the multi-chunk path.
 #pragma once
 

@@ -24,12 +24,9 @@ constexpr int64_t kGrain = 16384;
 
 // Outputs (all destinations together) at least as large as the last-level
 // cache bypass it with non-temporal stores: past that, plain stores cost an
-// extra read per line, and below it the outputs stay cached for the next op.
-// Measured (float32 SUM in place, 2 threads, 32 MiB L3): 16 MiB of outputs run
-// at ~110 GB/s with plain stores but ~30 GB/s streamed; 64 MiB and up run at
-// ~30-36 GB/s streamed against ~17-22 GB/s with plain stores.
-// The L3 size comes from sysfs (as lscpu reads it); sysconf's answer is
-// unreliable in VMs (320 MiB on the 32 MiB machine above).
+// extra read per line, and below it the outputs stay cached for the next op
+// (both sides measured: docs/measurements.md). The L3 size comes from sysfs
+// (as lscpu reads it); sysconf's answer is unreliable in VMs.
 inline int64_t streaming_threshold_bytes() {
   static const int64_t bytes = [] {
     int64_t kib = 0;

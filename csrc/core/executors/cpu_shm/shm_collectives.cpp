@@ -50,29 +50,19 @@ void with_reducer(DType dt, ReduceOp op, F&& f, bool streaming = false) {
 // One-shot up to this many bytes, two-shot above (-1 in ShmTuning: this
 // default). One-shot moves (n+3)B per rank in 1 phase, two-shot about 4B in 2
 // phases, so the crossover is where ~(n-1)B of extra traffic costs one flag
-// round trip. Measured, 2 ranks on the shared 2-core CI box (bench_distributed.py
-// --schedules, FASTPAR_SHM_SLOT_BYTES=4194304, best of 3, float32 SUM, us per
-// call; load average 5, so +-30%):
-//                          16 KiB  64 KiB  256 KiB  1 MiB  4 MiB
-//   one-shot                   50      51      128    769   1080
-//   two-shot (pipelined)       72      90      145    493   1132
-//   two-shot (unpipelined)      -      85      198    324   1269   (earlier sweep)
-// so 256 KiB for 2 ranks. With more ranks the extra traffic grows with n and
-// the crossover falls (the model gives ~32 KiB at 4 ranks; 4 ranks on 2 cores
-// cannot be measured meaningfully here).
+// round trip: 256 KiB for 2 ranks, as measured (docs/measurements.md). With
+// more ranks the extra traffic grows with n and the crossover falls (the
+// model gives ~32 KiB at 4 ranks).
 int64_t default_one_shot_max(int n) { return n <= 2 ? 256 * 1024 : 32 * 1024; }
 
 }  // namespace
 
 // The zero-copy schedule for registered buffers saves the copy-in but not
-// the traffic between cores, which is what bounds a 2-rank allreduce on our
-// 2-core CI machine; there it measured (bench_distributed.py, 3 runs,
-// registered schedule / copying schedule, time ratio; > 1: registered slower)
-//   1 MiB 1.5-1.6   4 MiB 1.08-1.18   16 MiB 0.96-1.0   64-256 MiB 1.0-1.05
-// (a profile puts 42% of the 1 MiB case in its copy-out: likely because every
-// rank there writes lines its peer has just read, still in the peer's L2;
-// the copying schedule writes private memory and rotating slots). So it
-// starts at 16 MiB; FASTPAR_SHM_REGISTERED_MIN_BYTES moves the line (0: always).
+// the traffic between cores, which bounds a 2-rank allreduce; below 16 MiB it
+// measured slower than the copying schedule (docs/measurements.md): each rank
+// writes lines its peer has just read, still in the peer's L2, where the
+// copying schedule writes private memory and rotating slots. So it starts at
+// 16 MiB; FASTPAR_SHM_REGISTERED_MIN_BYTES moves the line (0: always).
 constexpr int64_t kRegisteredMinBytes = int64_t(16) << 20;
 
 ShmTuning default_shm_tuning() { return ShmTuning{-1, AllreduceAlgo::kAuto, kRegisteredMinBytes}; }

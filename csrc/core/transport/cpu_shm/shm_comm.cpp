@@ -56,18 +56,9 @@ constexpr uint64_t kLivenessPeriodNs = 5 * 1000 * 1000;
 
 ShmOptions default_shm_options(std::chrono::milliseconds timeout) {
   ShmOptions o;
-  // 1 MiB slots (3 per rank, so 3 MiB of shm per rank whatever the message).
-  // bench_distributed.py, 2 ranks, best of 3, plain-tensor allreduce busbw in
-  // GB/s on the shared 2-core box (EPYC, 2 MiB L2 per core, 32 MiB L3), two
-  // sweeps at load averages ~8 and ~4:
-  //   slot      4 MiB        16 MiB       64 MiB
-  //   256 KiB   0.92 / 2.57  0.40 / 2.29  0.27 / 3.27
-  //   512 KiB     -  / 2.87    -  / 2.14    -  / 3.00
-  //   1 MiB     3.80 / 3.92  1.48 / 3.15  2.08 / 3.72
-  //   4 MiB     1.89 / 2.09  2.82 / 2.41  1.86 / 2.16
-  //   16 MiB    1.64 /  -    1.26 /  -    1.79 /  -
-  // 1 MiB is best or within the noise of it in both: chunks stay in L2 while
-  // the phases stay few.
+  // 1 MiB slots (3 per rank, so 3 MiB of shm per rank whatever the message):
+  // chunks stay in L2 while the phases stay few; the best slot size measured
+  // (docs/measurements.md).
   o.slot_bytes = int64_t(1) << 20;
   // Address space only: tmpfs commits a page when it is first touched.
   o.arena_bytes = int64_t(512) << 20;
