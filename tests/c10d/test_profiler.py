@@ -34,15 +34,6 @@ CALLS = {
 }
 
 
-@pytest.fixture
-def one_rank_group():
-    import fastpar  # noqa: F401  registers the backend
-
-    dist.init_process_group("fastpar", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
 def test_every_collective_has_a_named_range_with_its_shape(one_rank_group):
     t = torch.ones(6, 4)
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:

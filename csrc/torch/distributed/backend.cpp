@@ -690,6 +690,7 @@ and its engines for each group.)")
       .def_property_readonly("local_size", &Backend::local_size)
       .def_property_readonly("hierarchical_calls", &Backend::hierarchical_calls)
       .def_property_readonly("hosts_allreduce", &Backend::hosts_allreduce)
+      .def_property_readonly("shm_engine", &Backend::shm_engine)
       .def_property_readonly("cuda_engine", [](const Backend& b) -> py::object {
         // The CudaEngine or HierarchicalEngine (their own Python types), or None.
         if (!b.cuda_engine()) return py::none();

@@ -141,8 +141,9 @@ class Backend : public c10d::Backend {
   std::string hosts_allreduce() const;
   c10::intrusive_ptr<Engine> cuda_engine() const { return cuda_; }
   void set_allreduce_tuning(int64_t one_shot_max_bytes, int algo);
-  // This host's shared-memory engine's placement (shm_placement.h).
+  // This host's shared-memory engine (placement: shm_placement.h).
   ShmEngine& shm() { return *shm_; }
+  c10::intrusive_ptr<ShmEngine> shm_engine() const { return shm_; }
 
  private:
   // The engine for tensors like `t` (named `name` in `op`'s errors).

@@ -75,20 +75,21 @@ class CudaEngine : public Engine {
   void shutdown() override;
   void abort() override;
 
-  // Over IPC where the route says so, else the fallback; in the order of
-  // cuda_engine_collectives.cpp, then cuda_engine_p2p.cpp.
+  // Over IPC where the route says so, else the fallback. The reductions and
+  // the copies (cuda_engine_collectives.cpp):
   Work all_reduce(at::Tensor& t, const Call& c) override;
-  // all_reduce() without a Work or an event (cuda_engine_collectives.cpp).
+  // all_reduce() without a Work or an event.
   void all_reduce_now(at::Tensor& t, const Call& c) override;
   Work all_reduce_coalesced(std::vector<at::Tensor>& ts, const Call& c) override;
-  Work broadcast(at::Tensor& t, const Call& c) override;
   Work reduce(at::Tensor& t, const Call& c) override;
+  Work reduce_scatter(std::vector<at::Tensor>& outs, std::vector<at::Tensor>& ins, const Call& c) override;
+  Work broadcast(at::Tensor& t, const Call& c) override;
   Work all_gather(std::vector<at::Tensor>& outs, at::Tensor& in, const Call& c) override;
   Work all_gather_into(std::vector<at::Tensor>& outs, std::vector<at::Tensor>& ins, const Call& c) override;
-  Work reduce_scatter(std::vector<at::Tensor>& outs, std::vector<at::Tensor>& ins, const Call& c) override;
   Work gather(std::vector<at::Tensor>& outs, at::Tensor& in, const Call& c) override;
   Work scatter(at::Tensor& out, std::vector<at::Tensor>& ins, const Call& c) override;
   Work barrier(const Call& c) override;
+  // Pairs of ranks (cuda_engine_p2p.cpp):
   Work all_to_all(at::Tensor& out, at::Tensor& in, std::vector<int64_t>& out_splits, std::vector<int64_t>& in_splits,
                   const Call& c) override;
   Work send(at::Tensor& t, int peer, int tag) override;

@@ -90,11 +90,17 @@ class HierarchicalEngine : public Engine {
   void shutdown() override;
   void abort() override;
 
+  // local reduce, the leaders' all_reduce (or local reduce_scatter, the
+  // columns' all_reduce, local all_gather), local broadcast
   Work all_reduce(at::Tensor& t, const Call& c) override;
+  // local broadcast on the root's host, the leaders' broadcast, local broadcast elsewhere
   Work broadcast(at::Tensor& t, const Call& c) override;
+  // local reduce, the leaders' reduce to the root's host, into copies where the root does not lead
   Work reduce(at::Tensor& t, const Call& c) override;
+  // local gather to the leader, the leaders' exchange of host blocks, local broadcast
   Work all_gather(std::vector<at::Tensor>& outs, at::Tensor& in, const Call& c) override;
   Work all_gather_into(std::vector<at::Tensor>& outs, std::vector<at::Tensor>& ins, const Call& c) override;
+  // local reduce to the leader, the leaders' reduce_scatter of host blocks, local scatter
   Work reduce_scatter(std::vector<at::Tensor>& outs, std::vector<at::Tensor>& ins, const Call& c) override;
   // `world`'s.
   Work gather(std::vector<at::Tensor>& outs, at::Tensor& in, const Call& c) override;
