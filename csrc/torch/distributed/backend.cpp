@@ -460,7 +460,7 @@ Work Backend::alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>
     e.all_to_all(packed_out, packed_in, recv_arg, send_arg, Call::rooted(0, opts.timeout))->wait();
     int64_t off = 0;
     for (int q = 0; q < n; ++q) {
-      outputs[q].view({-1}).copy_(packed_out.narrow(0, off, recv[q]));
+      outputs[q].copy_(packed_out.narrow(0, off, recv[q]).view(outputs[q].sizes()));
       off += recv[q];
     }
     return enqueued_work(outputs);
@@ -479,6 +479,9 @@ Work Backend::barrier(const c10d::BarrierOptions& opts) {
 }
 
 void Backend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {
+  // Several hosts: gloo's own over every rank (gloo's point to point takes no
+  // tag outside a user's, which the one below is).
+  if (cpu_hier_) return cpu_hier_->world()->monitoredBarrier(opts, wait_all_ranks);
   Engine& e = cpu_engine();
   // One byte each way over point to point, on a tag no user send can have.
   constexpr int kTag = INT32_MIN + 7;

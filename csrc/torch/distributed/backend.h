@@ -112,7 +112,8 @@ class Backend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
   // As gloo's, over the CPU engine's send / recv: rank 0 waits for every rank
   // within the timeout and names the ranks that did not arrive (all of them
-  // with wait_all_ranks), then lets them go; the others wait for rank 0.
+  // with wait_all_ranks), then lets them go; the others wait for rank 0. On
+  // several hosts, gloo's own over every rank.
   void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) override;
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) override;
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) override;
