@@ -55,3 +55,15 @@ def small_chunks():
     fastpar._C._set_ring_segment_bytes(64)
     yield
     fastpar._C._set_ring_segment_bytes(old)
+
+
+@pytest.fixture
+def one_rank_group():
+    """A fastpar group of this process alone (world size 1, a HashStore)."""
+    import torch.distributed as dist
+
+    import fastpar  # noqa: F401  registers the backend
+
+    dist.init_process_group("fastpar", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()

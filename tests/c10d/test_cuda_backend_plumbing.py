@@ -118,7 +118,9 @@ def test_fallback_is_required():
 
 def test_calls_without_ipc_schedule_go_to_the_fallback():
     cb = make()
-    cb.barrier().wait()
+    opts = dist.BarrierOptions()
+    opts.device_ids = [0]  # a barrier naming a CUDA device reaches the CUDA engine
+    front(cb).barrier(opts).wait()
     assert cb.ipc_state == "not set up"  # only a CUDA collective with an IPC schedule sets IPC up
     assert cb.ipc_calls == 0
 

@@ -104,11 +104,14 @@ def sc_root_and_alltoall():
     check_equal(o, want, "all_to_all_single, splits equal on rank 0 only", True)
     if ipc:
         assert cb.ipc_calls == calls0 + 3, (cb.ipc_calls, calls0)
-        # The CUDA backend's own barrier (what a "cpu:gloo,cuda:fastpar" group
-        # reaches): one IPC phase, and wait() returns once every rank arrived.
+        # The CUDA engine's own barrier (what a barrier naming the device
+        # reaches, as a "cpu:gloo,cuda:fastpar" group's does): one IPC phase,
+        # and wait() returns once every rank arrived.
         fb = cb.fallback_calls
+        opts = dist.BarrierOptions()
+        opts.device_ids = [torch.device(DEV).index]
         for _ in range(3):
-            cb.barrier().wait()
+            fd.get_fastpar_backend(device_type="cuda").barrier(opts).wait()
         assert cb.ipc_calls == calls0 + 6 and cb.fallback_calls == fb, (cb.ipc_calls, cb.fallback_calls)
     torch.cuda.synchronize()
     dist.barrier()

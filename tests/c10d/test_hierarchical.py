@@ -474,9 +474,10 @@ def test_a_bad_hosts_knob_is_refused_by_name(name, value, message):
 @scenario
 def sc_composed_hierarchical():
     """fastpar._C.HierarchicalEngine (the CUDA path's composition on several
-    hosts) over CPU stand-ins: a fastpar group per fake host as `local`, gloo
-    among the leaders and over the world; one group per layout in ARGS
-    ("AABB": ranks 0,1 on host A, 2,3 on B), through torch.distributed."""
+    hosts) over CPU stand-ins: the shared-memory engine of a fastpar group per
+    fake host as `local`, gloo among the leaders and over the world; one group
+    per layout in ARGS ("AABB": ranks 0,1 on host A, 2,3 on B), behind a front
+    of its own, through torch.distributed."""
     init()
     for spec in ARGS:
         layout, _, schedule = spec.partition("/")
@@ -486,7 +487,7 @@ def sc_composed_hierarchical():
         for h in range(len(hosts)):  # new_group is collective: every rank creates every host's group
             g = dist.new_group([r for r in range(WORLD) if host_of[r] == h], backend="fastpar")
             if host_of[RANK] == h:
-                local = fd.get_fastpar_backend(g)
+                local = fd.get_fastpar_backend(g).shm_engine
         leaders = [host_of.index(h) for h in range(len(hosts))]
         lg = dist.new_group(leaders, backend="gloo")
         leaders_be = lg._get_backend(torch.device("cpu")) if RANK in leaders else None
@@ -501,7 +502,8 @@ def sc_composed_hierarchical():
         hb = fastpar._C.HierarchicalEngine(RANK, WORLD, host_of, local, leaders_be, world_be, columns_be)
         assert hb.hosts_allreduce == (schedule or "leaders"), hb.hosts_allreduce
         name = f"fastpar_composed_{layout.lower()}_{schedule or 'leaders'}"
-        dist.Backend.register_backend(name, lambda *_: hb, devices=["cpu"])
+        front = fastpar._C.Backend(RANK, WORLD, 60_000, local, hierarchical=hb)
+        dist.Backend.register_backend(name, lambda *_: front, devices=["cpu"])
         g = dist.new_group(list(range(WORLD)), backend=name)
         x = exact_data(RANK, 1000, torch.float32)
         dist.all_reduce(x, op=dist.ReduceOp.AVG, group=g)

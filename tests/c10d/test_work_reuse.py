@@ -1,18 +1,6 @@
 """dist.all_reduce on a CPU fastpar group hands out the previous call's Work
 again once nobody holds it (shm_engine.cpp, recycle): a Work the caller keeps
 must keep its own tensors and future whatever calls follow."""
-import pytest
-
-
-@pytest.fixture
-def one_rank_group():
-    import torch.distributed as dist
-
-    import fastpar  # noqa: F401  registers the backend
-
-    dist.init_process_group("fastpar", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def test_kept_work_keeps_its_result(one_rank_group):

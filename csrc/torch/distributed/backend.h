@@ -10,10 +10,10 @@
 //                 host: CUDA IPC, NCCL as its fallback) or HierarchicalEngine
 //                 over CudaEngines (NCCL between hosts); none in CPU-only
 //                 builds or without a GPU, and CUDA tensors then get an error
-// Forms torch spells several ways (list / flat / coalesced, the torchcomms
-// `*_single` names of torch 2.14) reach the engines as the forms they
-// implement (engine.h), so adding a collective means one method here, the
-// engines that have their own path for it, and one test.
+// It alone speaks c10d: forms torch spells several ways (list / flat /
+// coalesced, the torchcomms `*_single` names of torch 2.14) reach the engines
+// as the operations of engine.h, in fastpar's types, so adding a collective
+// means one method here, one entry per engine and one test.
 //
 // Coalescing (startCoalescing / endCoalescing, which batch_isend_irecv and
 // torch's coalescing manager use): the calls in between run as they come
@@ -69,7 +69,8 @@ class Backend : public c10d::Backend {
                                            const c10d::BroadcastOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts) override;
-  // Sparse tensors (COO), as gloo: SUM only (engine.h).
+  // Sparse tensors (COO), as gloo: SUM only; every rank's indices and values
+  // gathered, summed in rank order, copied back into the input.
   c10::intrusive_ptr<c10d::Work> allreduce_sparse(std::vector<at::Tensor>& tensors,
                                                   const c10d::AllreduceOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
@@ -109,7 +110,10 @@ class Backend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
                                           const c10d::AllToAllOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
-  // As gloo's, on the CPU engine (engine.h).
+  // As gloo's, over the CPU engine's send / recv: rank 0 waits for every rank
+  // within the timeout and names the ranks that did not arrive (all of them
+  // with wait_all_ranks), then lets them go; the others wait for rank 0. On
+  // several hosts, gloo's own over every rank.
   void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) override;
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) override;
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) override;
@@ -129,7 +133,7 @@ class Backend : public c10d::Backend {
   at::Tensor registered_empty(const std::vector<int64_t>& sizes, at::ScalarType dtype, const at::Device& device);
   bool is_registered(const at::Tensor& t) const;
   bool hierarchical() const { return bool(cpu_hier_); }
-  int local_size() const { return shm_->getSize(); }
+  int local_size() const { return shm_->size(); }
   // Collectives this rank ran with a hierarchical schedule (tests check an op
   // did not go to the world gloo group).
   int64_t hierarchical_calls() const;
@@ -138,25 +142,27 @@ class Backend : public c10d::Backend {
   std::string hosts_allreduce() const;
   c10::intrusive_ptr<Engine> cuda_engine() const { return cuda_; }
   void set_allreduce_tuning(int64_t one_shot_max_bytes, int algo);
-  // This host's shared-memory engine's placement (shm_placement.h).
+  // This host's shared-memory engine (placement: shm_placement.h).
   ShmEngine& shm() { return *shm_; }
+  c10::intrusive_ptr<ShmEngine> shm_engine() const { return shm_; }
 
  private:
   // The engine for tensors like `t` (named `name` in `op`'s errors).
   Engine& engine_for(const char* op, const std::string& name, const at::Tensor& t);
   // The engine for CPU tensors and for calls that name no tensor.
-  Engine& cpu_engine() { return cpu_hier_ ? *cpu_hier_ : static_cast<Engine&>(*shm_); }
+  Engine& cpu_engine() { return cpu_hier_ ? static_cast<Engine&>(*cpu_hier_) : static_cast<Engine&>(*shm_); }
   // A checked call on tensors like `t`: `call(engine, staging)` runs it on
   // engine_for(op, name, t) with its tensors passed through `staging`
   // (staging.h: CPU tensors that are not contiguous go as contiguous copies,
   // copied back once the Work is done); the Work is recorded.
-  template <class Call>
-  c10::intrusive_ptr<c10d::Work> dispatch(const char* op, const std::string& name, const at::Tensor& t, Call&& call);
-  // Runs `call` (it returns the call's Work) and counts it; inside a
-  // coalescing block, keeps its Work for endCoalescing, and a failure
-  // becomes that Work's error (backend.cpp says why).
-  template <class Call>
-  c10::intrusive_ptr<c10d::Work> record(Call&& call);
+  template <class F>
+  c10::intrusive_ptr<c10d::Work> dispatch(const char* op, const std::string& name, const at::Tensor& t, F&& call);
+  // Runs `call` (it returns the call's Work) in the profiler's range
+  // "fastpar:<op>" (call_range.h) and counts it; inside a coalescing block,
+  // keeps its Work for endCoalescing, and a failure becomes that Work's error
+  // (backend.cpp says why).
+  template <class F>
+  c10::intrusive_ptr<c10d::Work> record(const char* op, const at::Tensor& input, F&& call);
 
   std::chrono::milliseconds timeout_;
   c10::intrusive_ptr<ShmEngine> shm_;
@@ -165,6 +171,7 @@ class Backend : public c10d::Backend {
   std::atomic<uint64_t> calls_{0};
   std::mutex coalescing_mu_;
   std::optional<std::vector<c10::intrusive_ptr<c10d::Work>>> coalesced_;  // set between start/endCoalescing
+  std::vector<c10::intrusive_ptr<c10d::Work>> late_tokens_;  // monitoredBarrier's unanswered receives
 };
 
 // Adds fastpar._C.Engine, Backend, ShmEngine, HierarchicalEngine and the

@@ -47,7 +47,7 @@ CudaEngine::CudaEngine(c10::intrusive_ptr<c10d::Store> store, int rank, int size
                        c10::intrusive_ptr<c10d::Backend> fallback, const CudaKnobs& knobs)
     : Engine(rank, size),
       store_(std::move(store)),
-      fallback_(std::move(fallback)),
+      fallback_(c10d_engine(std::move(fallback), rank, /*between_hosts=*/false)),
       timeout_(timeout),
       max_ipc_bytes_(knobs.ipc_max_bytes),
       slot_bytes_(knobs.ipc_slot_bytes),
@@ -66,16 +66,12 @@ CudaEngine::~CudaEngine() {
   drop_without_gil(fallback_);  // NCCL's destructor joins its watchdog thread
 }
 
-c10::intrusive_ptr<c10d::Backend::Options> CudaEngine::getBackendOptions() {
-  return c10::make_intrusive<Options>("fastpar", timeout_);
-}
-
-void CudaEngine::setTimeout(std::chrono::milliseconds timeout) {
+void CudaEngine::set_timeout(std::chrono::milliseconds timeout) {
   {
     std::lock_guard<std::mutex> g(mu_);
     timeout_ = timeout;
   }
-  fallback_->setTimeout(timeout);
+  fallback_->set_timeout(timeout);
 }
 
 void CudaEngine::shutdown() {
@@ -130,7 +126,7 @@ void CudaEngine::release_ipc(bool farewell) noexcept {
   // still alive may read our arena, so it is abandoned, not freed.
   const bool healthy = link->watcher.dead_rank() < 0 && !link->aborted.load() && link->ep->host_status() == 0;
   const bool all_done = disconnected && farewell && healthy &&
-                        ipc_farewell(*store_, getRank(), getSize(), std::min(timeout_, kFarewellMax));
+                        ipc_farewell(*store_, rank(), size(), std::min(timeout_, kFarewellMax));
   // A registered tensor still alive lives in the arena: it stays allocated
   // (until the process exits) rather than freed under the tensor.
   if (all_done && registered_->live() == 0) {
@@ -151,8 +147,8 @@ void CudaEngine::set_up(int device) {
   // a failed setup (a rank missing, knobs differing) leaves the group on the
   // fallback rather than retrying against stale keys.
   set_up_ = true;
-  if (getSize() > cuda_ipc::kMaxIpcRanks) {
-    why_not_ = "the group has " + std::to_string(getSize()) + " ranks, more than the " +
+  if (size() > cuda_ipc::kMaxIpcRanks) {
+    why_not_ = "the group has " + std::to_string(size()) + " ranks, more than the " +
                std::to_string(cuda_ipc::kMaxIpcRanks) + " CUDA IPC handles";
     return;
   }
@@ -167,7 +163,7 @@ void CudaEngine::set_up(int device) {
   }
   IpcRendezvous rv;
   try {
-    rv = ipc_rendezvous(*store_, getRank(), getSize(), device, max_ipc_bytes_, slot_bytes_, registered_->bytes(),
+    rv = ipc_rendezvous(*store_, rank(), size(), device, max_ipc_bytes_, slot_bytes_, registered_->bytes(),
                         timeout_);
   } catch (const std::exception& e) {
     why_not_ = std::string("setup failed: ") + e.what();
@@ -186,7 +182,7 @@ void CudaEngine::set_up(int device) {
     link->ep->comm().gpu_sharers = rv.ranks_on_my_gpu;  // the data kernels' grids share the GPU
     link->ep->comm().fused_grid_blocks = rv.fused_grid_blocks;
     set_schedules(link->ep->comm());
-    link->watch(std::move(rv.pids), getRank());
+    link->watch(std::move(rv.pids), rank());
     std::atomic_store(&link_, std::move(link));
   }
 }
@@ -277,7 +273,7 @@ void CudaEngine::tune(const std::vector<std::string>& models) {
   fused_collectives_.tuned = t->fused_collectives;
   gpu_fence_scope_.tuned = t->gpu_fence_scope;
   per_peer_waits_.tuned = t->per_peer_waits;
-  const auto limit = t->one_shot_max_bytes.find(getSize());
+  const auto limit = t->one_shot_max_bytes.find(size());
   if (limit != t->one_shot_max_bytes.end()) tuned_one_shot_max_bytes_ = limit->second;
   tuning_ = t->source.empty() ? models[0] : models[0] + ": " + t->source;
 }
@@ -337,7 +333,7 @@ cuda_ipc::RouteQuery CudaEngine::query_for(const char* op, const at::Tensor& t) 
   q.op_supported = true;
   q.contiguous = t.is_contiguous();
   q.on_rank_device = t.get_device() == device_;
-  q.world_size = getSize();
+  q.world_size = size();
   q.max_ipc_bytes = max_ipc_bytes_;
   q.fallback_usable = !group_shares_gpu_;
   return q;
@@ -365,8 +361,8 @@ c10::cuda::CUDAStream CudaEngine::begin_ipc(const char* op, int device, std::chr
   // enqueue first (its own abort word then makes the status read "aborted").
   const cudaError_t enqueue = link_->ep->enqueue_error();
   TORCH_CHECK_WITH(DistBackendError, enqueue == cudaSuccess,
-                   cuda_ipc::enqueue_failure_message(op, getRank(), enqueue, /*earlier=*/true));
-  link_->throw_if_failed(op, getRank(), timeout);
+                   cuda_ipc::enqueue_failure_message(op, rank(), enqueue, /*earlier=*/true));
+  link_->throw_if_failed(op, rank(), timeout);
   const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream(device);
   // A replay repeats the kernels' arguments as captured; every schedule but
   // the graphed all_reduce takes its phase numbers and slots from host
@@ -398,12 +394,12 @@ c10::cuda::CUDAStream CudaEngine::begin_ipc(const char* op, int device, std::chr
   return stream;
 }
 
-c10::intrusive_ptr<c10d::Work> CudaEngine::ipc_work(c10d::OpType type, const char* op,
+Work CudaEngine::ipc_work(c10d::OpType type, const char* op,
                                                      std::vector<at::Tensor> outputs,
                                                      const c10::cuda::CUDAStream& stream,
                                                      std::chrono::milliseconds timeout, bool host_wait) {
   return c10::make_intrusive<IpcWork>(type, op, std::move(outputs), stream, call_captured_, ipc_event(), link_,
-                                      getRank(), timeout, blocking_wait_ || host_wait);
+                                      rank(), timeout, blocking_wait_ || host_wait);
 }
 
 at::Tensor CudaEngine::registered_empty(const std::vector<int64_t>& sizes, at::ScalarType dtype, int device) {
@@ -435,7 +431,7 @@ at::Tensor CudaEngine::registered_empty(const std::vector<int64_t>& sizes, at::S
   if (err == cudaSuccess) C10_CUDA_CHECK(cudaStreamSynchronize(stream.stream()));
   try {
     C10_CUDA_CHECK(err);
-    link_->throw_if_failed("registered_empty", getRank(), timeout_);
+    link_->throw_if_failed("registered_empty", rank(), timeout_);
   } catch (...) {
     registered_->free(off);
     throw;

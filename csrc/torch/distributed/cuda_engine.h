@@ -54,6 +54,7 @@
 #include "../../core/transport/collective_call.h"  // kForeignDType
 #include "../dtypes.h"  // maybe_dtype
 #include "cuda_event_pool.h"
+#include "c10d_engine.h"
 #include "cuda_ipc_work.h"
 #include "engine.h"
 #include "cuda_tuning.h"
@@ -70,55 +71,29 @@ class CudaEngine : public Engine {
              c10::intrusive_ptr<c10d::Backend> fallback, const CudaKnobs& knobs);
   ~CudaEngine() override;
 
-  c10::intrusive_ptr<Options> getBackendOptions() override;
-  void setTimeout(std::chrono::milliseconds timeout) override;
+  void set_timeout(std::chrono::milliseconds timeout) override;
   void shutdown() override;
   void abort() override;
 
-  // Over IPC where the route says so, else the fallback; in the order of
-  // cuda_engine_collectives.cpp, then cuda_engine_p2p.cpp.
-  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
-                                           const c10d::AllreduceOptions& opts) override;
-  // allreduce() without a Work or an event (cuda_engine_collectives.cpp).
-  void allreduce_direct(at::Tensor& t, const c10d::AllreduceOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
-                                                     const c10d::AllreduceCoalescedOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
-                                           const c10d::BroadcastOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
-                                           std::vector<at::Tensor>& inputs,
-                                           const c10d::AllgatherOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
-                                                 const c10d::AllgatherOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
-                                                                 std::vector<at::Tensor>& inputs,
-                                                                 const c10d::AllgatherOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
-                                                     std::vector<at::Tensor>& inputs,
-                                                     const c10d::AllgatherOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
-                                                std::vector<std::vector<at::Tensor>>& inputs,
-                                                const c10d::ReduceScatterOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
-                                                      const c10d::ReduceScatterOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
-                                                                 std::vector<at::Tensor>& inputs,
-                                                                 const c10d::ReduceScatterOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
-                                        const c10d::GatherOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
-                                         const c10d::ScatterOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
-                                               std::vector<int64_t>& output_split_sizes,
-                                               std::vector<int64_t>& input_split_sizes,
-                                               const c10d::AllToAllOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
-                                          const c10d::AllToAllOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) override;
-  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) override;
-  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
+  // Over IPC where the route says so, else the fallback. The reductions and
+  // the copies (cuda_engine_collectives.cpp):
+  Work all_reduce(at::Tensor& t, const Call& c) override;
+  // all_reduce() without a Work or an event.
+  void all_reduce_now(at::Tensor& t, const Call& c) override;
+  Work all_reduce_coalesced(std::vector<at::Tensor>& ts, const Call& c) override;
+  Work reduce(at::Tensor& t, const Call& c) override;
+  Work reduce_scatter(std::vector<at::Tensor>& outs, std::vector<at::Tensor>& ins, const Call& c) override;
+  Work broadcast(at::Tensor& t, const Call& c) override;
+  Work all_gather(std::vector<at::Tensor>& outs, at::Tensor& in, const Call& c) override;
+  Work all_gather_into(std::vector<at::Tensor>& outs, std::vector<at::Tensor>& ins, const Call& c) override;
+  Work gather(std::vector<at::Tensor>& outs, at::Tensor& in, const Call& c) override;
+  Work scatter(at::Tensor& out, std::vector<at::Tensor>& ins, const Call& c) override;
+  Work barrier(const Call& c) override;
+  // Pairs of ranks (cuda_engine_p2p.cpp):
+  Work all_to_all(at::Tensor& out, at::Tensor& in, std::vector<int64_t>& out_splits, std::vector<int64_t>& in_splits,
+                  const Call& c) override;
+  Work send(at::Tensor& t, int peer, int tag) override;
+  Work recv(at::Tensor& t, int peer, int tag) override;
 
   // Sets IPC up now on `device`, if not yet: a collective call, like the
   // lazy setup at the first collective. fastpar.distributed calls it when
@@ -159,7 +134,7 @@ class CudaEngine : public Engine {
   // entry's for its rank count, else the default.
   int64_t one_shot_max_bytes() const {
     const int64_t set = one_shot_max_bytes_, tuned = tuned_one_shot_max_bytes_;
-    return set >= 0 ? set : tuned >= 0 ? tuned : cuda_ipc::default_one_shot_max_bytes(getSize());
+    return set >= 0 ? set : tuned >= 0 ? tuned : cuda_ipc::default_one_shot_max_bytes(size());
   }
   bool blocking_wait() const { return blocking_wait_; }
   // FASTPAR_CUDA_IPC_TWO_SHOT: "fused" or "steps". The setter (benchmarks:
@@ -190,7 +165,8 @@ class CudaEngine : public Engine {
   void apply_tuning(const std::vector<std::string>& models);
   // The entry in force, "<model>: <source>", or why none is.
   std::string ipc_tuning() const;
-  c10::intrusive_ptr<c10d::Backend> fallback() const { return fallback_; }
+  // The NCCL group the fallback runs on.
+  c10::intrusive_ptr<c10d::Backend> fallback() const { return fallback_->inner(); }
 
  private:
   void set_up(int device);  // the lazy, collective IPC setup (mu_ held)
@@ -198,7 +174,7 @@ class CudaEngine : public Engine {
   // The shape of every IPC collective (cuda_engine_collectives.cpp): route,
   // then launch on the caller's stream or hand the call to the fallback.
   template <class Adjust, class Launch, class Fallback>
-  c10::intrusive_ptr<c10d::Work> run(const char* op, c10d::OpType type, const at::Tensor& t,
+  Work run(const char* op, c10d::OpType type, const at::Tensor& t,
                                      std::chrono::milliseconds given_timeout, std::vector<at::Tensor> outputs,
                                      Adjust&& adjust, Launch&& launch, Fallback&& fallback, bool capturable = false);
   template <class Adjust, class Launch>
@@ -241,8 +217,7 @@ class CudaEngine : public Engine {
                                           const c10::cuda::CUDAStream& stream, std::chrono::milliseconds timeout,
                                           bool host_wait = false);
   // send / recv over the IPC rings (ipc_p2p.h) where set up and routed, else the fallback.
-  c10::intrusive_ptr<c10d::Work> point_to_point(const char* op, std::vector<at::Tensor>& tensors, int peer, int tag,
-                                                bool is_send);
+  Work point_to_point(const char* op, at::Tensor& t, int peer, int tag, bool is_send);
   // all_to_all with per-rank sizes over the p2p rings (mu_ held): rank r's
   // ins[q] (in_bytes[q]) lands in rank q's outs[r]; every pair's send and
   // receive on the pair's streams, the own block copied on the caller's
@@ -258,18 +233,7 @@ class CudaEngine : public Engine {
                                                   const std::vector<at::Tensor>& keep, std::vector<at::Tensor> outputs,
                                                   std::chrono::milliseconds timeout,
                                                   const std::function<void()>& after);
-  // all_gather_into_tensor and reduce_scatter_tensor, single (one pair) and
-  // coalesced: per pair, inputs[i] into rank blocks of outputs[i] / rank
-  // blocks of inputs[i] reduced into outputs[i]; `fallback` serves the call
-  // where the route refuses it.
-  c10::intrusive_ptr<c10d::Work> allgather_flat(const char* op, c10d::OpType type, std::vector<at::Tensor>& outputs,
-                                                std::vector<at::Tensor>& inputs, std::chrono::milliseconds timeout,
-                                                const std::function<c10::intrusive_ptr<c10d::Work>()>& fallback);
-  c10::intrusive_ptr<c10d::Work> reduce_scatter_flat(const char* op, c10d::OpType type,
-                                                     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
-                                                     const c10d::ReduceOp& reduce_op,
-                                                     std::chrono::milliseconds timeout,
-                                                     const std::function<c10::intrusive_ptr<c10d::Work>()>& fallback);
+
   // This rank's stream for messages to (is_send) or from `peer` (mu_ held).
   c10::cuda::CUDAStream p2p_stream(int peer, bool is_send);
 
@@ -281,7 +245,7 @@ class CudaEngine : public Engine {
   void tune(const std::vector<std::string>& models);
 
   c10::intrusive_ptr<c10d::Store> store_;
-  c10::intrusive_ptr<c10d::Backend> fallback_;
+  c10::intrusive_ptr<C10dEngine> fallback_;
   std::chrono::milliseconds timeout_;
   int64_t max_ipc_bytes_;
   int64_t slot_bytes_;
@@ -350,10 +314,9 @@ struct StagedOutputs {
   }
 };
 
-// Whether `op` reduces `dt` on the kernels: the route's op_supported.
-inline bool reduces(const std::optional<DType>& dt, const c10d::ReduceOp& op) {
-  const int v = int(op.op_);
-  return dt.has_value() && v >= 0 && v <= 4;  // every op reduces every kernel dtype
+// Whether the call's op reduces `dt` on the kernels: the route's op_supported.
+inline bool reduces(const std::optional<DType>& dt, const Call& c) {
+  return dt.has_value() && !c.foreign && int(c.op) <= int(ReduceOp::MAX);  // every op reduces every kernel dtype
 }
 
 }  // namespace cuda_args

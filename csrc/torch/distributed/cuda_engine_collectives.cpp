@@ -56,13 +56,11 @@ std::optional<Stream> CudaEngine::try_ipc(const char* op, const at::Tensor& t, s
 
 namespace {
 
-ReduceOp reduction(const c10d::ReduceOp& op) { return ReduceOp(int(op.op_)); }
-
 // The route's view of a reduction over tensors of `t`'s dtype.
-auto reducing(const at::Tensor& t, const c10d::ReduceOp& op) {
-  return [dt = maybe_dtype(t.scalar_type()), op](RouteQuery& q) {
+auto reducing(const at::Tensor& t, const Call& c) {
+  return [dt = maybe_dtype(t.scalar_type()), &c](RouteQuery& q) {
     q.dtype_supported = q.dtype_supported && dt.has_value();
-    q.op_supported = q.op_supported && reduces(dt, op);
+    q.op_supported = q.op_supported && reduces(dt, c);
   };
 }
 
@@ -96,7 +94,7 @@ void CudaEngine::launch_allreduce(IpcComm& c, const Stream& stream, const RouteQ
                       " bytes, but tensors[0] has ", q.nbytes, " bytes");
     if (t.numel() > 0)
       C10_CUDA_CHECK(cuda_ipc::allreduce_graphed(c, dt, rop, t.const_data_ptr(), t.data_ptr(), t.numel(), stream));
-  } else if (t.numel() > 0 && getSize() > 1) {
+  } else if (t.numel() > 0 && size() > 1) {
     const int64_t reg = registered_offset(t);
     if (cuda_ipc::prefer_one_shot(q.nbytes, c, one_shot_max_bytes())) {
       C10_CUDA_CHECK(cuda_ipc::allreduce_one_shot(c, dt, rop, t.const_data_ptr(), t.data_ptr(), t.numel(), stream));
@@ -110,32 +108,28 @@ void CudaEngine::launch_allreduce(IpcComm& c, const Stream& stream, const RouteQ
   }
 }
 
-Work CudaEngine::allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
-  at::Tensor& t = tensors[0];
-  const ReduceOp rop = reduction(opts.reduceOp);
+Work CudaEngine::all_reduce(at::Tensor& t, const Call& c) {
   return run(
-      "all_reduce", c10d::OpType::ALLREDUCE, t, opts.timeout, tensors, reducing(t, opts.reduceOp),
-      [&](IpcComm& c, const Stream& stream, const RouteQuery& q) { launch_allreduce(c, stream, q, t, rop); },
-      [&] { return fallback_->allreduce(tensors, opts); }, /*capturable=*/true);
+      "all_reduce", c10d::OpType::ALLREDUCE, t, c.timeout, {t}, reducing(t, c),
+      [&](IpcComm& comm, const Stream& stream, const RouteQuery& q) { launch_allreduce(comm, stream, q, t, c.op); },
+      [&] { return fallback_->all_reduce(t, c); }, /*capturable=*/true);
 }
 
-// allreduce() without the Work, and so without its event: the kernels are on
+// all_reduce() without the Work, and so without its event: the kernels are on
 // the caller's current stream already, which is all the Work's wait() would
 // order. What else wait() does stays: the host blocks where it would (the
 // knob, a dead or aborted peer; never in a capture) and a failure this rank
 // has recorded is raised.
-void CudaEngine::allreduce_direct(at::Tensor& t, const c10d::AllreduceOptions& opts) {
+void CudaEngine::all_reduce_now(at::Tensor& t, const Call& c) {
   std::unique_lock<std::mutex> g(mu_);
   c10::cuda::CUDAGuard guard(t.device());
-  const std::chrono::milliseconds timeout = call_timeout(opts.timeout, timeout_);
-  const ReduceOp rop = reduction(opts.reduceOp);
+  const std::chrono::milliseconds timeout = call_timeout(c.timeout, timeout_);
   const std::optional<Stream> stream = try_ipc(
-      "all_reduce", t, timeout, g, reducing(t, opts.reduceOp),
-      [&](IpcComm& c, const Stream& s, const RouteQuery& q) { launch_allreduce(c, s, q, t, rop); },
+      "all_reduce", t, timeout, g, reducing(t, c),
+      [&](IpcComm& comm, const Stream& s, const RouteQuery& q) { launch_allreduce(comm, s, q, t, c.op); },
       /*capturable=*/true);
   if (!stream) {
-    std::vector<at::Tensor> ts{t};
-    fallback_->allreduce(ts, opts)->wait();
+    fallback_->all_reduce(t, c)->wait();
     return;
   }
   ++direct_calls_;
@@ -144,249 +138,171 @@ void CudaEngine::allreduce_direct(at::Tensor& t, const c10d::AllreduceOptions& o
   g.unlock();
   if (!captured && (blocking_wait_ || link->must_block()))
     C10_CUDA_CHECK(cudaStreamSynchronize(stream->stream()));
-  link->throw_if_failed("all_reduce", getRank(), timeout);
+  link->throw_if_failed("all_reduce", rank(), timeout);
 }
 
-Work CudaEngine::allreduce_coalesced(std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
+Work CudaEngine::all_reduce_coalesced(std::vector<at::Tensor>& tensors, const Call& c) {
   return run(
-      "all_reduce_coalesced", c10d::OpType::ALLREDUCE_COALESCED, tensors[0], opts.timeout, tensors,
+      "all_reduce_coalesced", c10d::OpType::ALLREDUCE_COALESCED, tensors[0], c.timeout, tensors,
       [&](RouteQuery& q) {
         for (const at::Tensor& t : tensors) {
-          reducing(t, opts.reduceOp)(q);
+          reducing(t, c)(q);
           also(q, t, device_);
           q.nbytes = std::max<int64_t>(q.nbytes, int64_t(t.nbytes()));
         }
       },
-      [&](IpcComm& c, const Stream& stream, const RouteQuery&) {
+      [&](IpcComm& comm, const Stream& stream, const RouteQuery&) {
         for (at::Tensor& t : tensors) {
-          if (t.numel() == 0 || getSize() == 1) continue;  // as all_reduce: every rank skips the same entries
+          if (t.numel() == 0 || size() == 1) continue;  // as all_reduce: every rank skips the same entries
           const DType dt = *maybe_dtype(t.scalar_type());
-          const auto launch = cuda_ipc::prefer_one_shot(int64_t(t.nbytes()), c, one_shot_max_bytes())
+          const auto launch = cuda_ipc::prefer_one_shot(int64_t(t.nbytes()), comm, one_shot_max_bytes())
                                   ? cuda_ipc::allreduce_one_shot
                                   : cuda_ipc::allreduce_two_shot;
-          C10_CUDA_CHECK(launch(c, dt, reduction(opts.reduceOp), t.const_data_ptr(), t.data_ptr(), t.numel(), stream));
+          C10_CUDA_CHECK(launch(comm, dt, c.op, t.const_data_ptr(), t.data_ptr(), t.numel(), stream));
         }
       },
-      [&] { return fallback_->allreduce_coalesced(tensors, opts); });
+      [&] { return fallback_->all_reduce_coalesced(tensors, c); });
 }
 
-Work CudaEngine::broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) {
-  at::Tensor& t = tensors[0];
+Work CudaEngine::broadcast(at::Tensor& t, const Call& c) {
   return run(
-      "broadcast", c10d::OpType::BROADCAST, t, opts.timeout, tensors, nothing,
-      [&](IpcComm& c, const Stream& stream, const RouteQuery&) {
+      "broadcast", c10d::OpType::BROADCAST, t, c.timeout, {t}, nothing,
+      [&](IpcComm& comm, const Stream& stream, const RouteQuery&) {
         // Every call runs its phases, even with one rank or no bytes: the
         // descriptor check is what catches a desynced peer.
-        C10_CUDA_CHECK(cuda_ipc::broadcast_ipc(c, descriptor_dtype(t), t.numel(), t.data_ptr(), int64_t(t.nbytes()),
-                                               int(opts.rootRank), stream));
+        C10_CUDA_CHECK(cuda_ipc::broadcast_ipc(comm, descriptor_dtype(t), t.numel(), t.data_ptr(),
+                                               int64_t(t.nbytes()), c.root, stream));
       },
-      [&] { return fallback_->broadcast(tensors, opts); });
+      [&] { return fallback_->broadcast(t, c); });
 }
 
-Work CudaEngine::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) {
-  at::Tensor& t = tensors[0];
+Work CudaEngine::reduce(at::Tensor& t, const Call& c) {
   return run(
-      "reduce", c10d::OpType::REDUCE, t, opts.timeout, tensors, reducing(t, opts.reduceOp),
-      [&](IpcComm& c, const Stream& stream, const RouteQuery&) {
-        C10_CUDA_CHECK(cuda_ipc::reduce_ipc(c, *maybe_dtype(t.scalar_type()), reduction(opts.reduceOp),
-                                            t.const_data_ptr(), t.data_ptr(), t.numel(), int(opts.rootRank), stream));
+      "reduce", c10d::OpType::REDUCE, t, c.timeout, {t}, reducing(t, c),
+      [&](IpcComm& comm, const Stream& stream, const RouteQuery&) {
+        C10_CUDA_CHECK(cuda_ipc::reduce_ipc(comm, *maybe_dtype(t.scalar_type()), c.op, t.const_data_ptr(),
+                                            t.data_ptr(), t.numel(), c.root, stream));
       },
-      [&] { return fallback_->reduce(tensors, opts); });
+      [&] { return fallback_->reduce(t, c); });
 }
 
 // Output lists are routed by the input (what torch makes equal on every
 // rank); entries that are not contiguous are staged (StagedOutputs).
-Work CudaEngine::allgather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
-                           const c10d::AllgatherOptions& opts) {
-  const at::Tensor& in = inputs[0];
+Work CudaEngine::all_gather(std::vector<at::Tensor>& outs, at::Tensor& in, const Call& c) {
   return run(
-      "all_gather", c10d::OpType::ALLGATHER, in, opts.timeout, outputs[0],
+      "all_gather", c10d::OpType::ALLGATHER, in, c.timeout, outs,
       [&](RouteQuery& q) {
-        for (const at::Tensor& o : outputs[0]) also(q, o, device_, /*need_contiguous=*/false);
+        for (const at::Tensor& o : outs) also(q, o, device_, /*need_contiguous=*/false);
       },
-      [&](IpcComm& c, const Stream& stream, const RouteQuery&) {
+      [&](IpcComm& comm, const Stream& stream, const RouteQuery&) {
         StagedOutputs staged;
-        void* outs[cuda_ipc::kMaxIpcRanks];
-        for (int r = 0; r < getSize(); ++r) outs[r] = staged.add(outputs[0][size_t(r)]);
-        C10_CUDA_CHECK(cuda_ipc::allgather_ipc(c, descriptor_dtype(in), in.numel(), in.const_data_ptr(), outs,
+        void* ptrs[cuda_ipc::kMaxIpcRanks];
+        for (int r = 0; r < size(); ++r) ptrs[r] = staged.add(outs[size_t(r)]);
+        C10_CUDA_CHECK(cuda_ipc::allgather_ipc(comm, descriptor_dtype(in), in.numel(), in.const_data_ptr(), ptrs,
                                                int64_t(in.nbytes()), stream));
         staged.finish();
       },
-      [&] { return fallback_->allgather(outputs, inputs, opts); });
+      [&] { return fallback_->all_gather(outs, in, c); });
 }
 
-Work CudaEngine::_allgather_base(at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
-  std::vector<at::Tensor> outputs{output}, inputs{input};
-  return allgather_flat("all_gather_into_tensor", c10d::OpType::_ALLGATHER_BASE, outputs, inputs, opts.timeout,
-                        [&] { return fallback_->_allgather_base(output, input, opts); });
-}
-
-Work CudaEngine::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
-                                                 const c10d::AllgatherOptions& opts) {
-  return allgather_flat("all_gather_into_tensor_coalesced", kAllgatherIntoTensorCoalesced, outputs, inputs,
-                        opts.timeout,
-                        [&] { return fallback_->allgather_into_tensor_coalesced(outputs, inputs, opts); });
-}
-
-// One route for the whole call: every pair must qualify; the size weighed is
-// the largest input's.
-Work CudaEngine::allgather_flat(const char* op, c10d::OpType type, std::vector<at::Tensor>& outputs,
-                                std::vector<at::Tensor>& inputs, std::chrono::milliseconds timeout,
-                                const std::function<Work()>& fallback) {
+// all_gather_into_tensor, single (one pair) or coalesced: one route for the
+// whole call, every pair must qualify; the size weighed is the largest
+// input's.
+Work CudaEngine::all_gather_into(std::vector<at::Tensor>& outs, std::vector<at::Tensor>& ins, const Call& c) {
+  const bool one = outs.size() == 1;
   return run(
-      op, type, inputs[0], timeout, outputs,
+      one ? "all_gather_into_tensor" : "all_gather_into_tensor_coalesced",
+      one ? c10d::OpType::_ALLGATHER_BASE : kAllgatherIntoTensorCoalesced, ins[0], c.timeout, outs,
       [&](RouteQuery& q) {
-        for (size_t i = 0; i < inputs.size(); ++i) {
-          also(q, inputs[i], device_);
-          also(q, outputs[i], device_);
-          q.nbytes = std::max<int64_t>(q.nbytes, int64_t(inputs[i].nbytes()));
+        for (size_t i = 0; i < ins.size(); ++i) {
+          also(q, ins[i], device_);
+          also(q, outs[i], device_);
+          q.nbytes = std::max<int64_t>(q.nbytes, int64_t(ins[i].nbytes()));
         }
       },
-      [&](IpcComm& c, const Stream& stream, const RouteQuery&) {
-        for (size_t i = 0; i < inputs.size(); ++i) {
-          const int64_t b = int64_t(inputs[i].nbytes());
-          void* outs[cuda_ipc::kMaxIpcRanks];
-          for (int r = 0; r < getSize(); ++r) outs[r] = block(outputs[i], b, r);
-          C10_CUDA_CHECK(cuda_ipc::allgather_ipc(c, descriptor_dtype(inputs[i]), inputs[i].numel(),
-                                                 inputs[i].const_data_ptr(), outs, b, stream));
+      [&](IpcComm& comm, const Stream& stream, const RouteQuery&) {
+        for (size_t i = 0; i < ins.size(); ++i) {
+          const int64_t b = int64_t(ins[i].nbytes());
+          void* ptrs[cuda_ipc::kMaxIpcRanks];
+          for (int r = 0; r < size(); ++r) ptrs[r] = block(outs[i], b, r);
+          C10_CUDA_CHECK(cuda_ipc::allgather_ipc(comm, descriptor_dtype(ins[i]), ins[i].numel(),
+                                                 ins[i].const_data_ptr(), ptrs, b, stream));
         }
       },
-      fallback);
+      [&] { return fallback_->all_gather_into(outs, ins, c); });
 }
 
-Work CudaEngine::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
-                                     const c10d::AllgatherOptions& opts) {
-  std::vector<at::Tensor> all;
-  for (const auto& list : outputs) all.insert(all.end(), list.begin(), list.end());
+// reduce_scatter_tensor, single or coalesced, as all_gather_into the other
+// way: the size weighed is the largest output's.
+Work CudaEngine::reduce_scatter(std::vector<at::Tensor>& outs, std::vector<at::Tensor>& ins, const Call& c) {
+  const bool one = outs.size() == 1;
   return run(
-      "all_gather_coalesced", c10d::OpType::ALLGATHER_COALESCED, inputs[0], opts.timeout, all,
+      one ? "reduce_scatter_tensor" : "reduce_scatter_tensor_coalesced",
+      one ? c10d::OpType::_REDUCE_SCATTER_BASE : kReduceScatterTensorCoalesced, outs[0], c.timeout, outs,
       [&](RouteQuery& q) {
-        for (const at::Tensor& in : inputs) {
-          also(q, in, device_);
-          q.nbytes = std::max<int64_t>(q.nbytes, int64_t(in.nbytes()));
-        }
-        for (const at::Tensor& o : all) also(q, o, device_, /*need_contiguous=*/false);
-      },
-      [&](IpcComm& c, const Stream& stream, const RouteQuery&) {
-        StagedOutputs staged;
-        for (size_t i = 0; i < inputs.size(); ++i) {
-          void* outs[cuda_ipc::kMaxIpcRanks];
-          for (int r = 0; r < getSize(); ++r) outs[r] = staged.add(outputs[size_t(r)][i]);  // rank r's inputs[i]
-          C10_CUDA_CHECK(cuda_ipc::allgather_ipc(c, descriptor_dtype(inputs[i]), inputs[i].numel(),
-                                                 inputs[i].const_data_ptr(), outs, int64_t(inputs[i].nbytes()), stream));
-        }
-        staged.finish();
-      },
-      [&] { return fallback_->allgather_coalesced(outputs, inputs, opts); });
-}
-
-Work CudaEngine::reduce_scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
-                                const c10d::ReduceScatterOptions& opts) {
-  at::Tensor& out = outputs[0];
-  return run(
-      "reduce_scatter", c10d::OpType::REDUCE_SCATTER, out, opts.timeout, outputs,
-      [&](RouteQuery& q) {
-        reducing(out, opts.reduceOp)(q);
-        for (const at::Tensor& x : inputs[0]) also(q, x, device_);
-      },
-      [&](IpcComm& c, const Stream& stream, const RouteQuery&) {
-        const void* ins[cuda_ipc::kMaxIpcRanks];
-        for (int r = 0; r < getSize(); ++r) ins[r] = inputs[0][size_t(r)].const_data_ptr();
-        C10_CUDA_CHECK(cuda_ipc::reduce_scatter_ipc(c, *maybe_dtype(out.scalar_type()), reduction(opts.reduceOp),
-                                                    ins, out.data_ptr(), out.numel(), stream));
-      },
-      [&] { return fallback_->reduce_scatter(outputs, inputs, opts); });
-}
-
-Work CudaEngine::_reduce_scatter_base(at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
-  std::vector<at::Tensor> outputs{output}, inputs{input};
-  return reduce_scatter_flat("reduce_scatter_tensor", c10d::OpType::_REDUCE_SCATTER_BASE, outputs, inputs,
-                             opts.reduceOp, opts.timeout,
-                             [&] { return fallback_->_reduce_scatter_base(output, input, opts); });
-}
-
-Work CudaEngine::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
-                                                 const c10d::ReduceScatterOptions& opts) {
-  return reduce_scatter_flat("reduce_scatter_tensor_coalesced", kReduceScatterTensorCoalesced, outputs, inputs,
-                             opts.reduceOp, opts.timeout,
-                             [&] { return fallback_->reduce_scatter_tensor_coalesced(outputs, inputs, opts); });
-}
-
-// As allgather_flat, the other way: the size weighed is the largest output's.
-Work CudaEngine::reduce_scatter_flat(const char* op, c10d::OpType type, std::vector<at::Tensor>& outputs,
-                                     std::vector<at::Tensor>& inputs, const c10d::ReduceOp& reduce_op,
-                                     std::chrono::milliseconds timeout, const std::function<Work()>& fallback) {
-  return run(
-      op, type, outputs[0], timeout, outputs,
-      [&](RouteQuery& q) {
-        for (size_t i = 0; i < outputs.size(); ++i) {
-          reducing(outputs[i], reduce_op)(q);
-          also(q, outputs[i], device_);
-          also(q, inputs[i], device_);
-          q.nbytes = std::max<int64_t>(q.nbytes, int64_t(outputs[i].nbytes()));
+        for (size_t i = 0; i < outs.size(); ++i) {
+          reducing(outs[i], c)(q);
+          also(q, outs[i], device_);
+          also(q, ins[i], device_);
+          q.nbytes = std::max<int64_t>(q.nbytes, int64_t(outs[i].nbytes()));
         }
       },
-      [&](IpcComm& c, const Stream& stream, const RouteQuery&) {
-        for (size_t i = 0; i < outputs.size(); ++i) {
-          const int64_t b = int64_t(outputs[i].nbytes());
-          const void* ins[cuda_ipc::kMaxIpcRanks];
-          for (int r = 0; r < getSize(); ++r) ins[r] = block(inputs[i], b, r);
-          C10_CUDA_CHECK(cuda_ipc::reduce_scatter_ipc(c, *maybe_dtype(outputs[i].scalar_type()),
-                                                      reduction(reduce_op), ins, outputs[i].data_ptr(),
-                                                      outputs[i].numel(), stream));
+      [&](IpcComm& comm, const Stream& stream, const RouteQuery&) {
+        for (size_t i = 0; i < outs.size(); ++i) {
+          const int64_t b = int64_t(outs[i].nbytes());
+          const void* ptrs[cuda_ipc::kMaxIpcRanks];
+          for (int r = 0; r < size(); ++r) ptrs[r] = block(ins[i], b, r);
+          C10_CUDA_CHECK(cuda_ipc::reduce_scatter_ipc(comm, *maybe_dtype(outs[i].scalar_type()), c.op, ptrs,
+                                                      outs[i].data_ptr(), outs[i].numel(), stream));
         }
       },
-      fallback);
+      [&] { return fallback_->reduce_scatter(outs, ins, c); });
 }
 
 // Only the root holds gather's outputs and scatter's inputs, so these are
 // routed by what every rank holds (its own input / output); list entries that
 // are not contiguous go through contiguous temporaries on the same stream.
-Work CudaEngine::gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
-                        const c10d::GatherOptions& opts) {
-  const at::Tensor& in = inputs[0];
-  const bool root = getRank() == opts.rootRank;
+Work CudaEngine::gather(std::vector<at::Tensor>& outs, at::Tensor& in, const Call& c) {
+  const bool root = rank() == c.root;
   return run(
-      "gather", c10d::OpType::GATHER, in, opts.timeout, root ? outputs[0] : std::vector<at::Tensor>{}, nothing,
-      [&](IpcComm& c, const Stream& stream, const RouteQuery&) {
+      "gather", c10d::OpType::GATHER, in, c.timeout, root ? outs : std::vector<at::Tensor>{}, nothing,
+      [&](IpcComm& comm, const Stream& stream, const RouteQuery&) {
         StagedOutputs staged;
-        void* outs[cuda_ipc::kMaxIpcRanks] = {};
+        void* ptrs[cuda_ipc::kMaxIpcRanks] = {};
         if (root)
-          for (int r = 0; r < getSize(); ++r) outs[r] = staged.add(outputs[0][size_t(r)]);
-        C10_CUDA_CHECK(cuda_ipc::gather_ipc(c, descriptor_dtype(in), in.numel(), in.const_data_ptr(), outs,
-                                            int64_t(in.nbytes()), int(opts.rootRank), stream));
+          for (int r = 0; r < size(); ++r) ptrs[r] = staged.add(outs[size_t(r)]);
+        C10_CUDA_CHECK(cuda_ipc::gather_ipc(comm, descriptor_dtype(in), in.numel(), in.const_data_ptr(), ptrs,
+                                            int64_t(in.nbytes()), c.root, stream));
         staged.finish();
       },
-      [&] { return fallback_->gather(outputs, inputs, opts); });
+      [&] { return fallback_->gather(outs, in, c); });
 }
 
-Work CudaEngine::scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
-                         const c10d::ScatterOptions& opts) {
-  at::Tensor& out = outputs[0];
-  const bool root = getRank() == opts.rootRank;
+Work CudaEngine::scatter(at::Tensor& out, std::vector<at::Tensor>& ins, const Call& c) {
+  const bool root = rank() == c.root;
   return run(
-      "scatter", c10d::OpType::SCATTER, out, opts.timeout, outputs, nothing,
-      [&](IpcComm& c, const Stream& stream, const RouteQuery&) {
-        std::vector<at::Tensor> ins;
+      "scatter", c10d::OpType::SCATTER, out, c.timeout, {out}, nothing,
+      [&](IpcComm& comm, const Stream& stream, const RouteQuery&) {
+        std::vector<at::Tensor> held;
         const void* srcs[cuda_ipc::kMaxIpcRanks] = {};
         if (root) {
-          for (int r = 0; r < getSize(); ++r) {
-            ins.push_back(inputs[0][size_t(r)].contiguous());  // a copy on the current stream when strided
-            srcs[r] = ins.back().const_data_ptr();
+          for (int r = 0; r < size(); ++r) {
+            held.push_back(ins[size_t(r)].contiguous());  // a copy on the current stream when strided
+            srcs[r] = held.back().const_data_ptr();
           }
         }
-        C10_CUDA_CHECK(cuda_ipc::scatter_ipc(c, descriptor_dtype(out), out.numel(), srcs, out.data_ptr(),
-                                             int64_t(out.nbytes()), int(opts.rootRank), stream));
+        C10_CUDA_CHECK(cuda_ipc::scatter_ipc(comm, descriptor_dtype(out), out.numel(), srcs, out.data_ptr(),
+                                             int64_t(out.nbytes()), c.root, stream));
       },
-      [&] { return fallback_->scatter(outputs, inputs, opts); });
+      [&] { return fallback_->scatter(out, ins, c); });
 }
 
-Work CudaEngine::barrier(const c10d::BarrierOptions& opts) {
+Work CudaEngine::barrier(const Call& c) {
   std::unique_lock<std::mutex> g(mu_);
   if (link_) {
     // One phase over IPC on this rank's device; like NCCL's barrier, wait()
     // holds the host until every rank has arrived.
-    const std::chrono::milliseconds timeout = call_timeout(opts.timeout, timeout_);
+    const std::chrono::milliseconds timeout = call_timeout(c.timeout, timeout_);
     c10::cuda::CUDAGuard guard{c10::DeviceIndex(device_)};
     const Stream stream = begin_ipc("barrier", device_, timeout);
     C10_CUDA_CHECK(cuda_ipc::barrier_ipc(link_->ep->comm(), stream));
@@ -398,8 +314,8 @@ Work CudaEngine::barrier(const c10d::BarrierOptions& opts) {
   const int device = device_;
   g.unlock();
   refuse_on_shared_gpu("barrier");
-  c10d::BarrierOptions o = opts;
-  if (o.device_ids.empty() && device >= 0) o.device_ids = {device};
+  Call o = c;
+  if (o.device < 0 && device >= 0) o.device = device;
   return fallback_->barrier(o);
 }
 

@@ -1,6 +1,6 @@
-// CudaEngine's point to point (send, recv) and all-to-all: all_to_all_single
-// without split sizes runs the phase-protocol schedule; with split sizes, and
-// the list form, every pair's message goes over the per-pair p2p rings
+// CudaEngine's point to point (send, recv) and all-to-all: without split sizes
+// it runs the phase-protocol schedule; with split sizes (the front's packing
+// of the list form has them) every pair's message goes over the per-pair p2p rings
 // (core/executors/cuda_ipc/ipc_p2p.h), on a stream per peer and direction.
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -22,11 +22,9 @@ namespace distributed {
 
 using namespace cuda_args;
 
-c10::intrusive_ptr<c10d::Work> CudaEngine::alltoall_base(at::Tensor& output, at::Tensor& input,
-                                                          std::vector<int64_t>& output_split_sizes,
-                                                          std::vector<int64_t>& input_split_sizes,
-                                                          const c10d::AllToAllOptions& opts) {
-  const int n = getSize();
+Work CudaEngine::all_to_all(at::Tensor& output, at::Tensor& input, std::vector<int64_t>& output_split_sizes,
+                            std::vector<int64_t>& input_split_sizes, const Call& c) {
+  const int n = size();
   const bool split = !input_split_sizes.empty() || !output_split_sizes.empty();
   std::vector<int64_t> in_b, out_b;
   if (split) {
@@ -46,7 +44,7 @@ c10::intrusive_ptr<c10d::Work> CudaEngine::alltoall_base(at::Tensor& output, at:
     // by the threshold (FASTPAR_CUDA_IPC_MAX_BYTES=0 still turns IPC off).
     q.nbytes = 0;
     if (to_fallback("all_to_all_single", q, g))
-      return fallback_->alltoall_base(output, input, output_split_sizes, input_split_sizes, opts);
+      return fallback_->all_to_all(output, input, output_split_sizes, input_split_sizes, c);
     std::vector<const void*> ins(static_cast<size_t>(n));
     std::vector<void*> outs(static_cast<size_t>(n));
     int64_t io = 0, oo = 0;
@@ -57,13 +55,13 @@ c10::intrusive_ptr<c10d::Work> CudaEngine::alltoall_base(at::Tensor& output, at:
       oo += out_b[size_t(r)];
     }
     return all_to_all_pairs("all_to_all_single", c10d::OpType::ALLTOALL_BASE, ins, in_b, outs, out_b,
-                            {input, output}, {output}, call_timeout(opts.timeout, timeout_), nullptr);  // no staging
+                            {input, output}, {output}, call_timeout(c.timeout, timeout_), nullptr);  // no staging
   }
   // No split sizes: n equal blocks, the same on every rank (the collective's
   // rules), so the phase-protocol schedule and the size threshold apply.
   if (to_fallback("all_to_all_single", q, g))
-    return fallback_->alltoall_base(output, input, output_split_sizes, input_split_sizes, opts);
-  const std::chrono::milliseconds timeout = call_timeout(opts.timeout, timeout_);
+    return fallback_->all_to_all(output, input, output_split_sizes, input_split_sizes, c);
+  const std::chrono::milliseconds timeout = call_timeout(c.timeout, timeout_);
   c10::cuda::CUDAGuard guard(input.device());
   const c10::cuda::CUDAStream stream = begin_ipc("all_to_all_single", input, timeout);
   const int64_t block = int64_t(input.nbytes()) / n;
@@ -78,43 +76,6 @@ c10::intrusive_ptr<c10d::Work> CudaEngine::alltoall_base(at::Tensor& output, at:
   return ipc_work(c10d::OpType::ALLTOALL_BASE, "all_to_all_single", {output}, stream, timeout);
 }
 
-c10::intrusive_ptr<c10d::Work> CudaEngine::alltoall(std::vector<at::Tensor>& outputs,
-                                                     std::vector<at::Tensor>& inputs,
-                                                     const c10d::AllToAllOptions& opts) {
-  const int n = getSize();
-  // One device for every tensor: the kernels and the pairs' streams run there.
-  for (int r = 0; r < n; ++r)
-    TORCH_CHECK_VALUE(inputs[size_t(r)].device() == inputs[0].device() &&
-                      outputs[size_t(r)].device() == inputs[0].device(),
-                      "fastpar.all_to_all: every tensor must be on ", inputs[0].device(), " (input_tensor_list[0]'s); "
-                      "entry ", r, " is on ", inputs[size_t(r)].device(), " / ", outputs[size_t(r)].device());
-  std::unique_lock<std::mutex> g(mu_);
-  cuda_ipc::RouteQuery q = query_for("all_to_all", inputs[0]);
-  // The per-pair rings, whatever the sizes: they (and whether they happen to
-  // be equal) differ by rank, so the route ignores them and the threshold
-  // (see alltoall_base). Inputs are made contiguous and outputs staged, so
-  // layouts do not matter either.
-  q.nbytes = 0;
-  q.contiguous = true;
-  if (to_fallback("all_to_all", q, g)) return fallback_->alltoall(outputs, inputs, opts);
-  std::vector<at::Tensor> keep;
-  auto staged = std::make_shared<StagedOutputs>();  // outlives this call in the lambda below
-  std::vector<const void*> ins(static_cast<size_t>(n));
-  std::vector<void*> outs(static_cast<size_t>(n));
-  std::vector<int64_t> in_b(static_cast<size_t>(n)), out_b(static_cast<size_t>(n));
-  for (int r = 0; r < n; ++r) {
-    keep.push_back(inputs[size_t(r)].contiguous());
-    ins[size_t(r)] = keep.back().const_data_ptr();
-    in_b[size_t(r)] = int64_t(keep.back().nbytes());
-    outs[size_t(r)] = staged->add(outputs[size_t(r)]);
-    out_b[size_t(r)] = int64_t(outputs[size_t(r)].nbytes());
-  }
-  for (const at::Tensor& t : outputs) keep.push_back(t);
-  for (const at::Tensor& t : staged->staged) keep.push_back(t);  // written on the receive streams
-  return all_to_all_pairs("all_to_all", c10d::OpType::ALLTOALL, ins, in_b, outs, out_b, keep, outputs,
-                          call_timeout(opts.timeout, timeout_), [staged] { staged->finish(); });
-}
-
 c10::intrusive_ptr<c10d::Work> CudaEngine::all_to_all_pairs(const char* op, c10d::OpType type,
                                                              const std::vector<const void*>& ins,
                                                              const std::vector<int64_t>& in_bytes,
@@ -124,7 +85,7 @@ c10::intrusive_ptr<c10d::Work> CudaEngine::all_to_all_pairs(const char* op, c10d
                                                              std::vector<at::Tensor> outputs,
                                                              std::chrono::milliseconds timeout,
                                                              const std::function<void()>& after) {
-  const int n = getSize(), r = getRank();
+  const int n = size(), r = rank();
   const at::Tensor& like = keep[0];
   c10::cuda::CUDAGuard guard(like.device());
   const c10::cuda::CUDAStream current = begin_ipc(op, like, timeout, /*capturable=*/false, /*phased=*/false);
@@ -159,22 +120,20 @@ c10::intrusive_ptr<c10d::Work> CudaEngine::all_to_all_pairs(const char* op, c10d
   return ipc_work(type, op, std::move(outputs), current, timeout);
 }
 
-c10::intrusive_ptr<c10d::Work> CudaEngine::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
-  return point_to_point("send", tensors, dst_rank, tag, /*is_send=*/true);
+Work CudaEngine::send(at::Tensor& t, int peer, int tag) {
+  return point_to_point("send", t, peer, tag, /*is_send=*/true);
 }
 
-c10::intrusive_ptr<c10d::Work> CudaEngine::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
-  return point_to_point("recv", tensors, src_rank, tag, /*is_send=*/false);
-}
-
-c10::intrusive_ptr<c10d::Work> CudaEngine::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
-  // The IPC rings match in order per pair (p2p_ring.h): learning which peer's
-  // message came first would need a device-to-host read before the copy is
-  // enqueued. NCCL has no any-source receive either.
+// `peer` -1: from any rank. The IPC rings match in order per pair
+// (p2p_ring.h): learning which peer's message came first would need a
+// device-to-host read before the copy is enqueued; NCCL has no any-source
+// receive either.
+Work CudaEngine::recv(at::Tensor& t, int peer, int tag) {
+  if (peer >= 0) return point_to_point("recv", t, peer, tag, /*is_send=*/false);
   TORCH_CHECK_VALUE(!shares_gpu(), "fastpar.recv: a receive from any source (src=None) of a CUDA tensor is not "
                     "supported: CUDA IPC matches messages per sender and NCCL has no any-source receive; name "
                     "the source rank");
-  return fallback_->recvAnysource(tensors, tag);
+  return fallback_->recv(t, -1, tag);
 }
 
 c10::cuda::CUDAStream CudaEngine::p2p_stream(int peer, bool is_send) {
@@ -185,7 +144,7 @@ c10::cuda::CUDAStream CudaEngine::p2p_stream(int peer, bool is_send) {
     // it does not order with. Every peer's pair at once, from the process's
     // stream cache (cuda_p2p/handle_cache.h says why they are never
     // destroyed, and why taken in one run).
-    const int n = getSize(), r = getRank();
+    const int n = size(), r = rank();
     // One hardware queue for every stream: a send step waiting for ring space
     // holds up the receive queued behind it, which would have freed it.
     const char* connections = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
@@ -208,15 +167,13 @@ c10::cuda::CUDAStream CudaEngine::p2p_stream(int peer, bool is_send) {
   return *(is_send ? send_streams_ : recv_streams_)[size_t(peer)];
 }
 
-c10::intrusive_ptr<c10d::Work> CudaEngine::point_to_point(const char* op, std::vector<at::Tensor>& tensors,
-                                                           int peer, int tag, bool is_send) {
-  at::Tensor& t = tensors[0];
+Work CudaEngine::point_to_point(const char* op, at::Tensor& t, int peer, int tag, bool is_send) {
   std::unique_lock<std::mutex> g(mu_);
   // Setup is collective (every rank meets in the Store), a send is not: only
   // a group set up by its first CUDA collective, or at creation
   // (init_process_group(device_id=...): connect()), can use IPC for it.
   // Before that, NCCL, which cannot run where ranks share a GPU.
-  auto nccl = [&] { return is_send ? fallback_->send(tensors, peer, tag) : fallback_->recv(tensors, peer, tag); };
+  auto nccl = [&] { return is_send ? fallback_->send(t, peer, tag) : fallback_->recv(t, peer, tag); };
   if (!set_up_) {
     ++fallback_calls_;
     g.unlock();
@@ -245,7 +202,7 @@ c10::intrusive_ptr<c10d::Work> CudaEngine::point_to_point(const char* op, std::v
   } else {
     C10_CUDA_CHECK(cuda_ipc::recv_ipc(c, t.data_ptr(), int64_t(t.nbytes()), peer, tag, side));
   }
-  return ipc_work(is_send ? c10d::OpType::SEND : c10d::OpType::RECV, op, tensors, side, timeout);
+  return ipc_work(is_send ? c10d::OpType::SEND : c10d::OpType::RECV, op, {t}, side, timeout);
 }
 
 }  // namespace distributed

@@ -1,21 +1,23 @@
-// What every fastpar engine is: a c10d::Backend over some ranks that runs
-// calls the front (backend.h) has already checked, so an engine never checks
-// arguments again. The engines:
-//   ShmEngine           CPU tensors of one host, over shared memory, synchronous
-//   CudaEngine          CUDA tensors of one host, over CUDA IPC, stream-ordered,
-//                       with NCCL as its fallback for the calls IPC does not serve
-//   HierarchicalEngine  several hosts: one of the above per host, gloo / NCCL
-//                       between the hosts' leaders
-// Engine writes, once, the forms of a call that are other forms in a loop or
-// over a packed tensor; an engine overrides one where it has a faster path.
+// The interface between the front (backend.h, the one c10d::Backend torch
+// sees) and the engines that run its calls:
+//   ShmEngine           CPU tensors of one host, over shared memory
+//   CudaEngine          CUDA tensors of one host, over CUDA IPC, NCCL as fallback
+//   HierarchicalEngine  several hosts: an engine per host, gloo / NCCL between
+//   C10dEngine          gloo or NCCL behind this interface (c10d_engine.h)
+// Contract: the front has checked every call (an engine never checks
+// arguments again), turned torch's list, coalesced and `*_single` spellings
+// into these operations, and staged CPU tensors that are not contiguous. An
+// operation returns the call's Work: complete (CPU engines) or enqueued on the
+// caller's current stream (CUDA). A failed collective raises DistBackendError,
+// a call an engine cannot serve ValueError (run_transport).
 #pragma once
 
 #include <c10/util/Exception.h>
-#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
-#include <torch/headeronly/version.h>
 #include <torch/csrc/utils/pybind.h>
 #include <torch/extension.h>
+#include <torch/headeronly/version.h>
 
 #include <chrono>
 #include <cstdint>
@@ -24,20 +26,21 @@
 #include <string>
 #include <vector>
 
-// Names of c10d that differ between the torch releases fastpar builds against.
-// The GPU machine runs torch 2.11 while CI builds with 2.14, so a name that
-// only newer torch has must come through here (scripts/check_torch_compat.py
-// compiles every torch-facing source against the older headers).
+#include "../../core/kernels/reduce_ops.h"
+
+// Names of c10d that differ between the torch releases fastpar builds against
+// (scripts/check_torch_compat.py compiles every source against the oldest).
 #define FASTPAR_TORCH_AT_LEAST(major, minor) \
   (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
 
 namespace fastpar {
 namespace distributed {
 
-// The op types a Work reports for the tensor forms of coalesced collectives:
-// torch 2.12 added REDUCE_SCATTER_TENSOR_COALESCED, torch 2.14
-// ALLGATHER_INTO_TENSOR_COALESCED; before them ProcessGroupNCCL reported
-// COALESCED, and so do we.
+using Work = c10::intrusive_ptr<c10d::Work>;
+
+// The op types a Work reports for the coalesced tensor forms: torch 2.12 added
+// REDUCE_SCATTER_TENSOR_COALESCED, 2.14 ALLGATHER_INTO_TENSOR_COALESCED; before
+// them torch reported COALESCED, and so do we.
 #if FASTPAR_TORCH_AT_LEAST(2, 14)
 inline constexpr c10d::OpType kAllgatherIntoTensorCoalesced = c10d::OpType::ALLGATHER_INTO_TENSOR_COALESCED;
 #else
@@ -49,24 +52,45 @@ inline constexpr c10d::OpType kReduceScatterTensorCoalesced = c10d::OpType::REDU
 inline constexpr c10d::OpType kReduceScatterTensorCoalesced = c10d::OpType::COALESCED;
 #endif
 
-// The timeout one collective waits for: torch passes the caller's in every
-// call's options (0 when none was given), and then the group's applies.
+// What an operation is told besides its tensors.
+struct Call {
+  // The reduction, as the element math names it. `foreign` marks one it lacks
+  // (PREMUL_SUM): only a foreign backend (NCCL) can run that, given `torch_op`.
+  ReduceOp op = ReduceOp::SUM;
+  bool foreign = false;
+  const c10d::ReduceOp* torch_op = nullptr;  // the caller's, for the foreign backends; may be null
+  int root = 0;                              // rooted operations, in the engine's ranks
+  std::chrono::milliseconds timeout{0};      // 0: the group's
+  int device = -1;                           // barrier: the CUDA device the caller named, or -1
+
+  Call() = default;
+  static Call rooted(int root, std::chrono::milliseconds timeout) {
+    Call c;
+    c.root = root;
+    c.timeout = timeout;
+    return c;
+  }
+  static Call reducing(ReduceOp op, std::chrono::milliseconds timeout, int root = 0) {
+    Call c = rooted(root, timeout);
+    c.op = op;
+    return c;
+  }
+};
+
+// The timeout a call waits for: its own, else the group's.
 inline std::chrono::milliseconds call_timeout(std::chrono::milliseconds given, std::chrono::milliseconds group) {
   return given.count() > 0 ? given : group;
 }
 
-// A timeout in nanoseconds for the kernels' flag waits, saturating
-// (timedelta.max is ~1e17 ms; times a million it would wrap).
+// A timeout in nanoseconds for the kernels' flag waits, saturating.
 inline uint64_t timeout_ns(std::chrono::milliseconds t) {
   const uint64_t ms = t.count() > 0 ? uint64_t(t.count()) : 0;
   return ms > ~uint64_t(0) / 1000000 ? ~uint64_t(0) : ms * 1000000;
 }
 
-// How transport failures reach torch.distributed users. The transports are
-// torch-free and throw std exceptions: std::invalid_argument for a bad call
-// (raised before any rank waits) and std::runtime_error for a failed
-// collective (timeout, dead, aborted or mismatched peer). Here they become
-// ValueError and torch.distributed.DistBackendError, as other backends' are.
+// The torch-free transports throw std::invalid_argument for a bad call (before
+// any rank waits) and std::runtime_error for a failed collective; torch users
+// get ValueError and DistBackendError, as from other backends.
 template <class F>
 void run_transport(F&& f) {
   try {
@@ -80,75 +104,67 @@ void run_transport(F&& f) {
   }
 }
 
-class Engine : public c10d::Backend {
+class Engine : public c10::intrusive_ptr_target {
  public:
-  using c10d::Backend::Backend;
-  const std::string getBackendName() const override { return "fastpar"; }
+  Engine(int rank, int size) : rank_(rank), size_(size) {}
+  ~Engine() override = default;
+  int rank() const { return rank_; }
+  int size() const { return size_; }
 
-  // all_reduce of one contiguous tensor the front has checked, without a Work
-  // (fastpar.distributed.all_reduce): when it returns, the call is done (CPU)
-  // or enqueued on the caller's current stream (CUDA), and a failure this rank
-  // knows of is raised. By default allreduce() and its Work's wait().
-  virtual void allreduce_direct(at::Tensor& t, const c10d::AllreduceOptions& opts);
-
-  // Each entry in turn.
-  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
-                                                     const c10d::AllreduceCoalescedOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
-                                                     std::vector<at::Tensor>& inputs,
-                                                     const c10d::AllgatherOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
-                                                                 std::vector<at::Tensor>& inputs,
-                                                                 const c10d::AllgatherOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
-                                                                 std::vector<at::Tensor>& inputs,
-                                                                 const c10d::ReduceScatterOptions& opts) override;
-  // The list forms over the flat ones: inputs packed with cat, outputs
-  // copied out of a packed result.
-  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
-                                                std::vector<std::vector<at::Tensor>>& inputs,
-                                                const c10d::ReduceScatterOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
-                                          const c10d::AllToAllOptions& opts) override;
-  // Sparse tensors (COO), as gloo: SUM only; every rank's indices and values
-  // gathered (_allgather_base), summed in rank order, copied back into the
-  // input.
-  c10::intrusive_ptr<c10d::Work> allreduce_sparse(std::vector<at::Tensor>& tensors,
-                                                  const c10d::AllreduceOptions& opts) override;
-  // As gloo's, over send / recv: rank 0 waits for every rank within the
-  // timeout and names the ranks that did not arrive (all of them with
-  // wait_all_ranks), then lets them go; the others wait for rank 0.
-  void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) override;
-  // A tensor in memory every peer maps (fastpar.distributed.registered_empty;
-  // collective), on cuda:`device` for CUDA engines; engines without such
-  // memory refuse.
-  virtual at::Tensor registered_empty(const std::vector<int64_t>& sizes, at::ScalarType dtype, int device);
-  virtual bool is_registered(const at::Tensor& t) const;
+  virtual void set_timeout(std::chrono::milliseconds timeout) = 0;
+  virtual void shutdown() {}
+  virtual void abort() {}
   // Fails this engine for a cause outside it (a HierarchicalEngine's leader
-  // whose step between hosts failed, while the host's other ranks wait for
-  // it in this engine): the peers raise at once with `reason`, and this
-  // rank's later calls raise. Engines that cannot tell their peers do
-  // nothing (the peers raise at their timeout, or when this process exits).
+  // whose step between hosts failed while its host waits for it here): peers
+  // raise at once with `reason`, and this rank's later calls raise. Engines
+  // that cannot tell their peers do nothing.
   virtual void abort_with(const std::string& /*reason*/) {}
 
-#if FASTPAR_TORCH_AT_LEAST(2, 14)  // gather_single / gather_into_tensor are new in torch 2.14
-  // gather into one flat tensor on the root: gather into its rows.
-  c10::intrusive_ptr<c10d::Work> gather_into_tensor(at::Tensor& output, at::Tensor& input,
-                                                    const c10d::GatherOptions& opts) override;
-#endif
+  // In place: every rank's `t` becomes the reduction of all of them.
+  virtual Work all_reduce(at::Tensor& t, const Call& c) = 0;
+  virtual Work broadcast(at::Tensor& t, const Call& c) = 0;
+  // In place on the root; other ranks' `t` is not written.
+  virtual Work reduce(at::Tensor& t, const Call& c) = 0;
+  // outs[r] receives rank r's `in` (any strides).
+  virtual Work all_gather(std::vector<at::Tensor>& outs, at::Tensor& in, const Call& c) = 0;
+  // The root's outs[r] receives rank r's `in`; other ranks pass no outs.
+  virtual Work gather(std::vector<at::Tensor>& outs, at::Tensor& in, const Call& c) = 0;
+  // `out` receives the root's ins[rank]; other ranks pass no ins.
+  virtual Work scatter(at::Tensor& out, std::vector<at::Tensor>& ins, const Call& c) = 0;
+  // Pair by pair: outs[i] receives this rank's block of the reduction of every
+  // rank's ins[i] (size() blocks of outs[i]'s elements).
+  virtual Work reduce_scatter(std::vector<at::Tensor>& outs, std::vector<at::Tensor>& ins, const Call& c) = 0;
+  // Rank r's rows in_splits[q] of `in` land in rank q's rows out_splits[r] of
+  // `out`; empty splits: equal parts.
+  virtual Work all_to_all(at::Tensor& out, at::Tensor& in, std::vector<int64_t>& out_splits,
+                          std::vector<int64_t>& in_splits, const Call& c) = 0;
+  virtual Work barrier(const Call& c) = 0;
+  virtual Work send(at::Tensor& t, int peer, int tag) = 0;
+  // `peer` -1: from any rank (the Work's sourceRank() names it).
+  virtual Work recv(at::Tensor& t, int peer, int tag) = 0;
+
+  // Forms over the operations above; an engine overrides one where it has a
+  // faster path.
+  // all_reduce, done (CPU) or enqueued (CUDA) when it returns, without a Work.
+  virtual void all_reduce_now(at::Tensor& t, const Call& c);
+  virtual Work all_reduce_coalesced(std::vector<at::Tensor>& ts, const Call& c);
+  // Pair by pair: outs[i] (size() blocks) receives every rank's ins[i].
+  virtual Work all_gather_into(std::vector<at::Tensor>& outs, std::vector<at::Tensor>& ins, const Call& c);
+
+  // A tensor in memory every peer maps (collective), on cuda:`device` for
+  // CUDA engines; engines without such memory refuse.
+  virtual at::Tensor registered_empty(const std::vector<int64_t>& sizes, at::ScalarType dtype, int device);
+  virtual bool is_registered(const at::Tensor& t) const;
 
  private:
-  std::vector<c10::intrusive_ptr<c10d::Work>> late_tokens_;  // monitoredBarrier's unanswered receives
+  int rank_, size_;
 };
 
-// Resets `owned` (the gloo / NCCL groups and engines an object holds), without
-// the GIL when this thread holds it. gloo's and NCCL's destructors wait for
-// their worker threads, and a worker may at that moment be freeing a finished
-// Work whose tensors have Python objects, which takes the GIL; Python frees
-// fastpar's backend objects while holding it (pybind), so dropping their
-// groups with it can deadlock: a 2-host group's destroy_process_group did,
-// about once in ten (tests/faults: test_fake_hosts_exit). torch's own
-// ProcessGroup holder releases the GIL for the same reason.
+// Resets `owned` (engines and the gloo / NCCL groups they hold) without the
+// GIL when this thread holds it: gloo's and NCCL's destructors join worker
+// threads that may be freeing a Work whose tensors need the GIL, and Python
+// frees fastpar's objects holding it (torch's ProcessGroup holder releases it
+// for the same reason).
 template <class... Owned>
 void drop_without_gil(Owned&... owned) {
   std::optional<pybind11::gil_scoped_release> no_gil;
@@ -158,7 +174,16 @@ void drop_without_gil(Owned&... owned) {
 
 // A Work for a call whose steps are all enqueued: its Future holds `outputs`
 // and is complete on the current stream of their device (at once on the CPU).
-c10::intrusive_ptr<c10d::Work> enqueued_work(std::vector<at::Tensor> outputs);
+Work enqueued_work(std::vector<at::Tensor> outputs);
+
+// Rank r's block of a flat tensor of size() blocks of `block` elements, as
+// a view.
+inline at::Tensor rank_block(const at::Tensor& flat, int64_t block, int r) {
+  return flat.reshape({-1}).narrow(0, block * r, block);
+}
+
+// Adds fastpar._C.Engine.
+void register_engine(pybind11::module& m);
 
 }  // namespace distributed
 }  // namespace fastpar

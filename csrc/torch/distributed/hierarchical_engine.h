@@ -1,11 +1,13 @@
 // The engine for ranks on several hosts (engine.h), composed of three
-// c10d backends:
-//   local    this host's ranks, in group-rank order (any backend whose
-//            reduce leaves non-root tensors alone: the ShmEngine for CPU
-//            tensors, the CudaEngine for CUDA)
+// engines:
+//   local    this host's ranks, in group-rank order (an engine whose reduce
+//            leaves non-root tensors alone: the ShmEngine for CPU tensors,
+//            the CudaEngine for CUDA)
 //   leaders  each host's lowest rank, hosts in order of their lowest rank
 //            (gloo or NCCL between hosts); null on ranks that do not lead a host
 //   world    every rank of the group (gloo or NCCL)
+// (leaders and world, and the columns below, are C10dEngines between hosts:
+// c10d_engine.h.)
 // all_reduce, broadcast, reduce, all_gather (+ all_gather_into_tensor and
 // their coalesced forms) and reduce_scatter (+ reduce_scatter_tensor and its
 // coalesced form) run as local steps inside each host around one call among
@@ -27,7 +29,7 @@
 // isCompleted() says the call was enqueued, not that the GPU has run it.
 //
 // Errors: every call to `leaders` and `world` goes through
-// inter_host_backend.h, so a failure between hosts (gloo's "Connection
+// c10d_engine.h, so a failure between hosts (gloo's "Connection
 // closed by peer", a timeout) raises DistBackendError naming the op and the
 // rank, with the inter-host backend's message, in the hierarchical schedules
 // and in the calls handed whole to `world` alike. A leader whose step among
@@ -56,6 +58,7 @@
 // engine takes goes through.
 #pragma once
 
+#include "c10d_engine.h"
 #include "engine.h"
 #include "failure_notice.h"
 
@@ -69,53 +72,48 @@ namespace distributed {
 class HierarchicalEngine : public Engine {
  public:
   // host_of[r]: rank r's host, hosts numbered in order of their lowest rank.
-  // columns: null, or the group of the ranks of this rank's local index on
-  // every host (rank = host index), which selects the sharded all_reduce.
+  // leaders, world, columns: gloo or NCCL groups (see above); columns: null,
+  // or the group of the ranks of this rank's local index on every host (rank
+  // = host index), which selects the sharded all_reduce.
   // store: the group's, for its failure notice (failure_notice.h), polled
   // every `failure_poll`; without one, or at 0, a rank hears of a failure on
   // another host only from gloo.
-  HierarchicalEngine(int rank, int size, std::vector<int> host_of, c10::intrusive_ptr<c10d::Backend> local,
-                      c10::intrusive_ptr<c10d::Backend> leaders, c10::intrusive_ptr<c10d::Backend> world,
-                      c10::intrusive_ptr<c10d::Backend> columns = nullptr,
-                      c10::intrusive_ptr<c10d::Store> store = nullptr,
-                      std::chrono::milliseconds failure_poll = std::chrono::milliseconds(0));
+  HierarchicalEngine(int rank, int size, std::vector<int> host_of, c10::intrusive_ptr<Engine> local,
+                     c10::intrusive_ptr<c10d::Backend> leaders, c10::intrusive_ptr<c10d::Backend> world,
+                     c10::intrusive_ptr<c10d::Backend> columns = nullptr,
+                     c10::intrusive_ptr<c10d::Store> store = nullptr,
+                     std::chrono::milliseconds failure_poll = std::chrono::milliseconds(0));
   // Drops the groups without the GIL (engine.h: drop_without_gil).
   ~HierarchicalEngine() override;
 
-  void setTimeout(std::chrono::milliseconds timeout) override;
+  void set_timeout(std::chrono::milliseconds timeout) override;
   void shutdown() override;
   void abort() override;
 
-  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
-                                           const c10d::AllreduceOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
-                                           const c10d::BroadcastOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
-                                           std::vector<at::Tensor>& inputs,
-                                           const c10d::AllgatherOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
-                                                 const c10d::AllgatherOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
-                                                      const c10d::ReduceScatterOptions& opts) override;
-
+  // local reduce, the leaders' all_reduce (or local reduce_scatter, the
+  // columns' all_reduce, local all_gather), local broadcast
+  Work all_reduce(at::Tensor& t, const Call& c) override;
+  // local broadcast on the root's host, the leaders' broadcast, local broadcast elsewhere
+  Work broadcast(at::Tensor& t, const Call& c) override;
+  // local reduce, the leaders' reduce to the root's host, into copies where the root does not lead
+  Work reduce(at::Tensor& t, const Call& c) override;
+  // local gather to the leader, the leaders' exchange of host blocks, local broadcast
+  Work all_gather(std::vector<at::Tensor>& outs, at::Tensor& in, const Call& c) override;
+  Work all_gather_into(std::vector<at::Tensor>& outs, std::vector<at::Tensor>& ins, const Call& c) override;
+  // local reduce to the leader, the leaders' reduce_scatter of host blocks, local scatter
+  Work reduce_scatter(std::vector<at::Tensor>& outs, std::vector<at::Tensor>& ins, const Call& c) override;
   // `world`'s.
-  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
-                                        const c10d::GatherOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
-                                         const c10d::ScatterOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
-                                               std::vector<int64_t>& output_split_sizes,
-                                               std::vector<int64_t>& input_split_sizes,
-                                               const c10d::AllToAllOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) override;
-  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) override;
-  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
-  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+  Work gather(std::vector<at::Tensor>& outs, at::Tensor& in, const Call& c) override;
+  Work scatter(at::Tensor& out, std::vector<at::Tensor>& ins, const Call& c) override;
+  Work all_to_all(at::Tensor& out, at::Tensor& in, std::vector<int64_t>& out_splits, std::vector<int64_t>& in_splits,
+                  const Call& c) override;
+  Work send(at::Tensor& t, int peer, int tag) override;
+  Work recv(at::Tensor& t, int peer, int tag) override;
+  Work barrier(const Call& c) override;
 
-  c10::intrusive_ptr<c10d::Backend> local() const { return local_; }
+  c10::intrusive_ptr<Engine> local() const { return local_; }
   // The gloo / NCCL groups themselves (this engine calls them through
-  // inter_host_backend.h, which raises their failures as DistBackendError).
+  // C10dEngines, which raise their failures as DistBackendError).
   c10::intrusive_ptr<c10d::Backend> leaders() const;
   c10::intrusive_ptr<c10d::Backend> world() const;
   c10::intrusive_ptr<c10d::Backend> columns() const;
@@ -135,19 +133,19 @@ class HierarchicalEngine : public Engine {
   // the group is known to have failed, raises at once; a failure of `call`
   // is posted to the group.
   template <class F>
-  c10::intrusive_ptr<c10d::Work> guarded(const char* op, F&& call);
-  void allreduce_sharded(const at::Tensor& flat, const c10d::ReduceOp& op, std::chrono::milliseconds timeout,
-                         int64_t pieces);
+  Work guarded(const char* op, F&& call);
+  void allreduce_sharded(const at::Tensor& flat, ReduceOp op, std::chrono::milliseconds timeout, int64_t pieces);
   void all_gather_bytes(const at::Tensor& in, const at::Tensor& out, std::chrono::milliseconds timeout);
-  void reduce_scatter_flat(const at::Tensor& output, const at::Tensor& input, const c10d::ReduceOp& op,
-                           bool avg, std::chrono::milliseconds timeout);
+  void reduce_scatter_flat(const at::Tensor& output, const at::Tensor& input, ReduceOp op, bool avg,
+                           std::chrono::milliseconds timeout);
 
   std::vector<int> host_of_;
   std::shared_ptr<FailureNotice> notice_;  // null: none (no store, or polling off)
   std::vector<std::vector<int>> host_ranks_;  // each host's ranks, ascending
   int host_ = 0;
   bool hosts_contiguous_ = true;  // host h's ranks follow host h-1's
-  c10::intrusive_ptr<c10d::Backend> local_, leaders_, world_, columns_;
+  c10::intrusive_ptr<Engine> local_;
+  c10::intrusive_ptr<C10dEngine> leaders_, world_, columns_;
   int64_t hier_calls_ = 0;
 };
 

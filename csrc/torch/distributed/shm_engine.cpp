@@ -13,20 +13,24 @@ namespace {
 
 // A collective that already ran: wait() returns at once and get_future() is
 // completed with the output tensors, as torch's works are once finished. The
-// future is built on first request: DDP asks for it, dist.all_reduce does not,
-// and building it costs about a microsecond per call. One output (every
-// in-place collective) is held without a vector: the list result() returns
-// is built when asked for, so the common call allocates only this object.
+// future is built on first request: DDP asks for it, dist.all_reduce does not.
+// One output (every in-place collective) is held without a vector: the list
+// result() returns is built when asked for, so the common call allocates only
+// this object.
 class DoneWork : public c10d::Work {
  public:
   DoneWork(c10d::OpType type, const std::vector<at::Tensor>& outputs) : Work(-1, type) {
     fill(outputs);
     completed_ = true;
   }
+  DoneWork(c10d::OpType type, const at::Tensor& output) : Work(-1, type) {
+    fill(output);
+    completed_ = true;
+  }
   // Makes this Work that of another call of the same op. Only while nobody
   // else holds it (recycle() checks): no one can see it change.
-  void refill(const std::vector<at::Tensor>& outputs) {
-    fill(outputs);
+  void refill(const at::Tensor& output) {
+    fill(output);
     future_.reset();
   }
   bool isCompleted() override { return true; }
@@ -48,14 +52,15 @@ class DoneWork : public c10d::Work {
     return t;
   }
   void fill(const std::vector<at::Tensor>& outputs) {
-    single_ = outputs.size() == 1;
-    if (single_) {
-      one_ = outputs[0];
-      many_.clear();
-    } else {
-      one_ = at::Tensor();
-      many_ = outputs;
-    }
+    if (outputs.size() == 1) return fill(outputs[0]);
+    single_ = false;
+    one_ = at::Tensor();
+    many_ = outputs;
+  }
+  void fill(const at::Tensor& output) {
+    single_ = true;
+    one_ = output;
+    many_.clear();
   }
   std::vector<at::Tensor> outputs() const { return single_ ? std::vector<at::Tensor>{one_} : many_; }
   bool single_ = false;
@@ -65,19 +70,19 @@ class DoneWork : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
 
-c10::intrusive_ptr<c10d::Work> done(c10d::OpType type, const std::vector<at::Tensor>& outputs) {
+Work done(c10d::OpType type, const std::vector<at::Tensor>& outputs) {
   return c10::make_intrusive<DoneWork>(type, outputs);
 }
+Work done(c10d::OpType type, const at::Tensor& output) { return c10::make_intrusive<DoneWork>(type, output); }
 
-// `spare` again, refilled with `outputs`, if only `spare` holds it (no
+// `spare` again, refilled with `output`, if only `spare` holds it (no
 // caller, no weak reference); else a new DoneWork, which becomes the spare.
-c10::intrusive_ptr<c10d::Work> recycle(c10::intrusive_ptr<c10d::Work>& spare, c10d::OpType type,
-                                       const std::vector<at::Tensor>& outputs) {
+Work recycle(Work& spare, c10d::OpType type, const at::Tensor& output) {
   if (spare && spare.use_count() == 1 && spare.weak_use_count() == 1) {
-    static_cast<DoneWork*>(spare.get())->refill(outputs);
+    static_cast<DoneWork*>(spare.get())->refill(output);
     return spare;
   }
-  spare = done(type, outputs);
+  spare = done(type, output);
   return spare;
 }
 
@@ -117,7 +122,6 @@ Reduction reduction(const at::Tensor& t, ReduceOp op) {
     default: return {DType::U8, op, t.numel()};
   }
 }
-Reduction reduction(const at::Tensor& t, const c10d::ReduceOp& op) { return reduction(t, ReduceOp(int(op.op_))); }
 char* ptr(const at::Tensor& t) { return static_cast<char*>(t.data_ptr()); }
 
 }  // namespace
@@ -156,104 +160,92 @@ std::unique_lock<std::mutex> ShmEngine::start(std::chrono::milliseconds t) {
   return g;
 }
 
-void ShmEngine::allreduce_direct(at::Tensor& t, const c10d::AllreduceOptions& opts) {
-  auto g = start(opts.timeout);
-  const Reduction r = reduction(t, ReduceOp(int(opts.reduceOp.op_)));
+void ShmEngine::all_reduce_now(at::Tensor& t, const Call& c) {
+  auto g = start(c.timeout);
+  const Reduction r = reduction(t, c.op);
   FASTPAR_RUN(cpu_shm::allreduce(*comm_, tuning_, placement_, t.data_ptr(), t.data_ptr(), r.count, r.dtype, r.op));
 }
 
-c10::intrusive_ptr<c10d::Work> ShmEngine::allreduce(std::vector<at::Tensor>& tensors,
-                                                    const c10d::AllreduceOptions& opts) {
-  const at::Tensor& t = tensors[0];
-  auto g = start(opts.timeout);
-  const Reduction r = reduction(t, ReduceOp(int(opts.reduceOp.op_)));
+Work ShmEngine::all_reduce(at::Tensor& t, const Call& c) {
+  auto g = start(c.timeout);
+  const Reduction r = reduction(t, c.op);
   FASTPAR_RUN(cpu_shm::allreduce(*comm_, tuning_, placement_, t.data_ptr(), t.data_ptr(), r.count, r.dtype, r.op));
-  return recycle(spare_allreduce_, c10d::OpType::ALLREDUCE, tensors);
+  return recycle(spare_allreduce_, c10d::OpType::ALLREDUCE, t);
 }
 
-c10::intrusive_ptr<c10d::Work> ShmEngine::broadcast(std::vector<at::Tensor>& tensors,
-                                                    const c10d::BroadcastOptions& opts) {
-  const at::Tensor& t = tensors[0];
+Work ShmEngine::broadcast(at::Tensor& t, const Call& c) {
   const Elems e = elems(t);
-  auto g = start(opts.timeout);
-  FASTPAR_RUN(cpu_shm::broadcast(*comm_, t.data_ptr(), e.count, e.dtype, int(opts.rootRank)));
-  return done(c10d::OpType::BROADCAST, tensors);
+  auto g = start(c.timeout);
+  FASTPAR_RUN(cpu_shm::broadcast(*comm_, t.data_ptr(), e.count, e.dtype, c.root));
+  return done(c10d::OpType::BROADCAST, t);
 }
 
-c10::intrusive_ptr<c10d::Work> ShmEngine::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) {
-  const at::Tensor& t = tensors[0];
-  auto g = start(opts.timeout);
+Work ShmEngine::reduce(at::Tensor& t, const Call& c) {
+  auto g = start(c.timeout);
   // Non-roots pass their input as `out`: cpu_shm::reduce writes only the root's.
-  const Reduction r = reduction(t, opts.reduceOp);
-  FASTPAR_RUN(cpu_shm::reduce(*comm_, t.data_ptr(), t.data_ptr(), r.count, r.dtype, r.op, int(opts.rootRank)));
-  return done(c10d::OpType::REDUCE, tensors);
+  const Reduction r = reduction(t, c.op);
+  FASTPAR_RUN(cpu_shm::reduce(*comm_, t.data_ptr(), t.data_ptr(), r.count, r.dtype, r.op, c.root));
+  return done(c10d::OpType::REDUCE, t);
 }
 
-c10::intrusive_ptr<c10d::Work> ShmEngine::allgather(std::vector<std::vector<at::Tensor>>& outputs,
-                                                    std::vector<at::Tensor>& inputs,
-                                                    const c10d::AllgatherOptions& opts) {
-  const Elems e = elems(inputs[0]);
-  std::vector<void*> outs;
-  for (auto& o : outputs[0]) outs.push_back(o.data_ptr());
-  auto g = start(opts.timeout);
-  FASTPAR_RUN(cpu_shm::gather(*comm_, inputs[0].data_ptr(), outs.data(), e.count, e.dtype, -1));
-  return done(c10d::OpType::ALLGATHER, outputs[0]);
+Work ShmEngine::all_gather(std::vector<at::Tensor>& outs, at::Tensor& in, const Call& c) {
+  const Elems e = elems(in);
+  std::vector<void*> ptrs;
+  for (auto& o : outs) ptrs.push_back(o.data_ptr());
+  auto g = start(c.timeout);
+  FASTPAR_RUN(cpu_shm::gather(*comm_, in.data_ptr(), ptrs.data(), e.count, e.dtype, -1));
+  return done(c10d::OpType::ALLGATHER, outs);
 }
 
-c10::intrusive_ptr<c10d::Work> ShmEngine::_allgather_base(at::Tensor& output, at::Tensor& input,
-                                                          const c10d::AllgatherOptions& opts) {
-  const Elems e = elems(input);
-  const int64_t bytes = int64_t(input.nbytes());
-  std::vector<void*> outs;
-  for (int q = 0; q < getSize(); ++q) outs.push_back(ptr(output) + q * bytes);
-  auto g = start(opts.timeout);
-  FASTPAR_RUN(cpu_shm::gather(*comm_, input.data_ptr(), outs.data(), e.count, e.dtype, -1));
-  return done(c10d::OpType::_ALLGATHER_BASE, {output});
+// Straight into each rank's block of the flat outputs, pair by pair.
+Work ShmEngine::all_gather_into(std::vector<at::Tensor>& outs, std::vector<at::Tensor>& ins, const Call& c) {
+  auto g = start(c.timeout);
+  std::vector<void*> ptrs(static_cast<size_t>(size()));
+  for (size_t i = 0; i < ins.size(); ++i) {
+    const Elems e = elems(ins[i]);
+    const int64_t bytes = int64_t(ins[i].nbytes());
+    for (int q = 0; q < size(); ++q) ptrs[size_t(q)] = ptr(outs[i]) + q * bytes;
+    FASTPAR_RUN(cpu_shm::gather(*comm_, ins[i].data_ptr(), ptrs.data(), e.count, e.dtype, -1));
+  }
+  return outs.size() == 1 ? done(c10d::OpType::_ALLGATHER_BASE, outs[0]) : done(kAllgatherIntoTensorCoalesced, outs);
 }
 
-c10::intrusive_ptr<c10d::Work> ShmEngine::gather(std::vector<std::vector<at::Tensor>>& outputs,
-                                                 std::vector<at::Tensor>& inputs, const c10d::GatherOptions& opts) {
-  const Elems e = elems(inputs[0]);
-  std::vector<void*> outs;
-  if (getRank() == opts.rootRank)
-    for (auto& o : outputs[0]) outs.push_back(o.data_ptr());
-  auto g = start(opts.timeout);
-  FASTPAR_RUN(cpu_shm::gather(*comm_, inputs[0].data_ptr(), outs.empty() ? nullptr : outs.data(), e.count, e.dtype,
-                              int(opts.rootRank)));
-  return done(c10d::OpType::GATHER, outputs.empty() ? std::vector<at::Tensor>{} : outputs[0]);
+Work ShmEngine::gather(std::vector<at::Tensor>& outs, at::Tensor& in, const Call& c) {
+  const Elems e = elems(in);
+  std::vector<void*> ptrs;
+  for (auto& o : outs) ptrs.push_back(o.data_ptr());
+  auto g = start(c.timeout);
+  FASTPAR_RUN(cpu_shm::gather(*comm_, in.data_ptr(), ptrs.empty() ? nullptr : ptrs.data(), e.count, e.dtype, c.root));
+  return done(c10d::OpType::GATHER, outs);
 }
 
-c10::intrusive_ptr<c10d::Work> ShmEngine::scatter(std::vector<at::Tensor>& outputs,
-                                                  std::vector<std::vector<at::Tensor>>& inputs,
-                                                  const c10d::ScatterOptions& opts) {
-  const Elems e = elems(outputs[0]);
-  std::vector<const void*> ins;
-  if (getRank() == opts.rootRank)
-    for (auto& i : inputs[0]) ins.push_back(i.const_data_ptr());
-  auto g = start(opts.timeout);
-  FASTPAR_RUN(cpu_shm::scatter(*comm_, ins.empty() ? nullptr : ins.data(), outputs[0].data_ptr(), e.count, e.dtype,
-                               int(opts.rootRank)));
-  return done(c10d::OpType::SCATTER, outputs);
+Work ShmEngine::scatter(at::Tensor& out, std::vector<at::Tensor>& ins, const Call& c) {
+  const Elems e = elems(out);
+  std::vector<const void*> ptrs;
+  for (auto& i : ins) ptrs.push_back(i.const_data_ptr());
+  auto g = start(c.timeout);
+  FASTPAR_RUN(cpu_shm::scatter(*comm_, ptrs.empty() ? nullptr : ptrs.data(), out.data_ptr(), e.count, e.dtype, c.root));
+  return done(c10d::OpType::SCATTER, out);
 }
 
-c10::intrusive_ptr<c10d::Work> ShmEngine::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
-                                                               const c10d::ReduceScatterOptions& opts) {
-  const Reduction r = reduction(output, opts.reduceOp);
-  auto g = start(opts.timeout);
-  FASTPAR_RUN(cpu_shm::reduce_scatter(*comm_, input.data_ptr(), output.data_ptr(), r.count, r.dtype, r.op));
-  return done(c10d::OpType::_REDUCE_SCATTER_BASE, {output});
+Work ShmEngine::reduce_scatter(std::vector<at::Tensor>& outs, std::vector<at::Tensor>& ins, const Call& c) {
+  auto g = start(c.timeout);
+  for (size_t i = 0; i < outs.size(); ++i) {
+    const Reduction r = reduction(outs[i], c.op);
+    FASTPAR_RUN(cpu_shm::reduce_scatter(*comm_, ins[i].data_ptr(), outs[i].data_ptr(), r.count, r.dtype, r.op));
+  }
+  return outs.size() == 1 ? done(c10d::OpType::_REDUCE_SCATTER_BASE, outs[0])
+                          : done(kReduceScatterTensorCoalesced, outs);
 }
 
-c10::intrusive_ptr<c10d::Work> ShmEngine::alltoall_base(at::Tensor& output, at::Tensor& input,
-                                                        std::vector<int64_t>& output_split_sizes,
-                                                        std::vector<int64_t>& input_split_sizes,
-                                                        const c10d::AllToAllOptions& opts) {
+Work ShmEngine::all_to_all(at::Tensor& out, at::Tensor& in, std::vector<int64_t>& out_splits,
+                           std::vector<int64_t>& in_splits, const Call& c) {
   // Counts in elements of `dt`: bytes for dtypes without element math.
-  const Elems e = elems(input);
-  const int64_t scale = e.dtype == DType::U8 && input.element_size() != 1 ? int64_t(input.element_size()) : 1;
-  const int n = getSize();
-  std::vector<int64_t> ic = checks::splits("input", input_split_sizes, input, n);
-  std::vector<int64_t> oc = checks::splits("output", output_split_sizes, output, n);
+  const Elems e = elems(in);
+  const int64_t scale = e.dtype == DType::U8 && in.element_size() != 1 ? int64_t(in.element_size()) : 1;
+  const int n = size();
+  std::vector<int64_t> ic = checks::splits("input", in_splits, in, n);
+  std::vector<int64_t> oc = checks::splits("output", out_splits, out, n);
   std::vector<int64_t> io(n, 0), oo(n, 0);
   for (int q = 0; q < n; ++q) {
     ic[q] *= scale;
@@ -263,16 +255,16 @@ c10::intrusive_ptr<c10d::Work> ShmEngine::alltoall_base(at::Tensor& output, at::
     io[q] = io[q - 1] + ic[q - 1];
     oo[q] = oo[q - 1] + oc[q - 1];
   }
-  auto g = start(opts.timeout);
-  FASTPAR_RUN(cpu_shm::alltoall(*comm_, input.data_ptr(), io.data(), ic.data(), output.data_ptr(), oo.data(),
-                                oc.data(), e.dtype));
-  return done(c10d::OpType::ALLTOALL_BASE, {output});
+  auto g = start(c.timeout);
+  FASTPAR_RUN(cpu_shm::alltoall(*comm_, in.data_ptr(), io.data(), ic.data(), out.data_ptr(), oo.data(), oc.data(),
+                                e.dtype));
+  return done(c10d::OpType::ALLTOALL_BASE, out);
 }
 
-c10::intrusive_ptr<c10d::Work> ShmEngine::barrier(const c10d::BarrierOptions& opts) {
-  auto g = start(opts.timeout);
+Work ShmEngine::barrier(const Call& c) {
+  auto g = start(c.timeout);
   FASTPAR_RUN(cpu_shm::barrier(*comm_));
-  return done(c10d::OpType::BARRIER, {});
+  return done(c10d::OpType::BARRIER, std::vector<at::Tensor>{});
 }
 
 at::Tensor ShmEngine::registered_empty(const std::vector<int64_t>& sizes, at::ScalarType dtype, int /*device*/) {

@@ -57,25 +57,18 @@ int64_t nbytes(const at::Tensor& t) { return t.numel() * int64_t(t.element_size(
 
 }  // namespace
 
-c10::intrusive_ptr<c10d::Work> ShmEngine::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
-  const at::Tensor& t = tensors[0];
+Work ShmEngine::send(at::Tensor& t, int peer, int tag) {
   std::shared_ptr<cpu_shm::P2POp> op;
-  run_transport([&] { op = p2p_->send(t.data_ptr(), nbytes(t), dst_rank, tag, describe(t), timeout_); });
-  return c10::make_intrusive<P2PWork>(c10d::OpType::SEND, p2p_, std::move(op), tensors, "send");
+  run_transport([&] { op = p2p_->send(t.data_ptr(), nbytes(t), peer, tag, describe(t), timeout_); });
+  return c10::make_intrusive<P2PWork>(c10d::OpType::SEND, p2p_, std::move(op), std::vector<at::Tensor>{t}, "send");
 }
 
-c10::intrusive_ptr<c10d::Work> ShmEngine::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
-  const at::Tensor& t = tensors[0];
+// `peer` -1: from any rank.
+Work ShmEngine::recv(at::Tensor& t, int peer, int tag) {
   std::shared_ptr<cpu_shm::P2POp> op;
-  run_transport([&] { op = p2p_->recv(t.data_ptr(), nbytes(t), src_rank, tag, describe(t), timeout_); });
-  return c10::make_intrusive<P2PWork>(c10d::OpType::RECV, p2p_, std::move(op), tensors, "recv");
-}
-
-c10::intrusive_ptr<c10d::Work> ShmEngine::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
-  const at::Tensor& t = tensors[0];
-  std::shared_ptr<cpu_shm::P2POp> op;
-  run_transport([&] { op = p2p_->recv(t.data_ptr(), nbytes(t), -1, tag, describe(t), timeout_); });
-  return c10::make_intrusive<P2PWork>(c10d::OpType::RECVANYSOURCE, p2p_, std::move(op), tensors, "recv");
+  run_transport([&] { op = p2p_->recv(t.data_ptr(), nbytes(t), peer, tag, describe(t), timeout_); });
+  return c10::make_intrusive<P2PWork>(peer < 0 ? c10d::OpType::RECVANYSOURCE : c10d::OpType::RECV, p2p_,
+                                      std::move(op), std::vector<at::Tensor>{t}, "recv");
 }
 
 }  // namespace distributed
