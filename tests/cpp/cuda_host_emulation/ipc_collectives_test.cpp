@@ -376,12 +376,9 @@ void check_host_abort(int n) {
 int main() {
   cuda_kernels::g_blocks = 2;
   cuda_kernels::g_threads = 3;
-  // The step schedules, and the fused kernel with both barrier forms
-  // (IpcComm::per_peer_waits).
-  for (int form = 0; form < 3; ++form) {
-    const bool fused = form > 0;
+  // The step schedules and the fused kernel.
+  for (bool fused : {false, true}) {
     emulated::g_fused_collectives = fused;
-    emulated::g_per_peer_waits = form == 2;
     for (int n = 2; n <= 5; ++n) {
       for (size_t slot_bytes : {size_t(256), size_t(4096), size_t(1) << 20}) check_sequence(n, slot_bytes);
       for (int v = 0; v < 6; ++v) check_desync(n, v);

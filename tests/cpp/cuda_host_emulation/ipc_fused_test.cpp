@@ -21,7 +21,6 @@
 //     a thread per peer, the waits for the peers that came succeed and the
 //     one for the absent peer fails; every caller records a timeout or its
 //     peer's abort, mirror included, and a replay traps naming it.
-// Everything runs with both barrier forms (IpcComm::per_peer_waits).
 // Exit status 0 = every check passed.
 #include <algorithm>
 #include <atomic>
@@ -365,27 +364,22 @@ void check_missing_peer(bool graphed) {
 }  // namespace
 
 int main() {
-  // Both barrier forms (IpcComm::per_peer_waits): thread 0's loop and a
-  // thread per peer.
-  for (bool per_peer : {false, true}) {
-    emulated::g_per_peer_waits = per_peer;
-    for (int n = 2; n <= 4; ++n) {
-      check_layouts<float>(n);
-      check_layouts<bf16>(n);
-      check_layouts<int8_t>(n);
-    }
-    expect(cuda_ipc::take_traps().empty(), "replays that succeed never trap");
-    for (int round = 0; round < 3; ++round)
-      for (int n = 2; n <= 4; ++n) {
-        check_desync(n, false);
-        check_desync(n, true);
-      }
-    check_lone_replay(false);
-    check_lone_replay(true);
-    check_misordered();
-    check_missing_peer(false);
-    check_missing_peer(true);
+  for (int n = 2; n <= 8; ++n) {
+    check_layouts<float>(n);
+    check_layouts<bf16>(n);
+    check_layouts<int8_t>(n);
   }
+  expect(cuda_ipc::take_traps().empty(), "replays that succeed never trap");
+  for (int round = 0; round < 3; ++round)
+    for (int n = 2; n <= 4; ++n) {
+      check_desync(n, false);
+      check_desync(n, true);
+    }
+  check_lone_replay(false);
+  check_lone_replay(true);
+  check_misordered();
+  check_missing_peer(false);
+  check_missing_peer(true);
   std::printf("%ld checks, %ld failures\n", long(checks.load()), long(failures.load()));
   return failures == 0 ? 0 : 1;
 }

@@ -248,13 +248,9 @@ void check_grid_cap() {
 
 int main() {
   check_grid_cap();
-  // Both barrier forms (IpcComm::per_peer_waits).
-  for (bool per_peer : {false, true}) {
-    emulated::g_per_peer_waits = per_peer;
-    for (int n = 2; n <= 5; ++n) check_bits(n);
-    for (int n = 2; n <= 4; ++n)
-      for (Peer p : {Peer::kStepByStep, Peer::kOtherCount, Peer::kAbsent, Peer::kHostAbort}) check_failure(n, p);
-  }
+  for (int n = 2; n <= 8; ++n) check_bits(n);
+  for (int n = 2; n <= 4; ++n)
+    for (Peer p : {Peer::kStepByStep, Peer::kOtherCount, Peer::kAbsent, Peer::kHostAbort}) check_failure(n, p);
   std::printf("%ld checks, %ld failures\n", long(checks.load()), long(failures.load()));
   return failures == 0 ? 0 : 1;
 }

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "../../kernels/reduce_ops.h"
 #include "../../transport/cuda_ipc/ipc_arena.h"
@@ -51,20 +52,33 @@ FASTPAR_HD void fused_copy(T* dst, const T* src, int64_t n, int t, int nt) {
   for (int64_t i = tail + t; i < n; i += nt) dst[i] = src[i];
 }
 
+// Sources are loaded kFusedLoadGroup ranks at a time: a group's packs are all
+// issued before any is combined, and past one group the accumulators carry
+// from group to group in rank order. One kernel so serves every rank count up
+// to kMaxIpcRanks with the registers of kFusedLoadGroup sources (eight
+// sources' packs in flight at once would spill) and the bits of one fold.
+constexpr int kFusedLoadGroup = 4;
+
 // dst[d][0, len) = op over src[0 .. n) in rank order, for each of the nd <= ND
 // destinations, in the accumulator type (reduce_ops.h, as the reduce kernel:
 // the same bits), AVG dividing by `contributions`. U packs per thread per
-// iteration, each with its n source loads issued before any combine, so U * n
-// loads are in flight. NMAX bounds n at compile time: the source arrays stay
-// in registers.
-template <typename T, ReduceOp OP, int NMAX>
+// iteration up to kFusedLoadGroup ranks (U * n loads in flight), one pack
+// past that (kFusedLoadGroup loads in flight).
+template <typename T, ReduceOp OP>
 struct FusedReduce {
   using A = acc_t<T>;
   static constexpr int V = 16 / int(sizeof(T));
+  static constexpr int G = kFusedLoadGroup;
   union Pack {
     uint4 w;
     T e[V];
   };
+  // The accumulators carried from group to group: packed when they are T
+  // (a byte in a register of its own would take 16 registers a pack).
+  struct Wide {
+    A e[V];
+  };
+  using Carry = std::conditional_t<std::is_same_v<A, T>, Pack, Wide>;
 
   template <int U, int ND>
   static FASTPAR_HD void run(const T* const* src, int n, T* const* dst, int nd, int64_t len, int contributions,
@@ -74,49 +88,26 @@ struct FusedReduce {
     for (int d = 0; d < ND; ++d)
       if (d < nd) vec = vec && fused_aligned(dst[d]);
     FASTPAR_FUSED_UNROLL
-    for (int q = 0; q < NMAX; ++q)
+    for (int q = 0; q < kMaxIpcRanks; ++q)
       if (q < n) vec = vec && fused_aligned(src[q]);
     int64_t tail = 0;
     if (vec) {
       const int64_t packs = len / V;
       int64_t v = t;
-      for (; v + int64_t(U - 1) * nt < packs; v += int64_t(U) * nt) {
-        Pack x[U][NMAX];
-        FASTPAR_FUSED_UNROLL
-        for (int u = 0; u < U; ++u) {
-          FASTPAR_FUSED_UNROLL
-          for (int q = 0; q < NMAX; ++q)
-            if (q < n) x[u][q].w = reinterpret_cast<const uint4*>(src[q])[v + int64_t(u) * nt];
-        }
-        FASTPAR_FUSED_UNROLL
-        for (int u = 0; u < U; ++u) {
-          const uint4 y = combine_pack(x[u], n, contributions);
-          FASTPAR_FUSED_UNROLL
-          for (int d = 0; d < ND; ++d)
-            if (d < nd) reinterpret_cast<uint4*>(dst[d])[v + int64_t(u) * nt] = y;
-        }
-      }
-      for (; v < packs; v += nt) {
-        Pack x[NMAX];
-        FASTPAR_FUSED_UNROLL
-        for (int q = 0; q < NMAX; ++q)
-          if (q < n) x[q].w = reinterpret_cast<const uint4*>(src[q])[v];
-        const uint4 y = combine_pack(x, n, contributions);
-        FASTPAR_FUSED_UNROLL
-        for (int d = 0; d < ND; ++d)
-          if (d < nd) reinterpret_cast<uint4*>(dst[d])[v] = y;
+      if (n <= G) {  // one group: U packs in flight
+        for (; v + int64_t(U - 1) * nt < packs; v += int64_t(U) * nt)
+          packs_at<U, 1, ND>(src, n, dst, nd, v, nt, contributions);
+        for (; v < packs; v += nt) packs_at<1, 1, ND>(src, n, dst, nd, v, nt, contributions);
+      } else {  // the accumulators live across the groups: one pack at a time
+        for (; v < packs; v += nt) packs_at<1, kMaxIpcRanks / G, ND>(src, n, dst, nd, v, nt, contributions);
       }
       tail = packs * V;
     }
-    for (int64_t i = tail + t; i < len; i += nt) {
-      T x[NMAX];
+    for (int64_t i = tail + t; i < len; i += nt) {  // less than a pack per source: one load at a time
+      A acc = load_acc(src[0][i]);
       FASTPAR_FUSED_UNROLL
-      for (int q = 0; q < NMAX; ++q)
-        if (q < n) x[q] = src[q][i];
-      A acc = load_acc(x[0]);
-      FASTPAR_FUSED_UNROLL
-      for (int q = 1; q < NMAX; ++q)
-        if (q < n) acc = combine<OP>(acc, load_acc(x[q]));
+      for (int q = 1; q < kMaxIpcRanks; ++q)
+        if (q < n) acc = combine<OP>(acc, load_acc(src[q][i]));
       const T y = store_acc<T>(finalize<OP>(acc, contributions));
       FASTPAR_FUSED_UNROLL
       for (int d = 0; d < ND; ++d)
@@ -125,31 +116,51 @@ struct FusedReduce {
   }
 
  private:
-  // One output pack from the sources' packs x[0 .. n), element by element.
-  static FASTPAR_HD uint4 combine_pack(const Pack* x, int n, int contributions) {
-    Pack y;
+  // Packs v, v + nt, .., v + (U - 1) * nt of the sources (at most NG groups
+  // of them), combined element by element in rank order, into every destination.
+  template <int U, int NG, int ND>
+  static FASTPAR_HD void packs_at(const T* const* src, int n, T* const* dst, int nd, int64_t v, int nt,
+                                  int contributions) {
+    Carry acc[U];
     FASTPAR_FUSED_UNROLL
-    for (int e = 0; e < V; ++e) {
-      A acc = load_acc(x[0].e[e]);
-      FASTPAR_FUSED_UNROLL
-      for (int q = 1; q < NMAX; ++q)
-        if (q < n) acc = combine<OP>(acc, load_acc(x[q].e[e]));
-      y.e[e] = store_acc<T>(finalize<OP>(acc, contributions));
+    for (int g = 0; g < NG * G; g += G) {
+      if (g < n) {
+        Pack x[U][G];
+        FASTPAR_FUSED_UNROLL
+        for (int u = 0; u < U; ++u) {
+          FASTPAR_FUSED_UNROLL
+          for (int j = 0; j < G; ++j)
+            if (g + j < n) x[u][j].w = reinterpret_cast<const uint4*>(src[g + j])[v + int64_t(u) * nt];
+        }
+        FASTPAR_FUSED_UNROLL
+        for (int u = 0; u < U; ++u) {
+          FASTPAR_FUSED_UNROLL
+          for (int e = 0; e < V; ++e) {
+            A y = g == 0 ? load_acc(x[u][0].e[e]) : combine<OP>(load_acc(acc[u].e[e]), load_acc(x[u][0].e[e]));
+            FASTPAR_FUSED_UNROLL
+            for (int j = 1; j < G; ++j)
+              if (g + j < n) y = combine<OP>(y, load_acc(x[u][j].e[e]));
+            acc[u].e[e] = y;
+          }
+        }
+      }
     }
-    return y.w;
+    FASTPAR_FUSED_UNROLL
+    for (int u = 0; u < U; ++u) {
+      Pack y;
+      FASTPAR_FUSED_UNROLL
+      for (int e = 0; e < V; ++e) y.e[e] = store_acc<T>(finalize<OP>(load_acc(acc[u].e[e]), contributions));
+      FASTPAR_FUSED_UNROLL
+      for (int d = 0; d < ND; ++d)
+        if (d < nd) reinterpret_cast<uint4*>(dst[d])[v + int64_t(u) * nt] = y.w;
+    }
   }
 };
 
-// The rank bound a call's reducing kernel is compiled for (FusedReduce's
-// NMAX): up to 4 ranks, 2 packs per thread in flight in the reduction (2n >= 4
-// loads); more ranks, 1 pack (n >= 5 loads). Both in one kernel would share
-// one register allocation and spill (ptxas); apart, each fits 128 registers.
-FASTPAR_HD int fused_rank_bound(int n) { return n <= 4 ? 4 : kMaxIpcRanks; }
-
-// Packs per thread per iteration of the reduction for rank bound NMAX (a
-// variable, not a function: device code may read it).
-template <int NMAX>
-constexpr int kFusedReduceUnroll = NMAX <= 4 ? 2 : 1;
+// Packs per thread per iteration of the reductions with a 128-register budget
+// (the fused two-shot and collectives); the fused one-shot's 64 registers
+// hold 1.
+constexpr int kFusedReduceUnroll = 2;
 
 }  // namespace cuda_ipc
 }  // namespace fastpar

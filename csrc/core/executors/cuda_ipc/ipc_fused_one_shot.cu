@@ -5,7 +5,6 @@
 #include "../../transport/cuda_ipc/device_memory_order.cuh"
 #include "gpu_block.cuh"
 #include "ipc_fused_one_shot.h"
-#include "kernel_variant.cuh"
 
 namespace fastpar {
 namespace cuda_ipc {
@@ -22,54 +21,42 @@ constexpr int kFusedMinBlocksPerSm = 2;
 
 static_assert(kFusedThreads >= kMaxIpcRanks, "the barrier waits for each peer on a thread of its own");
 
-template <class Mem, typename T, ReduceOp OP, int NMAX>
+template <typename T, ReduceOp OP>
 __global__ void __launch_bounds__(kFusedThreads, kFusedMinBlocksPerSm) fused_one_shot_kernel(FusedArgs a) {
   __shared__ int shared;
   GpuBlock blk{&shared};
-  one_shot_block<Mem, T, OP, NMAX>(a, int(blockIdx.x), blk);
+  one_shot_block<DeviceMemory, T, OP>(a, int(blockIdx.x), blk);
 }
 
 // As above, but a failure, earlier or in this replay, traps (graph_trap,
 // ipc_fused_one_shot.h): no host check follows a replay.
-template <class Mem, typename T, ReduceOp OP, int NMAX>
+template <typename T, ReduceOp OP>
 __global__ void __launch_bounds__(kFusedThreads, kFusedMinBlocksPerSm) fused_graph_kernel(GraphArgs a) {
   __shared__ int shared;
   GpuBlock blk{&shared};
-  graph_block<Mem, T, OP, NMAX>(a, int(blockIdx.x), blk);
+  graph_block<DeviceMemory, T, OP>(a, int(blockIdx.x), blk);
 }
 
-// The kernels' launches: the variant of the call (kernel_variant.cuh).
 template <typename T, ReduceOp OP>
 struct LaunchOneShot {
   static void run(const FusedArgs& a, int nblocks, cudaStream_t s) {
-    with_kernel_variant(a.phase, [&](auto v) {
-      using V = decltype(v);
-      fused_one_shot_kernel<typename V::Mem, T, OP, V::kRankBound><<<unsigned(nblocks), kFusedThreads, 0, s>>>(a);
-    });
+    fused_one_shot_kernel<T, OP><<<unsigned(nblocks), kFusedThreads, 0, s>>>(a);
   }
 };
 
 template <typename T, ReduceOp OP>
 struct LaunchGraph {
   static void run(const GraphArgs& a, int nblocks, cudaStream_t s) {
-    with_kernel_variant(a.f.phase, [&](auto v) {
-      using V = decltype(v);
-      fused_graph_kernel<typename V::Mem, T, OP, V::kRankBound><<<unsigned(nblocks), kFusedThreads, 0, s>>>(a);
-    });
+    fused_graph_kernel<T, OP><<<unsigned(nblocks), kFusedThreads, 0, s>>>(a);
   }
 };
 
 template <typename T, ReduceOp OP>
 struct LoadFusedKernels {
   static cudaError_t run() {
-    return for_each_kernel_variant([](auto v) {
-      using V = decltype(v);
-      cudaFuncAttributes attr;
-      const cudaError_t e =
-          cudaFuncGetAttributes(&attr, fused_one_shot_kernel<typename V::Mem, T, OP, V::kRankBound>);
-      return e != cudaSuccess ? e
-                              : cudaFuncGetAttributes(&attr, fused_graph_kernel<typename V::Mem, T, OP, V::kRankBound>);
-    });
+    cudaFuncAttributes attr;
+    const cudaError_t e = cudaFuncGetAttributes(&attr, fused_one_shot_kernel<T, OP>);
+    return e != cudaSuccess ? e : cudaFuncGetAttributes(&attr, fused_graph_kernel<T, OP>);
   }
 };
 

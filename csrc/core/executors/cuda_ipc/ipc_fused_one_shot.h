@@ -116,31 +116,29 @@ FASTPAR_HD void fused_copy_in(const FusedArgs& a, int b, int t, int nt, int64_t 
 // Block b's reduction in rank order 0..n-1 (the reduce kernel's order and
 // math, reduce_ops.h: identical bits), thread `t` of `nt`. Every source is a
 // slot, this rank's own too (the block's copy-in, ordered before by the
-// barrier). FusedReduce (fused_loops.h) with rank bound NMAX
-// (fused_rank_bound): up to 4 ranks 2 packs of each rank in flight, so 2
-// ranks keep 4 loads in flight as the copies do; more, one pack of each.
-template <typename T, ReduceOp OP, int NMAX>
+// barrier). FusedReduce (fused_loops.h).
+template <typename T, ReduceOp OP>
 FASTPAR_HD void fused_reduce(const FusedArgs& a, int b, int t, int nt, int64_t slot_off = 0) {
   int64_t lo, hi;
   fused_block_range<T>(a, b, &lo, &hi);
-  const T* src[NMAX];
+  const T* src[kMaxIpcRanks];
   FASTPAR_FUSED_UNROLL
-  for (int q = 0; q < NMAX; ++q)
+  for (int q = 0; q < kMaxIpcRanks; ++q)
     src[q] = q < a.phase.size ? reinterpret_cast<const T*>(static_cast<const char*>(a.slots[q]) + slot_off) + lo
                               : nullptr;
   T* const dst[1] = {static_cast<T*>(a.out) + lo};
-  FusedReduce<T, OP, NMAX>::template run<kFusedReduceUnroll<NMAX>, 1>(src, a.phase.size, dst, 1, hi - lo,
+  FusedReduce<T, OP>::template run<kFusedReduceUnroll, 1>(src, a.phase.size, dst, 1, hi - lo,
                                                                       a.contributions, t, nt);
 }
 
 // The whole call for block b: copy-in, barrier (phase desc.seq), reduction.
-template <class Mem, typename T, ReduceOp OP, int NMAX, class Blk>
+template <class Mem, typename T, ReduceOp OP, class Blk>
 FASTPAR_HD void one_shot_block(const FusedArgs& a, int b, Blk& blk) {
   // An earlier call failed here: write nothing (the host raises it).
   if (blk.leader([&] { return fused_prior_failure<Mem>(a.phase, b) != 0; })) return;
   blk.threads([&](int t, int nt) { fused_copy_in<T>(a, b, t, nt); });
   if (blk.barrier(block_phase<Mem>(a.phase, a.self_blocks, a.peer_blocks, b, 0))) return;
-  blk.threads([&](int t, int nt) { fused_reduce<T, OP, NMAX>(a, b, t, nt); });
+  blk.threads([&](int t, int nt) { fused_reduce<T, OP>(a, b, t, nt); });
 }
 
 // Enqueues the fused kernel (ipc_fused_one_shot.cu): a.nblocks blocks.
@@ -282,7 +280,7 @@ FASTPAR_HD void graph_done(const GraphArgs& a, int b, uint64_t e) { a.self->epoc
 // traps), the epoch, the copy-in to the epoch's graph slot, the barrier (a
 // failure traps), the reduction. No second barrier: the next replay copies in
 // to the other graph slot.
-template <class Mem, typename T, ReduceOp OP, int NMAX, class Blk>
+template <class Mem, typename T, ReduceOp OP, class Blk>
 FASTPAR_HD void graph_block(const GraphArgs& a, int b, Blk& blk) {
   if (blk.leader([&] { return graph_prior_failure<Mem>(a, b) != 0; })) return;
   // The epoch is read where it is used rather than kept: only this block
@@ -290,7 +288,7 @@ FASTPAR_HD void graph_block(const GraphArgs& a, int b, Blk& blk) {
   // and reduction loops costs them registers.
   blk.threads([&](int t, int nt) { fused_copy_in<T>(a.f, b, t, nt, graph_slot_offset(a, graph_epoch(a, b))); });
   if (blk.barrier(GraphPhase<Mem>{a.f.phase, a, b, graph_epoch(a, b)})) return;
-  blk.threads([&](int t, int nt) { fused_reduce<T, OP, NMAX>(a.f, b, t, nt, graph_slot_offset(a, graph_epoch(a, b))); });
+  blk.threads([&](int t, int nt) { fused_reduce<T, OP>(a.f, b, t, nt, graph_slot_offset(a, graph_epoch(a, b))); });
   blk.leader([&] {
     graph_done(a, b, graph_epoch(a, b));
     return false;

@@ -4,7 +4,6 @@
 #include "../../transport/cuda_ipc/device_memory_order.cuh"
 #include "gpu_block.cuh"
 #include "ipc_fused_two_shot.h"
-#include "kernel_variant.cuh"
 
 namespace fastpar {
 namespace cuda_ipc {
@@ -21,31 +20,24 @@ static_assert(kTwoShotThreads >= kMaxIpcRanks, "the barrier waits for each peer 
 constexpr int kTwoShotMinBlocksPerSm = 1;
 static_assert(kTwoShotMinBlocksPerSm == kFusedGridBlocksPerSm, "the grid cap (ipc_comm.h) counts this many");
 
-template <class Mem, typename T, ReduceOp OP, int NMAX>
+template <typename T, ReduceOp OP>
 __global__ void __launch_bounds__(kTwoShotThreads, kTwoShotMinBlocksPerSm) fused_two_shot_kernel(TwoShotArgs a) {
   __shared__ int shared;
   GpuBlock blk{&shared};
-  two_shot_block<Mem, T, OP, NMAX>(a, int(blockIdx.x), blk);
+  two_shot_block<DeviceMemory, T, OP>(a, int(blockIdx.x), blk);
 }
 
 template <typename T, ReduceOp OP>
 struct LoadTwoShot {
   static cudaError_t run() {
-    return for_each_kernel_variant([](auto v) {
-      using V = decltype(v);
-      cudaFuncAttributes attr;
-      return cudaFuncGetAttributes(&attr, fused_two_shot_kernel<typename V::Mem, T, OP, V::kRankBound>);
-    });
+    cudaFuncAttributes attr;
+    return cudaFuncGetAttributes(&attr, fused_two_shot_kernel<T, OP>);
   }
 };
 
 template <typename T, ReduceOp OP>
 cudaError_t launch_instance(const TwoShotArgs& a, cudaStream_t stream) {
-  with_kernel_variant(a.phase, [&](auto v) {
-    using V = decltype(v);
-    fused_two_shot_kernel<typename V::Mem, T, OP, V::kRankBound>
-        <<<unsigned(a.nblocks), kTwoShotThreads, 0, stream>>>(a);
-  });
+  fused_two_shot_kernel<T, OP><<<unsigned(a.nblocks), kTwoShotThreads, 0, stream>>>(a);
   return cudaGetLastError();
 }
 

@@ -123,23 +123,20 @@ struct OwnStatusPoll {
 };
 
 // A one-kernel call's barrier: block b posts its flag, then waits for block b
-// of every peer. It is cut in two so that a block can wait for its peers at
-// once, one thread per peer (PhaseArgs::per_peer_waits; the block policy's
-// barrier(): gpu_block.cuh, and the host emulation's HostBlock), as well as
-// from thread 0 one peer after another: with k ranks the last flag to arrive
-// is then seen after one poll, not after up to k - 1 more remote loads. A
+// of every peer. It is cut in two so that a block waits for its peers at
+// once, one thread per peer (the block policy's barrier(): gpu_block.cuh, and
+// the host emulation's HostBlock): with k ranks the last flag to arrive is
+// then seen after one poll, not after up to k - 1 more remote loads. A
 // phase object has
-//   p            the call's PhaseArgs (size, rank, per_peer_waits);
+//   p            the call's PhaseArgs (size, rank);
 //   arrive()     run by thread 0 after the block's writes of the phase (the
 //                policy synchronizes the block first): the release of the
 //                flag. True when this rank has already failed: nothing is
 //                posted;
-//   deadline()   when the waits of this barrier give up (one per thread that
-//                waits, taken before its first wait: serial waits share the
-//                timeout, they do not get one each);
+//   deadline()   when the wait of a thread gives up (taken before it);
 //   wait(q, d)   the acquire of peer q's flag, q = barrier_peer(rank, size,
 //                t) for t = 1 .. size-1, by thread t at the same time as
-//                arrive() and the other waits, or by thread 0 in turn. True
+//                arrive() and the other waits. True
 //                on a failure, already recorded (record_failure: the first
 //                one of the rank stands, so waits that fail together do not
 //                bury each other).

@@ -68,24 +68,15 @@ struct IpcComm {
   // descriptor mismatch); the unfused path stays for comparison and tests.
   bool fused_one_shot = true;
   // Two-shot calls run as one fused kernel, every size (ipc_fused_two_shot.h);
-  // false: the step-by-step schedule (2mn + 1 stream operations for m chunks).
-  // Equal on every rank, as fused_one_shot (a mix fails with a mismatch).
-  bool fused_two_shot = true;
+  // false (the default, the form that has run on a GPU): the step-by-step
+  // schedule (2mn + 1 stream operations for m chunks). Equal on every rank,
+  // as fused_one_shot (a mix fails with a mismatch).
+  bool fused_two_shot = false;
   // broadcast, gather, scatter, all_to_all, reduce and reduce_scatter run as
   // one fused kernel per call (executors/cuda_ipc/ipc_fused_collectives.h);
-  // false: the step-by-step schedules. Equal on every rank (a mix fails with
-  // a mismatch naming schedule=fused).
-  bool fused_collectives = true;
-  // Every rank of the group is on this GPU and the one-kernel calls may
-  // order their flags at GPU scope instead of system scope
-  // (device_memory_order.cuh: DeviceMemoryOneGpu). Need not be equal on every
-  // rank: on one GPU a system-scope release is seen by a GPU-scope acquire.
-  bool one_gpu_scope = false;
-  // The one-kernel calls' barriers: a thread per peer waits for it (true), or
-  // thread 0 waits for the peers one after the other (false, the form that
-  // ran on a GPU first). Need not be equal on every rank: it is only how a
-  // rank waits.
-  bool per_peer_waits = false;
+  // false (the default, as fused_two_shot): the step-by-step schedules. Equal
+  // on every rank (a mix fails with a mismatch naming schedule=fused).
+  bool fused_collectives = false;
   // Bytes per block of the fused kernel (ipc_fused_one_shot.h; equal on every
   // rank; the host emulation lowers it so that small calls get many blocks).
   int64_t fused_bytes_per_block = 16 * 1024;
@@ -114,9 +105,6 @@ inline int fused_grid_blocks(int sms, int sharers) {
   if (total > kTwoShotMaxBlocks) total = kTwoShotMaxBlocks;
   return total / sharers < 1 ? 1 : total / sharers;
 }
-
-// Every rank of `c` is on this rank's GPU: the condition of one_gpu_scope.
-inline bool all_on_one_gpu(const IpcComm& c) { return c.size > 1 && c.gpu_sharers == c.size; }
 
 // The grid cap of `c`'s fused two-shot and collectives calls.
 inline int fused_grid_cap(const IpcComm& c) {
