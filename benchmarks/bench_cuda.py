@@ -31,7 +31,6 @@ import datetime
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -238,7 +237,7 @@ def ipc_worker(args) -> None:
     import torch
     import torch.distributed as dist
 
-    import fastpar  # noqa: F401  (registers "fastpar")
+    import fastpar  # registers "fastpar"; fastpar._C._testing
     import fastpar.distributed as fd
 
     rank, n = args.rank, args.ranks[0]
@@ -310,17 +309,19 @@ def ipc_worker(args) -> None:
         dist.barrier(group=gloo)
         return slowest(event_time(lambda: dist.all_reduce(t, group=group), reps=3, agree=agreed_calls)), host
 
-    def with_engine(setting: str, value, restore, measure_):
-        """`measure_` with the CUDA engine's `setting` (its _set_<setting>) at
-        `value`, then back at `restore` (what the other rows run): the old
-        and the new form of a call, or another choice, in the same run."""
+    def with_engine(knob: str, value: str, restore: str, measure_):
+        """`measure_` with the CUDA engine's FASTPAR_CUDA_IPC_`knob` at `value`
+        (the test hook, fastpar._C._testing.cuda_override), then back at
+        `restore` (what the other rows run): the old and the new form of a
+        call, or another choice, in the same run."""
         def measure(size):
             engine = fd.get_fastpar_backend().cuda_engine
-            getattr(engine, "_set_" + setting)(value)
+            override = fastpar._C._testing.cuda_override
+            override(engine, "FASTPAR_CUDA_IPC_" + knob, str(value))
             try:
                 return measure_(size)
             finally:
-                getattr(engine, "_set_" + setting)(restore)
+                override(engine, "FASTPAR_CUDA_IPC_" + knob, str(restore))
         return measure
 
     def fastpar_plain(size):
@@ -382,12 +383,7 @@ def ipc_worker(args) -> None:
 
     # The "fastpar" rows run the fused two-shot (one kernel a call), whatever
     # the default: the new schedule is measured against the old in this run.
-    fd.get_fastpar_backend().cuda_engine._set_ipc_two_shot("fused")
-    # ... and their flags at system scope: the "gpu-scope" rows are the other.
-    fd.get_fastpar_backend().cuda_engine._set_ipc_fence_scope("system")
-    # ... and thread 0 waiting for the peers in turn: the "per-peer barrier"
-    # rows wait for each on a thread of its own.
-    fd.get_fastpar_backend().cuda_engine._set_ipc_barrier("serial")
+    fastpar._C._testing.cuda_override(fd.get_fastpar_backend().cuda_engine, "FASTPAR_CUDA_IPC_TWO_SHOT", "fused")
 
     for name, group in groups:
         series(name, args.ipc_sizes, lambda size: plain(group, size))
@@ -396,7 +392,7 @@ def ipc_worker(args) -> None:
     # The step-by-step two-shot (2mn + 1 stream operations a call) beside the
     # fused kernel (one) that the "fastpar" rows run.
     series("fastpar two-shot steps", [s for s in args.ipc_sizes if s > one_shot_hi],
-           with_engine("ipc_two_shot", "steps", "fused", fastpar_plain))
+           with_engine("TWO_SHOT", "steps", "fused", fastpar_plain))
     # The schedule the plain rows did not run, from 256 KiB to 2 MiB: the
     # one-shot limit per rank count (FASTPAR_CUDA_IPC_ONE_SHOT_MAX_BYTES) is
     # read off the two in gpu_summary.py.
@@ -405,41 +401,32 @@ def ipc_worker(args) -> None:
     slot = int(os.environ.get("FASTPAR_CUDA_IPC_SLOT_BYTES", 8 * MiB))
     if n > 2:
         series("fastpar two-shot forced", [s for s in args.ipc_sizes if 256 * KiB <= s <= one_shot_hi],
-               with_engine("one_shot_max_bytes", 0, -1, fastpar_plain))
+               with_engine("ONE_SHOT_MAX_BYTES", 0, "", fastpar_plain))
         series("fastpar one-shot forced", [s for s in args.ipc_sizes if one_shot_hi < s <= min(2 * MiB, slot)],
-               with_engine("one_shot_max_bytes", slot, -1, fastpar_plain))
-        # With more than one peer: the barrier's waits at once, one thread per
-        # peer, against the plain rows' one after the other.
-        series("fastpar per-peer barrier", [s for s in args.ipc_sizes if s <= MiB],
-               with_engine("ipc_barrier", "per_peer", "serial", fastpar_plain))
+               with_engine("ONE_SHOT_MAX_BYTES", slot, "", fastpar_plain))
     if n == 2:  # 3 and 4 ranks are measured against 2 on the plain all_reduce only (the time it takes)
         series("fastpar direct", [s for s in args.ipc_sizes if s <= 256 * KiB], direct)
         series("torch fake backend", [s for s in args.ipc_sizes if s == 4 * KiB], fake_backend)
         # the sizes 2 ranks now run one-shot and ran two-shot before
         hi = fd.get_fastpar_backend().cuda_engine.one_shot_max_bytes
         series("fastpar two-shot above 256 KiB", [s for s in args.ipc_sizes if 256 * KiB < s <= hi],
-               with_engine("one_shot_max_bytes", 256 * KiB, -1, fastpar_plain))
+               with_engine("ONE_SHOT_MAX_BYTES", 256 * KiB, "", fastpar_plain))
         # The same all_reduce on registered tensors (registered_empty: no
         # copy-in); the registered two-shot runs above the one-shot sizes.
         series("fastpar registered", [s for s in args.ipc_sizes if s > 256 * KiB], registered)
         # ... step by step (m(n + 1) + 2 stream operations, (3n - 1)N bytes)
         # beside the push (one kernel, 2nN bytes) of the rows above.
         series("fastpar registered steps", [s for s in args.ipc_sizes if s > 256 * KiB],
-               with_engine("ipc_two_shot", "steps", "fused", registered))
+               with_engine("TWO_SHOT", "steps", "fused", registered))
         # The other collectives, one kernel a call ("fused") against a copy
         # kernel per peer region and a phase kernel per slot-sized piece.
         for op in ("broadcast", "all_gather", "reduce_scatter"):
             for form in ("fused", "steps"):
                 series(f"fastpar {op} {form}", [s for s in args.ipc_sizes if s >= MiB],
-                       with_engine("ipc_collectives", form, "steps", collective(op)))
+                       with_engine("COLLECTIVES", form, "steps", collective(op)))
         # The same all_reduce captured in a CUDA graph (fastpar's graphed kernel):
         # one all_reduce per graph, so host time per replay is per call.
         series("fastpar graph", [s for s in args.ipc_sizes if s <= 256 * KiB], graphed)
-        if args.placement == "shared":  # the same calls with GPU-scope fences (all ranks on this GPU)
-            series("fastpar gpu-scope", [s for s in args.ipc_sizes if s <= 8 * MiB],
-                   with_engine("ipc_fence_scope", "gpu", "system", fastpar_plain))
-            series("fastpar graph gpu-scope", [s for s in args.ipc_sizes if s <= 256 * KiB],
-                   with_engine("ipc_fence_scope", "gpu", "system", graphed))
     dist.destroy_process_group()
 
 
@@ -509,8 +496,6 @@ def synthetic_rows(args) -> list:
             if size <= 256 * KiB:
                 rows.append(gs.ipc_row("fastpar graph", "shared cuda:0", n, size, 8e-6 + size / 500e9, 3e-6))
                 rows.append(gs.ipc_row("fastpar direct", "shared cuda:0", n, size, 9e-6 + size / 500e9, 7e-6))
-                rows.append(gs.ipc_row("fastpar graph gpu-scope", "shared cuda:0", n, size, 7e-6 + size / 500e9,
-                                       2.5e-6))
                 if size == 4 * KiB:
                     rows.append(gs.ipc_row("torch fake backend", "shared cuda:0", n, size, None, 2e-6))
             else:
@@ -532,24 +517,6 @@ def header() -> str:
         except Exception as e:
             lines.append(f"NCCL: unknown ({_err(e)})")
     return "\n".join(lines) + "\n"
-
-
-def measured_on() -> tuple:
-    """The GPU model the rows were measured on (one model, else "": no tuning
-    entry), and what measured them: the tuning entry's source."""
-    import torch
-
-    if not torch.cuda.is_available():
-        return "", ""
-    models = {torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())}
-    try:
-        commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        commit = ""
-    source = (f"bench_cuda.py {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d}, fastpar "
-              f"{commit or 'unknown commit'}, torch {torch.__version__}")
-    return (models.pop() if len(models) == 1 else ""), source
 
 
 def parse_args(argv=None):
@@ -643,8 +610,7 @@ def main(argv=None) -> list:
             print(f"{part}: {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
             write_rows(rows, args.rows_out)  # after each part: a kill during the next loses nothing
     write_rows(rows, args.rows_out)
-    model, source = ("", "") if args.dry_run else measured_on()
-    gs.report(rows, args.out, head, model, source)
+    gs.report(rows, args.out, head)
     return rows
 
 

@@ -20,7 +20,7 @@
 #       # left of the budget less the needs of the later selected phases (gpu_check_phases.sh)
 #   GPU_CHECK_BUILD_S                         # the build's need (default 120 s cold, 30 s when up to date)
 #
-# Logs, CSV, PNG, summary.txt and tuning.json go to the results folder. The exit code is
+# Logs, CSV, PNG and summary.txt (with what the run decided) go to the results folder. The exit code is
 # nonzero when the build, the smoke test or a test failed (2: bad arguments or
 # a budget refused); missed benchmark targets are reported, not failures.
 set -uo pipefail
@@ -55,13 +55,15 @@ elif [ -x .venv/bin/python ]; then PY=.venv/bin/python
 else PY=python3
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-# The fused kernels, GPU-scope fences and per-peer barriers are not the
-# default until they have run here: the GPU tests run them (the system-scope
-# kernels with serial barriers ran before).
+# The fused kernels are not the default until they have run here: the GPU
+# tests run them (the steps forms ran before).
 export FASTPAR_CUDA_IPC_TWO_SHOT=${FASTPAR_CUDA_IPC_TWO_SHOT:-fused}
 export FASTPAR_CUDA_IPC_COLLECTIVES=${FASTPAR_CUDA_IPC_COLLECTIVES:-fused}
-export FASTPAR_CUDA_IPC_FENCE_SCOPE=${FASTPAR_CUDA_IPC_FENCE_SCOPE:-gpu}
-export FASTPAR_CUDA_IPC_BARRIER=${FASTPAR_CUDA_IPC_BARRIER:-per_peer}
+# Every kernel of the process loaded when its CUDA context starts, not at its
+# first launch: loading a module waits for the context's running kernels, and
+# a spinning IPC kernel of this process waits for its peers, so a torch or
+# NCCL kernel loaded lazily behind it could wait out the timeout (docs/cuda.md).
+export CUDA_MODULE_LOADING=EAGER
 FAILED=()
 STARTED_MPS=0
 # shellcheck source=gpu_check_phases.sh
@@ -222,10 +224,6 @@ fi
 # --- single-process benchmarks (no MPS: one process owns the GPU)
 ROWS_LISTS=$RESULTS/rows_lists.json ROWS_IPC=$RESULTS/rows_ipc.json
 rm -f "$ROWS_LISTS" "$ROWS_IPC"
-if [ -f "$RESULTS/tuning.json" ]; then
-  echo "this GPU's tuning entry: $RESULTS/tuning.json (docs/knobs.md, \"Per-GPU tuning\"); to adopt it:"
-  echo "  python -m fastpar.distributed.cuda_tuning --adopt $RESULTS/tuning.json"
-fi
 : > "$RESULTS/bench.log"
 if want lists; then
   LIMIT=$(phase_limit "$(phase_cap lists)" "$(reserve_after lists)")
@@ -296,10 +294,6 @@ else
   echo "no benchmark rows; see $RESULTS/bench.log"; tail -20 "$RESULTS/bench.log"
 fi
 rm -f "$ROWS_LISTS" "$ROWS_IPC"
-if [ -f "$RESULTS/tuning.json" ]; then
-  echo "this GPU's tuning entry: $RESULTS/tuning.json (docs/knobs.md, \"Per-GPU tuning\"); to adopt it:"
-  echo "  python -m fastpar.distributed.cuda_tuning --adopt $RESULTS/tuning.json"
-fi
 
 echo "== gpu_check: $((SECONDS - START)) s"
 if [ "${#FAILED[@]}" -gt 0 ]; then
