@@ -27,19 +27,6 @@
 namespace fastpar {
 namespace cuda_ipc {
 
-// What the graphed kernel trapped on (graph_trap): each line it would print,
-// in order. On the GPU the trap ends the kernel and poisons the context; here
-// the block returns and the test reads the lines.
-inline std::mutex g_trap_mutex;
-inline std::vector<std::string> g_traps;
-
-inline std::vector<std::string> take_traps() {
-  std::lock_guard<std::mutex> lock(g_trap_mutex);
-  std::vector<std::string> lines;
-  lines.swap(g_traps);
-  return lines;
-}
-
 // The host memory-ordering policy, as the CPU shared-memory transport's.
 struct HostMemory {
   static uint64_t load_acquire(const uint64_t* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
@@ -58,12 +45,6 @@ struct HostMemory {
     return expected;  // what the word held: `expected` on success
   }
   static void store_release_u32(uint32_t* p, uint32_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
-  static void trap(const char* fmt, int rank, const char* cause) {
-    char line[256];
-    std::snprintf(line, sizeof(line), fmt, rank, cause);
-    std::lock_guard<std::mutex> lock(g_trap_mutex);
-    g_traps.emplace_back(line);
-  }
 };
 
 cudaError_t launch_phase(const PhaseArgs& a, cudaStream_t) {

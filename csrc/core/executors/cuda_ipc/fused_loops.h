@@ -157,9 +157,10 @@ struct FusedReduce {
   }
 };
 
-// Packs per thread per iteration of the reductions with a 128-register budget
-// (the fused two-shot and collectives); the fused one-shot's 64 registers
-// hold 1.
+// Packs per thread per iteration of the fused one-shot's reduction (U of
+// FusedReduce::run). The fused two-shot and collectives kernels reduce one
+// pack at a time: their other paths hold more registers, and with 2 they
+// spill (tests/tooling/test_cuda_resources.py checks every instance).
 constexpr int kFusedReduceUnroll = 2;
 
 }  // namespace cuda_ipc

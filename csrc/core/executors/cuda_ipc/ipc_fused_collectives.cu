@@ -11,8 +11,8 @@ namespace cuda_ipc {
 namespace {
 
 // The fused two-shot's launch shape (ipc_fused_two_shot.cu): 512 threads,
-// 128 registers a thread for the reduction's packs in flight, the blocks of
-// every rank sharing one GPU resident together.
+// 128 registers a thread without spills, the blocks of every rank sharing one
+// GPU resident together.
 constexpr int kFusedCollThreads = 512;
 static_assert(kFusedCollThreads >= kMaxIpcRanks, "the barrier waits for each peer on a thread of its own");
 constexpr int kFusedCollMinBlocksPerSm = 1;
@@ -20,7 +20,7 @@ static_assert(kFusedCollMinBlocksPerSm == kFusedGridBlocksPerSm, "the grid cap (
 
 template <typename T, ReduceOp OP>
 __global__ void __launch_bounds__(kFusedCollThreads, kFusedCollMinBlocksPerSm)
-    fused_collective_kernel(FusedCollArgs a) {
+    fused_collective_kernel(const __grid_constant__ FusedCollArgs a) {
   __shared__ int shared;
   GpuBlock blk{&shared};
   fused_coll_block<DeviceMemory, T, OP>(a, int(blockIdx.x), blk);

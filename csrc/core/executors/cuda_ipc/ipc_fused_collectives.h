@@ -213,7 +213,7 @@ FASTPAR_HD void fused_coll_read(const FusedCollArgs& a, int64_t i, int b, int t,
                  : q == r ? reinterpret_cast<const T*>(a.src[scatter ? r : 0] + s.off + s.lo)
                           : reinterpret_cast<const T*>(fused_coll_slot(a, q, i, scatter ? r : 0) + s.lo);
       T* const dst[1] = {reinterpret_cast<T*>(a.dst[0] + s.off + s.lo)};
-      FusedReduce<T, OP>::template run<kFusedReduceUnroll, 1>(
+      FusedReduce<T, OP>::template run<1, 1>(
           src, n, dst, 1, len / int64_t(sizeof(T)), a.contributions, t, nt);
       break;
     }

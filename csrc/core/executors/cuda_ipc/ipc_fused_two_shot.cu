@@ -9,19 +9,18 @@ namespace fastpar {
 namespace cuda_ipc {
 namespace {
 
-// One block of 512 threads per SM, 128 registers a thread: the reduction's
-// packs in flight (fused_rank_bound) without spills for 2-4 ranks (5-8
-// spill 40-64 bytes, outside the copy and reduce loops), and the
-// kTwoShotMaxBlocks blocks of all ranks sharing one GPU (two_shot_blocks)
-// resident together on an H100's 132 SMs. tests/tooling/test_cuda_sass.py
-// checks the register count against these numbers.
+// One block of 512 threads per SM, 128 registers a thread, without spills
+// (tests/tooling/test_cuda_resources.py), and the kTwoShotMaxBlocks blocks of
+// all ranks sharing one GPU (two_shot_blocks) resident together on an H100's
+// 132 SMs. tests/tooling/test_cuda_sass.py checks the register count against
+// these numbers.
 constexpr int kTwoShotThreads = 512;
 static_assert(kTwoShotThreads >= kMaxIpcRanks, "the barrier waits for each peer on a thread of its own");
 constexpr int kTwoShotMinBlocksPerSm = 1;
 static_assert(kTwoShotMinBlocksPerSm == kFusedGridBlocksPerSm, "the grid cap (ipc_comm.h) counts this many");
 
 template <typename T, ReduceOp OP>
-__global__ void __launch_bounds__(kTwoShotThreads, kTwoShotMinBlocksPerSm) fused_two_shot_kernel(TwoShotArgs a) {
+__global__ void __launch_bounds__(kTwoShotThreads, kTwoShotMinBlocksPerSm) fused_two_shot_kernel(const __grid_constant__ TwoShotArgs a) {
   __shared__ int shared;
   GpuBlock blk{&shared};
   two_shot_block<DeviceMemory, T, OP>(a, int(blockIdx.x), blk);

@@ -213,7 +213,7 @@ FASTPAR_HD void two_shot_reduce(const TwoShotArgs& a, int64_t k, int b, int t, i
   for (int q = 0; q < kMaxIpcRanks; ++q)
     src[q] = q >= n ? nullptr : q == r ? static_cast<const T*>(a.in) + s.lo : two_shot_slot_ptr<const T>(a, q, k) + off;
   T* const dst[2] = {two_shot_slot_ptr<T>(a, r, k) + off, static_cast<T*>(a.out) + s.lo};
-  FusedReduce<T, OP>::template run<kFusedReduceUnroll, 2>(src, n, dst, 2, s.hi - s.lo,
+  FusedReduce<T, OP>::template run<1, 2>(src, n, dst, 2, s.hi - s.lo,
                                                                           a.contributions, t, nt);
 }
 

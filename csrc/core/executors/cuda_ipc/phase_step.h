@@ -4,8 +4,7 @@
 // (tests/cpp/cuda_host_emulation) runs the very same code over host atomics.
 // Beyond flag_protocol.h's interface the policy has load_acquire_host (the
 // host abort word), load_u32 and cas_u32 (the status word), store_release_u32
-// (its host mirror) and trap(fmt, rank, cause)
-// (a captured kernel's failure, ipc_fused_one_shot.h): device_memory_order.cuh.
+// (its host mirror and the replays' failure word): device_memory_order.cuh.
 #pragma once
 
 #include <cstdint>
@@ -74,8 +73,11 @@ FASTPAR_HD flags::WaitStatus fused_wait_flag(const uint64_t* word, uint64_t seq,
       if (Mem::load_acquire(word) >= seq) return flags::WaitStatus::kOk;
       Mem::pause();
     }
-    const flags::WaitStatus s = poll();  // the host abort word and every peer's abort word
-    if (s != flags::WaitStatus::kOk) return s;
+    // The host abort word and every peer's abort word. As wait_posted: a peer
+    // may post its flag and then abort, so one more look at the flag after a
+    // bad report tells a peer that went after posting from one that never did.
+    const flags::WaitStatus s = poll();
+    if (s != flags::WaitStatus::kOk) return Mem::load_acquire(word) >= seq ? flags::WaitStatus::kOk : s;
     if (Mem::now_ns() > deadline) return Mem::load_acquire(word) >= seq ? flags::WaitStatus::kOk : flags::WaitStatus::kTimeout;
   }
 }

@@ -10,7 +10,6 @@
 #pragma once
 
 #include <cstdint>
-#include <cstdio>
 
 namespace fastpar {
 namespace cuda_ipc {
@@ -57,16 +56,6 @@ struct DeviceMemory {
   // so a host that reads kMismatch there also reads the record.
   __device__ static void store_release_u32(uint32_t* p, uint32_t v) {
     asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-  }
-  // A captured kernel's failure (ipc_fused_one_shot.h, graph_trap): its replays
-  // never return to the host, so the line and the trap are how the failure
-  // surfaces: the next synchronize raises a CUDA error, as after a
-  // device-side assert. The fence first, so the status, mirror and abort word
-  // written before are out to the host and the peers when the context dies.
-  __device__ static void trap(const char* fmt, int rank, const char* cause) {
-    __threadfence_system();
-    printf(fmt, rank, cause);
-    __trap();
   }
 };
 

@@ -53,6 +53,11 @@ struct IpcComm {
   // Optional device pointer to the host-mapped mismatch record
   // (phase_launch.h): both calls, for the host's error message. Null: none.
   MismatchRecord* host_mismatch = nullptr;
+  // Optional device pointer to the host-mapped failure word of CUDA graph
+  // replays (ipc_fused_one_shot.h, graph_failed): the status of a replay that
+  // failed or found an earlier failure, for the host's next call to raise
+  // naming it (a replay cannot). Null: none.
+  uint32_t* host_replay_failure = nullptr;
   // Host address of the host abort word (host_abort is its device view), for
   // the host itself to raise when a call cannot be enqueued (ipc_steps.h,
   // fail_enqueue). Null: none.
@@ -94,14 +99,20 @@ struct IpcComm {
 // resident (their __launch_bounds__ minimum, which their .cu files assert).
 constexpr int kFusedGridBlocksPerSm = 1;
 
+// SMs of each GPU the fused grids leave to other work: a stray kernel (the
+// caller's, another process's) then finds an SM free instead of delaying a
+// block of the grid by a whole wave while that block's peers spin.
+constexpr int kFusedSpareSms = 2;
+
 // IpcComm::fused_grid_blocks of a group whose GPUs have at least `sms` SMs
 // (0: unknown) and at most `sharers` ranks on one GPU. Block b of every rank
 // waits for block b of the others, so the grids of all ranks on a GPU must be
-// resident together: they share its SMs at kFusedGridBlocksPerSm (an A100's
-// 108, not kTwoShotMaxBlocks), never past the arena's kTwoShotMaxBlocks flags.
+// resident together: they share its SMs but kFusedSpareSms, at
+// kFusedGridBlocksPerSm (an A100's 106, not kTwoShotMaxBlocks), never past
+// the arena's kTwoShotMaxBlocks flags.
 inline int fused_grid_blocks(int sms, int sharers) {
   if (sharers < 1) sharers = 1;
-  int total = sms > 0 ? sms * kFusedGridBlocksPerSm : kTwoShotMaxBlocks;
+  int total = sms > 0 ? (sms - kFusedSpareSms) * kFusedGridBlocksPerSm : kTwoShotMaxBlocks;
   if (total > kTwoShotMaxBlocks) total = kTwoShotMaxBlocks;
   return total / sharers < 1 ? 1 : total / sharers;
 }
