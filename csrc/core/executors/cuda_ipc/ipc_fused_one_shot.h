@@ -273,7 +273,7 @@ FASTPAR_HD void graph_block(const GraphArgs& a, int b, Blk& blk) {
   // and reduction loops costs them registers.
   blk.threads([&](int t, int nt) { fused_copy_in<T>(a.f, b, t, nt, graph_slot_offset(a, graph_epoch(a, b))); });
   if (blk.barrier(GraphPhase<Mem>{a.f.phase, a, b, graph_epoch(a, b)})) return;
-  blk.threads([&](int t, int nt) { fused_reduce<T, OP>(a.f, b, t, nt, graph_slot_offset(a, graph_epoch(a, b))); });
+  blk.threads([&](int t, int nt) { fused_reduce<T, OP, 1>(a.f, b, t, nt, graph_slot_offset(a, graph_epoch(a, b))); });
   blk.leader([&] {
     graph_done(a, b, graph_epoch(a, b));
     return false;
