@@ -327,6 +327,58 @@ def ipc_worker(args) -> None:
     def fastpar_plain(size):
         return plain(None, size)
 
+    def group_with(env: dict):
+        """A new fastpar group whose CUDA engine reads `env` (knobs are read
+        when a group is created), the process's environment left as it was."""
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            return dist.new_group(backend="fastpar")
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k)
+                else:
+                    os.environ[k] = v
+
+    def busy_rank(form: str):
+        """Rank 0's time for ~20 ms of matrix products (CUDA events) while the
+        other ranks wait in an all_reduce of `size` it joins afterwards, the
+        two-shot in `form` ("alone": no call waits; every rank synchronizes
+        before rank 0 starts)."""
+        a = torch.randn(2048, 2048, device="cuda")
+        per = event_time(lambda: torch.mm(a, a), reps=3)
+        products = max(1, int(0.02 / per))
+
+        def measure(size):
+            engine = fd.get_fastpar_backend().cuda_engine
+            override = fastpar._C._testing.cuda_override
+            if form != "alone":
+                override(engine, "FASTPAR_CUDA_IPC_TWO_SHOT", form)
+            t = torch.ones(size // 4, device="cuda")
+            times = []
+            try:
+                for _ in range(3):
+                    dist.barrier(group=gloo)
+                    torch.cuda.synchronize()
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    if rank == 0 or form == "alone":
+                        start.record()
+                        if rank == 0:
+                            for _ in range(products):
+                                torch.mm(a, a)
+                        end.record()
+                    if form != "alone":
+                        dist.all_reduce(t)
+                    if rank == 0 or form == "alone":
+                        end.synchronize()
+                        times.append(start.elapsed_time(end) / 1e3)
+                    torch.cuda.synchronize()
+            finally:
+                override(engine, "FASTPAR_CUDA_IPC_TWO_SHOT", "fused")
+            return slowest(statistics.median(times) if rank == 0 else 0.0), None
+        return measure
+
     def registered(size):
         t = fd.registered_empty((size // 4,), torch.float32, device="cuda").fill_(1)
         dist.barrier(group=gloo)
@@ -427,6 +479,21 @@ def ipc_worker(args) -> None:
         # The same all_reduce captured in a CUDA graph (fastpar's graphed kernel):
         # one all_reduce per graph, so host time per replay is per call.
         series("fastpar graph", [s for s in args.ipc_sizes if s <= 256 * KiB], graphed)
+        # (a) Blocks that arrive early spin on whole SMs: rank 0 is busy with
+        # ~20 ms of matrix products before each call while rank 1 is already
+        # in it. The row's time is rank 0's compute time (not the call's), in
+        # each form of the two-shot; "alone" is the same products with no call
+        # waiting. The fused form loses if its waiting blocks slow rank 0.
+        for form in ("alone", "fused", "steps"):
+            series(f"busy rank compute, two-shot {form}", [8 * MiB], busy_rank(form))
+        # (b) The copy-in ceiling with slots larger than the L2: the plain rows
+        # run 8 MiB slots (FASTPAR_CUDA_IPC_SLOT_BYTES's default); a group with
+        # 2 MiB slots runs the same calls.
+        small_slots = group_with({"FASTPAR_CUDA_IPC_SLOT_BYTES": str(2 * MiB)})
+        series("fastpar slot 2 MiB", [s for s in (8 * MiB, 32 * MiB, 128 * MiB) if s <= max(args.ipc_sizes)],
+               lambda size: plain(small_slots, size))
+        series("fastpar slot 8 MiB", [s for s in (8 * MiB, 32 * MiB, 128 * MiB) if s <= max(args.ipc_sizes)],
+               fastpar_plain)
     dist.destroy_process_group()
 
 
