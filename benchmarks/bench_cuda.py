@@ -44,7 +44,7 @@ from launch import run_ranks  # noqa: E402
 
 KiB, MiB = gs.KiB, gs.MiB
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PARTS = ("lists", "host", "ipc")
+PARTS = ("check", "lists", "host", "ipc")
 
 
 def sizes(lo: int, hi: int, step: int) -> list:
@@ -528,6 +528,142 @@ def ipc_rows(args) -> list:
     return rows
 
 
+def check_worker(args) -> None:
+    """One rank of the correctness check: --check-calls mixed calls over CUDA
+    IPC (all_reduce, broadcast, all_gather_into_tensor, reduce_scatter_tensor;
+    float32, bfloat16, int32; odd sizes; views at odd element offsets), each
+    in a form drawn at random (fused or steps, for the two-shot and the other
+    collectives alike), compared bit for bit with the result computed on the
+    CPU in rank order (every rank makes every rank's input from the seed), in a
+    group whose timeout is 10 s. Rank 0 writes the wrong calls (at most 10) as
+    rows with an error; none wrong: one row without."""
+    import random
+
+    import torch
+    import torch.distributed as dist
+
+    import fastpar
+    import fastpar.distributed as fd
+
+    rank, n = args.rank, args.ranks[0]
+    torch.cuda.set_device(0 if args.placement == "shared" else rank % torch.cuda.device_count())
+    store = dist.TCPStore("127.0.0.1", args.port, n, rank == 0, timeout=datetime.timedelta(seconds=60),
+                          wait_for_workers=False)
+    dist.init_process_group("fastpar", store=store, rank=rank, world_size=n, timeout=datetime.timedelta(seconds=10))
+    engine = fd.get_fastpar_backend().cuda_engine
+    override = fastpar._C._testing.cuda_override
+    draw = random.Random(1234)
+    wrong = []
+
+    def rank_order(xs, dtype):
+        acc = xs[0].float() if dtype.is_floating_point else xs[0].clone()
+        for x in xs[1:]:
+            acc = acc + (x.float() if dtype.is_floating_point else x)
+        return acc.to(dtype)
+
+    def bits(t):
+        return t.detach().cpu().contiguous().view(torch.uint8)
+
+    for i in range(args.check_calls):
+        op = draw.choice(["all_reduce", "broadcast", "all_gather", "reduce_scatter"])
+        form = draw.choice(["fused", "steps"])
+        dtype = draw.choice([torch.float32, torch.bfloat16, torch.int32])
+        count = draw.choice([1, 3, 17, 1001, 4097, 65537, draw.randrange(1, 1 << 21)])
+        offset = draw.choice([0, 1, 3])
+        per = count * (n if op == "reduce_scatter" else 1)
+
+        def data(r):
+            g = torch.Generator().manual_seed(i * 131 + r)
+            if dtype.is_floating_point:
+                return torch.randn(per, generator=g).to(dtype)
+            return torch.randint(-1000, 1000, (per,), generator=g, dtype=dtype)
+
+        def on_gpu(x):
+            buf = torch.empty(x.numel() + offset, dtype=dtype, device="cuda")
+            view = buf[offset:]
+            view.copy_(x)
+            return view
+
+        inputs = [data(r) for r in range(n)]
+        override(engine, "FASTPAR_CUDA_IPC_TWO_SHOT", form)
+        override(engine, "FASTPAR_CUDA_IPC_COLLECTIVES", form)
+        try:
+            if op == "all_reduce":
+                got = on_gpu(inputs[rank])
+                dist.all_reduce(got)
+                want = rank_order(inputs, dtype)
+            elif op == "broadcast":
+                got = on_gpu(inputs[rank])
+                dist.broadcast(got, i % n)
+                want = inputs[i % n]
+            elif op == "all_gather":
+                got = on_gpu(torch.zeros(n * count, dtype=dtype))
+                dist.all_gather_into_tensor(got, on_gpu(inputs[rank]))
+                want = torch.cat(inputs)
+            else:
+                got = on_gpu(torch.zeros(count, dtype=dtype))
+                dist.reduce_scatter_tensor(got, on_gpu(inputs[rank]))
+                want = rank_order(inputs, dtype)[rank * count:(rank + 1) * count]
+            ok = torch.equal(bits(got), bits(want))
+            err = None if ok else "wrong bits"
+        except Exception as e:  # a failed communicator fails every later call: stop
+            ok, err = False, _err(e)
+        if not ok:
+            wrong.append({"part": "check", "ranks": n, "placement": args.placement, "calls": i + 1,
+                          "error": f"call {i} on rank {rank}: {op} of {count} {dtype} at offset {offset}, "
+                                   f"{form}: {err}"})
+        if over_any(dist, len(wrong)) or len(wrong) >= 10:
+            break
+    failures = [None] * n
+    dist.all_gather_object(failures, wrong)
+    if rank == 0:
+        rows = [w for ws in failures for w in ws][:10]
+        write_rows(rows or [{"part": "check", "ranks": n, "placement": args.placement, "calls": args.check_calls}],
+                   args.ipc_out)
+    dist.destroy_process_group()
+
+
+def over_any(dist, k: int) -> bool:
+    """Whether any rank has found a wrong call (every rank stops together)."""
+    import torch
+
+    t = torch.tensor([k], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=_check_gloo(dist))
+    return t.item() > 0
+
+
+_GLOO = []
+
+
+def _check_gloo(dist):
+    if not _GLOO:
+        _GLOO.append(dist.new_group(backend="gloo"))
+    return _GLOO[0]
+
+
+def check_rows(args) -> list:
+    """The correctness check (check_worker) with 2 ranks sharing cuda:0, and
+    on distinct GPUs where there are two."""
+    import torch
+
+    rows = []
+    os.environ.setdefault("FASTPAR_CUDA_IPC_MAX_BYTES", str(64 * MiB))
+    runs = [("shared", 2)] + ([("distinct", 2)] if torch.cuda.device_count() >= 2 else [])
+    for placement, n in runs:
+        with tempfile.TemporaryDirectory(prefix="fastpar-check-") as d:
+            out = os.path.join(d, "rows.json")
+            argv = ["--check-worker", "--placement", placement, "--ipc-out", out, "--ranks", str(n),
+                    "--check-calls", str(args.check_calls)]
+            try:
+                run_ranks(os.path.abspath(__file__), argv, n, timeout=args.ipc_timeout)
+            except SystemExit as e:
+                rows.append({"part": "check", "ranks": n, "placement": placement, "error": f"ranks failed: {e}"})
+            if os.path.exists(out):
+                with open(out) as f:
+                    rows += json.load(f)
+    return rows
+
+
 def synthetic_rows(args) -> list:
     """Plausible rows without a GPU (--dry-run): every part, every column."""
     rows = []
@@ -608,7 +744,9 @@ def parse_args(argv=None):
     p.add_argument("--time-limit", type=float, default=0,
                    help="seconds: the list sweep stops starting new sizes after this (0: no limit)")
     # the processes ipc_rows starts
+    p.add_argument("--check-calls", type=int, default=10000, help="calls of the correctness check (--part check)")
     p.add_argument("--ipc-worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--check-worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--placement", default="shared", help=argparse.SUPPRESS)
     p.add_argument("--ipc-out", default="", help=argparse.SUPPRESS)
     p.add_argument("--rank", type=int, default=-1, help=argparse.SUPPRESS)
@@ -650,6 +788,9 @@ def main(argv=None) -> list:
     if args.ipc_worker:
         ipc_worker(args)
         return []
+    if args.check_worker:
+        check_worker(args)
+        return []
     rows = []
     for path in filter(None, args.rows_in.split(",")):
         with open(path) as f:
@@ -666,7 +807,7 @@ def main(argv=None) -> list:
             sys.exit("bench_cuda.py needs a GPU (use --dry-run to check the reporting code)")
         head = header()
         print(head, end="")
-        measure = {"lists": list_rows, "host": host_rows, "ipc": ipc_rows}
+        measure = {"check": check_rows, "lists": list_rows, "host": host_rows, "ipc": ipc_rows}
         for part in args.parts:
             t0 = time.time()
             try:

@@ -266,6 +266,24 @@ elif command -v nvidia-cuda-mps-control > /dev/null; then
 else
   echo "== MPS: nvidia-cuda-mps-control not found; ranks sharing a GPU will time-slice"
 fi
+# Correctness before speed: 10^4 mixed calls over IPC (odd sizes and
+# offsets, both forms of every one-kernel collective, drawn at random), bit for
+# bit, in a group whose timeout is 10 s (bench_cuda.py --part check). Wrong
+# bits or a failed call fail the check.
+if want multi || want ipc; then
+  wait_for_gpu "before the correctness check"
+  LIMIT=$(phase_limit 150 "$(reserve_after multi)")
+  echo "== correctness: 10000 mixed calls, 2 ranks (at most $LIMIT s)"
+  if timeout "$LIMIT" "$PY" benchmarks/bench_cuda.py --part check --check-calls 10000 --ipc-timeout $((LIMIT - 5)) \
+      --rows-out "$RESULTS/rows_check.json" --out "$RESULTS/check" > "$RESULTS/check.log" 2>&1 \
+      && ! grep -q '^error: ' "$RESULTS/check.log"; then
+    echo "correctness: no wrong result"
+  else
+    grep '^error: ' "$RESULTS/check.log" | head -10
+    echo "correctness: FAILED (log $RESULTS/check.log)"
+    FAILED+=("correctness check")
+  fi
+fi
 if [ "${#MULTI[@]}" -gt 0 ] && want multi; then
   wait_for_gpu "before the multi-process tests"
   # -v: one line per test, so a run cut off by its cap still shows what passed

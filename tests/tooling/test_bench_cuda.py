@@ -187,7 +187,7 @@ def test_rows_count_bytes_as_the_readme_does():
 def test_bad_part_is_refused_by_name(capsys):
     with pytest.raises(SystemExit):
         bench_cuda.parse_args(["--part", "lists,nccl"])
-    assert "--part 'nccl' is not one of lists, host, ipc" in capsys.readouterr().err
+    assert "--part 'nccl' is not one of check, lists, host, ipc" in capsys.readouterr().err
 
 
 def test_report_only_merges_rows_of_earlier_parts(tmp_path):
