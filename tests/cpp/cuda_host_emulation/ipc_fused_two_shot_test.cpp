@@ -230,7 +230,8 @@ void check_grid_cap() {
   using cuda_ipc::fused_grid_blocks;
   using cuda_ipc::kTwoShotMaxBlocks;
   EXPECT(fused_grid_blocks(132, 1) == kTwoShotMaxBlocks);  // an H100 alone: the flags bound
-  EXPECT(fused_grid_blocks(132, 2) == 65);                 // 2 ranks on an H100: 2 SMs left over, not 66 + 66
+  EXPECT(fused_grid_blocks(120, 2) == 59);                 // 2 ranks, 120 SMs: 2 left over, not 60 + 60
+  EXPECT(fused_grid_blocks(140, 2) == 64);                 // 128 flags bound 140 - 2 SMs
   EXPECT(fused_grid_blocks(108, 2) == 53);                 // 2 ranks on an A100: 106 SMs, not 128
   EXPECT(fused_grid_blocks(132, 4) == 32);
   EXPECT(fused_grid_blocks(2, 1) == 1);                     // never below one block
