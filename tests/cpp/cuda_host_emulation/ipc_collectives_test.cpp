@@ -379,13 +379,13 @@ void check_host_abort(int n) {
 void check_misaligned_allgather(int n) {
   const int64_t bytes = 4096 + 4, count = bytes / 4;
   Arenas arenas(n, 1 << 20);
-  std::vector<std::vector<float>> outs(size_t(n));
+  std::vector<std::vector<float>> outs(static_cast<size_t>(n));
   for (auto& l : cuda_ipc::g_fused_loops) l = 0;
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
       cuda_ipc::IpcComm c = comm_for(arenas, r, 1 << 20);
-      std::vector<float> in(size_t(count));
+      std::vector<float> in(static_cast<size_t>(count));
       for (int64_t i = 0; i < count; ++i) in[size_t(i)] = float(r * 100000 + i);
       std::vector<float>& out = outs[size_t(r)];
       out.assign(size_t(count * n), -1.0f);
