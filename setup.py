@@ -100,10 +100,9 @@ def _extension():
     # -lineinfo (device line tables, a few %) stays: compute-sanitizer and
     # Nsight name the source line of a kernel that traps or stalls
     nvcc = ["-O3", "--expt-relaxed-constexpr", "-lineinfo", ABI_DEFINE, "-Xcompiler", host_debug]
-    # Each one-kernel IPC file holds up to 160 kernel instances (dtypes x ops
-    # x memory scope x rank bound): ipc_fused_collectives.cu took 210 s on one
-    # core for sm_90, 136 s on two. --split-compile=0 runs nvcc's optimizer
-    # and ptxas on every core, so a file's kernels compile in parallel.
+    # Each one-kernel IPC file holds up to 40 kernel instances (dtypes x ops).
+    # --split-compile=0 runs nvcc's optimizer and ptxas on every core, so a
+    # file's kernels compile in parallel.
     if cuda_toolkit.nvcc_has_option(_cuda_home, "--split-compile"):
         nvcc.append("--split-compile=0")
     return CUDAExtension(

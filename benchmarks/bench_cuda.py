@@ -31,7 +31,6 @@ import datetime
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -45,7 +44,7 @@ from launch import run_ranks  # noqa: E402
 
 KiB, MiB = gs.KiB, gs.MiB
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PARTS = ("lists", "host", "ipc")
+PARTS = ("check", "lists", "host", "ipc")
 
 
 def sizes(lo: int, hi: int, step: int) -> list:
@@ -238,7 +237,7 @@ def ipc_worker(args) -> None:
     import torch
     import torch.distributed as dist
 
-    import fastpar  # noqa: F401  (registers "fastpar")
+    import fastpar  # registers "fastpar"; fastpar._C._testing
     import fastpar.distributed as fd
 
     rank, n = args.rank, args.ranks[0]
@@ -310,21 +309,75 @@ def ipc_worker(args) -> None:
         dist.barrier(group=gloo)
         return slowest(event_time(lambda: dist.all_reduce(t, group=group), reps=3, agree=agreed_calls)), host
 
-    def with_engine(setting: str, value, restore, measure_):
-        """`measure_` with the CUDA engine's `setting` (its _set_<setting>) at
-        `value`, then back at `restore` (what the other rows run): the old
-        and the new form of a call, or another choice, in the same run."""
+    def with_engine(knob: str, value: str, restore: str, measure_):
+        """`measure_` with the CUDA engine's FASTPAR_CUDA_IPC_`knob` at `value`
+        (the test hook, fastpar._C._testing.cuda_override), then back at
+        `restore` (what the other rows run): the old and the new form of a
+        call, or another choice, in the same run."""
         def measure(size):
             engine = fd.get_fastpar_backend().cuda_engine
-            getattr(engine, "_set_" + setting)(value)
+            override = fastpar._C._testing.cuda_override
+            override(engine, "FASTPAR_CUDA_IPC_" + knob, str(value))
             try:
                 return measure_(size)
             finally:
-                getattr(engine, "_set_" + setting)(restore)
+                override(engine, "FASTPAR_CUDA_IPC_" + knob, str(restore))
         return measure
 
     def fastpar_plain(size):
         return plain(None, size)
+
+    def group_with(env: dict):
+        """A new fastpar group whose CUDA engine reads `env` (knobs are read
+        when a group is created), the process's environment left as it was."""
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            return dist.new_group(backend="fastpar")
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k)
+                else:
+                    os.environ[k] = v
+
+    def busy_rank(form: str):
+        """Rank 0's time for ~20 ms of matrix products (CUDA events) while the
+        other ranks wait in an all_reduce of `size` it joins afterwards, the
+        two-shot in `form` ("alone": no call waits; every rank synchronizes
+        before rank 0 starts)."""
+        a = torch.randn(2048, 2048, device="cuda")
+        per = event_time(lambda: torch.mm(a, a), reps=3)
+        products = max(1, int(0.02 / per))
+
+        def measure(size):
+            engine = fd.get_fastpar_backend().cuda_engine
+            override = fastpar._C._testing.cuda_override
+            if form != "alone":
+                override(engine, "FASTPAR_CUDA_IPC_TWO_SHOT", form)
+            t = torch.ones(size // 4, device="cuda")
+            times = []
+            try:
+                for _ in range(3):
+                    dist.barrier(group=gloo)
+                    torch.cuda.synchronize()
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    if rank == 0 or form == "alone":
+                        start.record()
+                        if rank == 0:
+                            for _ in range(products):
+                                torch.mm(a, a)
+                        end.record()
+                    if form != "alone":
+                        dist.all_reduce(t)
+                    if rank == 0 or form == "alone":
+                        end.synchronize()
+                        times.append(start.elapsed_time(end) / 1e3)
+                    torch.cuda.synchronize()
+            finally:
+                override(engine, "FASTPAR_CUDA_IPC_TWO_SHOT", "fused")
+            return slowest(statistics.median(times) if rank == 0 else 0.0), None
+        return measure
 
     def registered(size):
         t = fd.registered_empty((size // 4,), torch.float32, device="cuda").fill_(1)
@@ -382,12 +435,7 @@ def ipc_worker(args) -> None:
 
     # The "fastpar" rows run the fused two-shot (one kernel a call), whatever
     # the default: the new schedule is measured against the old in this run.
-    fd.get_fastpar_backend().cuda_engine._set_ipc_two_shot("fused")
-    # ... and their flags at system scope: the "gpu-scope" rows are the other.
-    fd.get_fastpar_backend().cuda_engine._set_ipc_fence_scope("system")
-    # ... and thread 0 waiting for the peers in turn: the "per-peer barrier"
-    # rows wait for each on a thread of its own.
-    fd.get_fastpar_backend().cuda_engine._set_ipc_barrier("serial")
+    fastpar._C._testing.cuda_override(fd.get_fastpar_backend().cuda_engine, "FASTPAR_CUDA_IPC_TWO_SHOT", "fused")
 
     for name, group in groups:
         series(name, args.ipc_sizes, lambda size: plain(group, size))
@@ -396,7 +444,7 @@ def ipc_worker(args) -> None:
     # The step-by-step two-shot (2mn + 1 stream operations a call) beside the
     # fused kernel (one) that the "fastpar" rows run.
     series("fastpar two-shot steps", [s for s in args.ipc_sizes if s > one_shot_hi],
-           with_engine("ipc_two_shot", "steps", "fused", fastpar_plain))
+           with_engine("TWO_SHOT", "steps", "fused", fastpar_plain))
     # The schedule the plain rows did not run, from 256 KiB to 2 MiB: the
     # one-shot limit per rank count (FASTPAR_CUDA_IPC_ONE_SHOT_MAX_BYTES) is
     # read off the two in gpu_summary.py.
@@ -405,41 +453,47 @@ def ipc_worker(args) -> None:
     slot = int(os.environ.get("FASTPAR_CUDA_IPC_SLOT_BYTES", 8 * MiB))
     if n > 2:
         series("fastpar two-shot forced", [s for s in args.ipc_sizes if 256 * KiB <= s <= one_shot_hi],
-               with_engine("one_shot_max_bytes", 0, -1, fastpar_plain))
+               with_engine("ONE_SHOT_MAX_BYTES", 0, "", fastpar_plain))
         series("fastpar one-shot forced", [s for s in args.ipc_sizes if one_shot_hi < s <= min(2 * MiB, slot)],
-               with_engine("one_shot_max_bytes", slot, -1, fastpar_plain))
-        # With more than one peer: the barrier's waits at once, one thread per
-        # peer, against the plain rows' one after the other.
-        series("fastpar per-peer barrier", [s for s in args.ipc_sizes if s <= MiB],
-               with_engine("ipc_barrier", "per_peer", "serial", fastpar_plain))
+               with_engine("ONE_SHOT_MAX_BYTES", slot, "", fastpar_plain))
     if n == 2:  # 3 and 4 ranks are measured against 2 on the plain all_reduce only (the time it takes)
         series("fastpar direct", [s for s in args.ipc_sizes if s <= 256 * KiB], direct)
         series("torch fake backend", [s for s in args.ipc_sizes if s == 4 * KiB], fake_backend)
         # the sizes 2 ranks now run one-shot and ran two-shot before
         hi = fd.get_fastpar_backend().cuda_engine.one_shot_max_bytes
         series("fastpar two-shot above 256 KiB", [s for s in args.ipc_sizes if 256 * KiB < s <= hi],
-               with_engine("one_shot_max_bytes", 256 * KiB, -1, fastpar_plain))
+               with_engine("ONE_SHOT_MAX_BYTES", 256 * KiB, "", fastpar_plain))
         # The same all_reduce on registered tensors (registered_empty: no
         # copy-in); the registered two-shot runs above the one-shot sizes.
         series("fastpar registered", [s for s in args.ipc_sizes if s > 256 * KiB], registered)
         # ... step by step (m(n + 1) + 2 stream operations, (3n - 1)N bytes)
         # beside the push (one kernel, 2nN bytes) of the rows above.
         series("fastpar registered steps", [s for s in args.ipc_sizes if s > 256 * KiB],
-               with_engine("ipc_two_shot", "steps", "fused", registered))
+               with_engine("TWO_SHOT", "steps", "fused", registered))
         # The other collectives, one kernel a call ("fused") against a copy
         # kernel per peer region and a phase kernel per slot-sized piece.
         for op in ("broadcast", "all_gather", "reduce_scatter"):
             for form in ("fused", "steps"):
                 series(f"fastpar {op} {form}", [s for s in args.ipc_sizes if s >= MiB],
-                       with_engine("ipc_collectives", form, "steps", collective(op)))
+                       with_engine("COLLECTIVES", form, "steps", collective(op)))
         # The same all_reduce captured in a CUDA graph (fastpar's graphed kernel):
         # one all_reduce per graph, so host time per replay is per call.
         series("fastpar graph", [s for s in args.ipc_sizes if s <= 256 * KiB], graphed)
-        if args.placement == "shared":  # the same calls with GPU-scope fences (all ranks on this GPU)
-            series("fastpar gpu-scope", [s for s in args.ipc_sizes if s <= 8 * MiB],
-                   with_engine("ipc_fence_scope", "gpu", "system", fastpar_plain))
-            series("fastpar graph gpu-scope", [s for s in args.ipc_sizes if s <= 256 * KiB],
-                   with_engine("ipc_fence_scope", "gpu", "system", graphed))
+        # (a) Blocks that arrive early spin on whole SMs: rank 0 is busy with
+        # ~20 ms of matrix products before each call while rank 1 is already
+        # in it. The row's time is rank 0's compute time (not the call's), in
+        # each form of the two-shot; "alone" is the same products with no call
+        # waiting. The fused form loses if its waiting blocks slow rank 0.
+        for form in ("alone", "fused", "steps"):
+            series(f"busy rank compute, two-shot {form}", [8 * MiB], busy_rank(form))
+        # (b) The copy-in ceiling with slots larger than the L2: the plain rows
+        # run 8 MiB slots (FASTPAR_CUDA_IPC_SLOT_BYTES's default); a group with
+        # 2 MiB slots runs the same calls.
+        small_slots = group_with({"FASTPAR_CUDA_IPC_SLOT_BYTES": str(2 * MiB)})
+        series("fastpar slot 2 MiB", [s for s in (8 * MiB, 32 * MiB, 128 * MiB) if s <= max(args.ipc_sizes)],
+               lambda size: plain(small_slots, size))
+        series("fastpar slot 8 MiB", [s for s in (8 * MiB, 32 * MiB, 128 * MiB) if s <= max(args.ipc_sizes)],
+               fastpar_plain)
     dist.destroy_process_group()
 
 
@@ -469,6 +523,142 @@ def ipc_rows(args) -> list:
             except SystemExit as e:  # run_ranks exits when a rank fails
                 rows.append(gs.ipc_row("fastpar", f"{placement} (ranks failed)", n, 0, None, None, str(e)))
             if os.path.exists(out):  # whole: rank 0 renames a finished file over it
+                with open(out) as f:
+                    rows += json.load(f)
+    return rows
+
+
+def check_worker(args) -> None:
+    """One rank of the correctness check: --check-calls mixed calls over CUDA
+    IPC (all_reduce, broadcast, all_gather_into_tensor, reduce_scatter_tensor;
+    float32, bfloat16, int32; odd sizes; views at odd element offsets), each
+    in a form drawn at random (fused or steps, for the two-shot and the other
+    collectives alike), compared bit for bit with the result computed on the
+    CPU in rank order (every rank makes every rank's input from the seed), in a
+    group whose timeout is 10 s. Rank 0 writes the wrong calls (at most 10) as
+    rows with an error; none wrong: one row without."""
+    import random
+
+    import torch
+    import torch.distributed as dist
+
+    import fastpar
+    import fastpar.distributed as fd
+
+    rank, n = args.rank, args.ranks[0]
+    torch.cuda.set_device(0 if args.placement == "shared" else rank % torch.cuda.device_count())
+    store = dist.TCPStore("127.0.0.1", args.port, n, rank == 0, timeout=datetime.timedelta(seconds=60),
+                          wait_for_workers=False)
+    dist.init_process_group("fastpar", store=store, rank=rank, world_size=n, timeout=datetime.timedelta(seconds=10))
+    engine = fd.get_fastpar_backend().cuda_engine
+    override = fastpar._C._testing.cuda_override
+    draw = random.Random(1234)
+    wrong = []
+
+    def rank_order(xs, dtype):
+        acc = xs[0].float() if dtype.is_floating_point else xs[0].clone()
+        for x in xs[1:]:
+            acc = acc + (x.float() if dtype.is_floating_point else x)
+        return acc.to(dtype)
+
+    def bits(t):
+        return t.detach().cpu().contiguous().view(torch.uint8)
+
+    for i in range(args.check_calls):
+        op = draw.choice(["all_reduce", "broadcast", "all_gather", "reduce_scatter"])
+        form = draw.choice(["fused", "steps"])
+        dtype = draw.choice([torch.float32, torch.bfloat16, torch.int32])
+        count = draw.choice([1, 3, 17, 1001, 4097, 65537, draw.randrange(1, 1 << 21)])
+        offset = draw.choice([0, 1, 3])
+        per = count * (n if op == "reduce_scatter" else 1)
+
+        def data(r):
+            g = torch.Generator().manual_seed(i * 131 + r)
+            if dtype.is_floating_point:
+                return torch.randn(per, generator=g).to(dtype)
+            return torch.randint(-1000, 1000, (per,), generator=g, dtype=dtype)
+
+        def on_gpu(x):
+            buf = torch.empty(x.numel() + offset, dtype=dtype, device="cuda")
+            view = buf[offset:]
+            view.copy_(x)
+            return view
+
+        inputs = [data(r) for r in range(n)]
+        override(engine, "FASTPAR_CUDA_IPC_TWO_SHOT", form)
+        override(engine, "FASTPAR_CUDA_IPC_COLLECTIVES", form)
+        try:
+            if op == "all_reduce":
+                got = on_gpu(inputs[rank])
+                dist.all_reduce(got)
+                want = rank_order(inputs, dtype)
+            elif op == "broadcast":
+                got = on_gpu(inputs[rank])
+                dist.broadcast(got, i % n)
+                want = inputs[i % n]
+            elif op == "all_gather":
+                got = on_gpu(torch.zeros(n * count, dtype=dtype))
+                dist.all_gather_into_tensor(got, on_gpu(inputs[rank]))
+                want = torch.cat(inputs)
+            else:
+                got = on_gpu(torch.zeros(count, dtype=dtype))
+                dist.reduce_scatter_tensor(got, on_gpu(inputs[rank]))
+                want = rank_order(inputs, dtype)[rank * count:(rank + 1) * count]
+            ok = torch.equal(bits(got), bits(want))
+            err = None if ok else "wrong bits"
+        except Exception as e:  # a failed communicator fails every later call: stop
+            ok, err = False, _err(e)
+        if not ok:
+            wrong.append({"part": "check", "ranks": n, "placement": args.placement, "calls": i + 1,
+                          "error": f"call {i} on rank {rank}: {op} of {count} {dtype} at offset {offset}, "
+                                   f"{form}: {err}"})
+        if over_any(dist, len(wrong)) or len(wrong) >= 10:
+            break
+    failures = [None] * n
+    dist.all_gather_object(failures, wrong)
+    if rank == 0:
+        rows = [w for ws in failures for w in ws][:10]
+        write_rows(rows or [{"part": "check", "ranks": n, "placement": args.placement, "calls": args.check_calls}],
+                   args.ipc_out)
+    dist.destroy_process_group()
+
+
+def over_any(dist, k: int) -> bool:
+    """Whether any rank has found a wrong call (every rank stops together)."""
+    import torch
+
+    t = torch.tensor([k], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=_check_gloo(dist))
+    return t.item() > 0
+
+
+_GLOO = []
+
+
+def _check_gloo(dist):
+    if not _GLOO:
+        _GLOO.append(dist.new_group(backend="gloo"))
+    return _GLOO[0]
+
+
+def check_rows(args) -> list:
+    """The correctness check (check_worker) with 2 ranks sharing cuda:0, and
+    on distinct GPUs where there are two."""
+    import torch
+
+    rows = []
+    os.environ.setdefault("FASTPAR_CUDA_IPC_MAX_BYTES", str(64 * MiB))
+    runs = [("shared", 2)] + ([("distinct", 2)] if torch.cuda.device_count() >= 2 else [])
+    for placement, n in runs:
+        with tempfile.TemporaryDirectory(prefix="fastpar-check-") as d:
+            out = os.path.join(d, "rows.json")
+            argv = ["--check-worker", "--placement", placement, "--ipc-out", out, "--ranks", str(n),
+                    "--check-calls", str(args.check_calls)]
+            try:
+                run_ranks(os.path.abspath(__file__), argv, n, timeout=args.ipc_timeout)
+            except SystemExit as e:
+                rows.append({"part": "check", "ranks": n, "placement": placement, "error": f"ranks failed: {e}"})
+            if os.path.exists(out):
                 with open(out) as f:
                     rows += json.load(f)
     return rows
@@ -509,8 +699,6 @@ def synthetic_rows(args) -> list:
             if size <= 256 * KiB:
                 rows.append(gs.ipc_row("fastpar graph", "shared cuda:0", n, size, 8e-6 + size / 500e9, 3e-6))
                 rows.append(gs.ipc_row("fastpar direct", "shared cuda:0", n, size, 9e-6 + size / 500e9, 7e-6))
-                rows.append(gs.ipc_row("fastpar graph gpu-scope", "shared cuda:0", n, size, 7e-6 + size / 500e9,
-                                       2.5e-6))
                 if size == 4 * KiB:
                     rows.append(gs.ipc_row("torch fake backend", "shared cuda:0", n, size, None, 2e-6))
             else:
@@ -532,24 +720,6 @@ def header() -> str:
         except Exception as e:
             lines.append(f"NCCL: unknown ({_err(e)})")
     return "\n".join(lines) + "\n"
-
-
-def measured_on() -> tuple:
-    """The GPU model the rows were measured on (one model, else "": no tuning
-    entry), and what measured them: the tuning entry's source."""
-    import torch
-
-    if not torch.cuda.is_available():
-        return "", ""
-    models = {torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())}
-    try:
-        commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        commit = ""
-    source = (f"bench_cuda.py {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d}, fastpar "
-              f"{commit or 'unknown commit'}, torch {torch.__version__}")
-    return (models.pop() if len(models) == 1 else ""), source
 
 
 def parse_args(argv=None):
@@ -574,7 +744,9 @@ def parse_args(argv=None):
     p.add_argument("--time-limit", type=float, default=0,
                    help="seconds: the list sweep stops starting new sizes after this (0: no limit)")
     # the processes ipc_rows starts
+    p.add_argument("--check-calls", type=int, default=10000, help="calls of the correctness check (--part check)")
     p.add_argument("--ipc-worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--check-worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--placement", default="shared", help=argparse.SUPPRESS)
     p.add_argument("--ipc-out", default="", help=argparse.SUPPRESS)
     p.add_argument("--rank", type=int, default=-1, help=argparse.SUPPRESS)
@@ -616,6 +788,9 @@ def main(argv=None) -> list:
     if args.ipc_worker:
         ipc_worker(args)
         return []
+    if args.check_worker:
+        check_worker(args)
+        return []
     rows = []
     for path in filter(None, args.rows_in.split(",")):
         with open(path) as f:
@@ -632,7 +807,7 @@ def main(argv=None) -> list:
             sys.exit("bench_cuda.py needs a GPU (use --dry-run to check the reporting code)")
         head = header()
         print(head, end="")
-        measure = {"lists": list_rows, "host": host_rows, "ipc": ipc_rows}
+        measure = {"check": check_rows, "lists": list_rows, "host": host_rows, "ipc": ipc_rows}
         for part in args.parts:
             t0 = time.time()
             try:
@@ -643,8 +818,7 @@ def main(argv=None) -> list:
             print(f"{part}: {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
             write_rows(rows, args.rows_out)  # after each part: a kill during the next loses nothing
     write_rows(rows, args.rows_out)
-    model, source = ("", "") if args.dry_run else measured_on()
-    gs.report(rows, args.out, head, model, source)
+    gs.report(rows, args.out, head)
     return rows
 
 

@@ -18,7 +18,6 @@ Row kinds (the "part" column):
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import statistics
@@ -84,7 +83,7 @@ def _target(name: str, target: str, values: List[float], better: str, bound: flo
 def schedule_ratios(rows: List[Dict]) -> Dict[str, List[float]]:
     """Each schedule against the one it replaces, in the same run: new time /
     old time per size, ranks and placement (< 1: the new one is faster), keyed
-    by the tuning choice it decides (tuning_entry)."""
+    by the choice it decides (decisions)."""
     ipc = [r for r in rows if r["part"] == "ipc" and not r.get("error")]
     us = {(r["backend"], r["placement"], r["ranks"], r["bytes"]): r["us"] for r in ipc}
 
@@ -103,39 +102,34 @@ def schedule_ratios(rows: List[Dict]) -> Dict[str, List[float]]:
     collectives = []
     for backend in sorted({k[0] for k in us if k[0].endswith(" fused")}):
         collectives += versus(backend, backend[:-len("fused")] + "steps")
-    # GPU-scope fences (every rank on this GPU) against system-scope ones:
-    # eager and graphed all_reduce.
-    fence_scope = versus("fastpar gpu-scope", "fastpar") + versus("fastpar graph gpu-scope", "fastpar graph")
-    # The barrier with a thread per peer against thread 0's loop, 3 and 4
-    # ranks up to 1 MiB.
-    barrier = versus("fastpar per-peer barrier", "fastpar", ranks=(3, 4), max_bytes=MiB)
-    return {"two_shot": two_shot, "collectives": collectives, "fence_scope": fence_scope, "barrier": barrier}
+    return {"two_shot": two_shot, "collectives": collectives}
 
 
-# What each tuning choice is when the new schedule wins, and when it does not.
-TUNING_FORMS = {"two_shot": ("fused", "steps"), "collectives": ("fused", "steps"), "fence_scope": ("gpu", "system"),
-                "barrier": ("per_peer", "serial")}
-# The new schedule wins when it is faster at the median of the sizes compared
+# The knob of each choice (docs/knobs.md) and its two forms: the new one,
+# then the measured fallback that is the default until a GPU run decides.
+CHOICES = {"two_shot": ("FASTPAR_CUDA_IPC_TWO_SHOT", "fused", "steps"),
+           "collectives": ("FASTPAR_CUDA_IPC_COLLECTIVES", "fused", "steps")}
+# The new form wins when it is faster at the median of the sizes compared
 # and at most this much slower at any one (the timing noise of one run).
 ADOPT_WORST = 1.05
 
 
-def tuning_entry(rows: List[Dict], source: str) -> Dict:
-    """The choices this run measured, as an entry of fastpar's CUDA tuning
-    table (fastpar/distributed/cuda_tuning.py): each schedule against the one
-    it replaces (schedule_ratios, ADOPT_WORST), and the one-shot limit per
-    rank count (one_shot_limits; left out where one-shot was never faster).
-    A choice this run did not compare is left out: the default stays."""
-    entry: Dict = {"source": source}
+def decisions(rows: List[Dict]) -> List[str]:
+    """What this run decides, one line a choice it compared: the form that
+    won (schedule_ratios, ADOPT_WORST), so that the loser and its knob can
+    go (the one-shot limit per rank count: one_shot_choice). A choice the
+    run did not compare gets no line."""
+    out = []
     for key, ratios in schedule_ratios(rows).items():
         ratios = _ok(ratios)
-        if ratios:
-            wins = statistics.median(ratios) < 1 and max(ratios) <= ADOPT_WORST
-            entry[key] = TUNING_FORMS[key][0 if wins else 1]
-    limits = {str(n): limit for n, (_, _, limit) in one_shot_limits(rows).items() if limit}
-    if limits:
-        entry["one_shot_max_bytes"] = limits
-    return entry
+        if not ratios:
+            continue
+        knob, new, old = CHOICES[key]
+        med, worst = statistics.median(ratios), max(ratios)
+        won = new if med < 1 and worst <= ADOPT_WORST else old
+        out.append(f"{knob}: {won} won ({new} / {old} time: median {med:.3g}, worst {worst:.3g}, "
+                   f"{len(ratios)} sizes); the {old if won == new else new} form can go")
+    return out
 
 
 def targets(rows: List[Dict]) -> List[Dict]:
@@ -182,6 +176,14 @@ def targets(rows: List[Dict]) -> List[Dict]:
     registered_vs_plain = [r["us"] / plain[(r["placement"], r["ranks"], r["bytes"])] for r in ipc
                            if r["backend"] == "fastpar registered"
                            and (r["placement"], r["ranks"], r["bytes"]) in plain]
+    # The design risks one GPU run decides (bench_cuda.py rows): (a) the busy
+    # rank's compute time while its peer's fused two-shot spins, against the
+    # steps form's; (b) 2 MiB slots against the default 8 MiB.
+    def ratio(new, old):
+        a_, b_ = fastpar_on_one(2, new), fastpar_on_one(2, old)
+        return [a_[k]["us"] / b_[k]["us"] for k in sorted(a_) if k in b_ and a_[k].get("us") and b_[k].get("us")]
+    busy = ratio("busy rank compute, two-shot fused", "busy rank compute, two-shot steps")
+    slots = ratio("fastpar slot 8 MiB", "fastpar slot 2 MiB")
     def of_ceiling_k(ranks):
         """k ranks' plain all_reduce from 8 MiB against its traffic floor,
         (5k - 2) N bytes of HBM traffic (copy-in, publish, reduce, copy-out),
@@ -235,11 +237,11 @@ def targets(rows: List[Dict]) -> List[Dict]:
                 new_vs_old["two_shot"], "lower", 1),
         _target("fused / step-by-step time of broadcast, all_gather, reduce_scatter from 1 MiB, same run (worst)",
                 "<= 1", new_vs_old["collectives"], "lower", 1),
-        _target("GPU-scope / system-scope fences, 2 ranks on one GPU, eager and graphed, same run (worst)", "<= 1",
-                new_vs_old["fence_scope"], "lower", 1),
-        _target("per-peer / serial barrier, 3 and 4 ranks on one GPU up to 1 MiB, same run (worst)", "<= 1",
-                new_vs_old["barrier"], "lower", 1),
         _target("registered / plain all_reduce time from 1 MiB (worst)", "<= 1", registered_vs_plain, "lower", 1),
+        _target("busy rank's compute time, peer in the fused / the steps two-shot, 2 ranks on one GPU", "<= 1.05",
+                busy, "lower", 1.05),
+        _target("8 MiB / 2 MiB slots, all_reduce time at 8-128 MiB, 2 ranks on one GPU (worst)", "<= 1", slots,
+                "lower", 1),
         _target("2 ranks on one GPU, 1 MiB time / 256 KiB time", "<= 1.5",
                 [two[MiB]["us"] / two[256 * KiB]["us"]] if MiB in two and 256 * KiB in two else [], "lower", 1.5),
         # several GPUs
@@ -298,28 +300,10 @@ def errors(rows: List[Dict]) -> List[str]:
     return sorted({f"{r['part']}: {r['error']}" for r in rows if r.get("error")})
 
 
-def write_tuning(rows: List[Dict], out_dir: str, model: str, source: str) -> str:
-    """tuning.json under out_dir: this run's tuning entry for `model` (the GPU
-    it ran on), for `python -m fastpar.distributed.cuda_tuning --adopt`; ""
-    and no file where the run compared nothing. Returns the entry's line."""
-    path = os.path.join(out_dir, "tuning.json")
-    entry = tuning_entry(rows, source)
-    if not model or len(entry) == 1:
-        if os.path.exists(path):
-            os.remove(path)  # an earlier run's entry must not pass for this run's
-        return ""
-    with open(path, "w") as f:
-        json.dump({"models": {model: entry}}, f, indent=2)
-        f.write("\n")
-    choices = ", ".join(f"{k}={v}" for k, v in entry.items() if k != "source")
-    return f"tuning entry for {model}: {choices} ({path})"
-
-
-def report(rows: List[Dict], out_dir: str, header: str = "", model: str = "", source: str = "") -> List[Dict]:
+def report(rows: List[Dict], out_dir: str, header: str = "") -> List[Dict]:
     """Tables on stdout, bench_cuda.csv, lists.png and collectives.png under
-    out_dir, summary.txt (the targets table) and, given the GPU `model` the
-    rows were measured on, tuning.json (write_tuning; `source` says what
-    measured it); returns the target lines."""
+    out_dir, and summary.txt (the targets table and what the run decided:
+    decisions); returns the target lines."""
     os.makedirs(out_dir, exist_ok=True)
     lists = [r for r in rows if r["part"] == "lists" and not r.get("error")]
     big = [r for r in lists if r["bytes"] >= MiB]
@@ -347,9 +331,9 @@ def report(rows: List[Dict], out_dir: str, header: str = "", model: str = "", so
     errs = errors(rows)
     for e in errs:
         print(f"error: {e}")
-    tuning = write_tuning(rows, out_dir, model, source)
-    if tuning:
-        print(tuning)
+    decided = decisions(rows)
+    for line in decided:
+        print(f"decided: {line}")
     write_csv(rows, os.path.join(out_dir, "bench_cuda.csv"))
     with open(os.path.join(out_dir, "summary.txt"), "w") as f:
         f.write(header)
@@ -361,8 +345,8 @@ def report(rows: List[Dict], out_dir: str, header: str = "", model: str = "", so
             c = next(c for c in choice if c["ranks"] == n)
             f.write(f"one-shot limit, {n} ranks on one GPU: measured {c['limit measured']}, "
                     f"in force {c['limit in force']}\n")
-        if tuning:
-            f.write(tuning + "\n")
+        for line in decided:
+            f.write(f"decided: {line}\n")
         for e in errs:
             f.write(f"error: {e}\n")
     series: Dict[str, list] = {}

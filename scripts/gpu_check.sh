@@ -20,7 +20,7 @@
 #       # left of the budget less the needs of the later selected phases (gpu_check_phases.sh)
 #   GPU_CHECK_BUILD_S                         # the build's need (default 120 s cold, 30 s when up to date)
 #
-# Logs, CSV, PNG, summary.txt and tuning.json go to the results folder. The exit code is
+# Logs, CSV, PNG and summary.txt (with what the run decided) go to the results folder. The exit code is
 # nonzero when the build, the smoke test or a test failed (2: bad arguments or
 # a budget refused); missed benchmark targets are reported, not failures.
 set -uo pipefail
@@ -55,13 +55,15 @@ elif [ -x .venv/bin/python ]; then PY=.venv/bin/python
 else PY=python3
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-# The fused kernels, GPU-scope fences and per-peer barriers are not the
-# default until they have run here: the GPU tests run them (the system-scope
-# kernels with serial barriers ran before).
+# The fused kernels are not the default until they have run here: the GPU
+# tests run them (the steps forms ran before).
 export FASTPAR_CUDA_IPC_TWO_SHOT=${FASTPAR_CUDA_IPC_TWO_SHOT:-fused}
 export FASTPAR_CUDA_IPC_COLLECTIVES=${FASTPAR_CUDA_IPC_COLLECTIVES:-fused}
-export FASTPAR_CUDA_IPC_FENCE_SCOPE=${FASTPAR_CUDA_IPC_FENCE_SCOPE:-gpu}
-export FASTPAR_CUDA_IPC_BARRIER=${FASTPAR_CUDA_IPC_BARRIER:-per_peer}
+# Every kernel of the process loaded when its CUDA context starts, not at its
+# first launch: loading a module waits for the context's running kernels, and
+# a spinning IPC kernel of this process waits for its peers, so a torch or
+# NCCL kernel loaded lazily behind it could wait out the timeout (docs/cuda.md).
+export CUDA_MODULE_LOADING=EAGER
 FAILED=()
 STARTED_MPS=0
 # shellcheck source=gpu_check_phases.sh
@@ -222,10 +224,6 @@ fi
 # --- single-process benchmarks (no MPS: one process owns the GPU)
 ROWS_LISTS=$RESULTS/rows_lists.json ROWS_IPC=$RESULTS/rows_ipc.json
 rm -f "$ROWS_LISTS" "$ROWS_IPC"
-if [ -f "$RESULTS/tuning.json" ]; then
-  echo "this GPU's tuning entry: $RESULTS/tuning.json (docs/knobs.md, \"Per-GPU tuning\"); to adopt it:"
-  echo "  python -m fastpar.distributed.cuda_tuning --adopt $RESULTS/tuning.json"
-fi
 : > "$RESULTS/bench.log"
 if want lists; then
   LIMIT=$(phase_limit "$(phase_cap lists)" "$(reserve_after lists)")
@@ -268,6 +266,24 @@ elif command -v nvidia-cuda-mps-control > /dev/null; then
 else
   echo "== MPS: nvidia-cuda-mps-control not found; ranks sharing a GPU will time-slice"
 fi
+# Correctness before speed: 10^4 mixed calls over IPC (odd sizes and
+# offsets, both forms of every one-kernel collective, drawn at random), bit for
+# bit, in a group whose timeout is 10 s (bench_cuda.py --part check). Wrong
+# bits or a failed call fail the check.
+if want multi || want ipc; then
+  wait_for_gpu "before the correctness check"
+  LIMIT=$(phase_limit 150 "$(reserve_after multi)")
+  echo "== correctness: 10000 mixed calls, 2 ranks (at most $LIMIT s)"
+  if timeout "$LIMIT" "$PY" benchmarks/bench_cuda.py --part check --check-calls 10000 --ipc-timeout $((LIMIT - 5)) \
+      --rows-out "$RESULTS/rows_check.json" --out "$RESULTS/check" > "$RESULTS/check.log" 2>&1 \
+      && ! grep -q '^error: ' "$RESULTS/check.log"; then
+    echo "correctness: no wrong result"
+  else
+    grep '^error: ' "$RESULTS/check.log" | head -10
+    echo "correctness: FAILED (log $RESULTS/check.log)"
+    FAILED+=("correctness check")
+  fi
+fi
 if [ "${#MULTI[@]}" -gt 0 ] && want multi; then
   wait_for_gpu "before the multi-process tests"
   # -v: one line per test, so a run cut off by its cap still shows what passed
@@ -296,10 +312,6 @@ else
   echo "no benchmark rows; see $RESULTS/bench.log"; tail -20 "$RESULTS/bench.log"
 fi
 rm -f "$ROWS_LISTS" "$ROWS_IPC"
-if [ -f "$RESULTS/tuning.json" ]; then
-  echo "this GPU's tuning entry: $RESULTS/tuning.json (docs/knobs.md, \"Per-GPU tuning\"); to adopt it:"
-  echo "  python -m fastpar.distributed.cuda_tuning --adopt $RESULTS/tuning.json"
-fi
 
 echo "== gpu_check: $((SECONDS - START)) s"
 if [ "${#FAILED[@]}" -gt 0 ]; then

@@ -51,10 +51,10 @@ def small_chunks():
     the multi-chunk path runs in every size sweep."""
     import fastpar
 
-    old = fastpar._C._get_ring_segment_bytes()
-    fastpar._C._set_ring_segment_bytes(64)
+    old = fastpar._C._testing.ring_segment_bytes()
+    fastpar._C._testing.set_ring_segment_bytes(64)
     yield
-    fastpar._C._set_ring_segment_bytes(old)
+    fastpar._C._testing.set_ring_segment_bytes(old)
 
 
 @pytest.fixture

@@ -33,21 +33,24 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         handle.call(tensors, op, algorithm);
       },
       py::arg("tensors"), py::arg("op"), py::arg("algorithm"), py::call_guard<py::gil_scoped_release>());
-  m.def("_set_ring_segment_bytes", [](int64_t b) {
+  // The test hooks: what tests and benchmarks flip to reach a form the
+  // defaults do not take.
+  py::module_ testing = m.def_submodule("_testing", "Test hooks; not an interface.");
+  testing.def("set_ring_segment_bytes", [](int64_t b) {
     TORCH_CHECK_VALUE(b >= 64, "ring segment bytes must be >= 64, got ", b);
     fastpar::ops::tuning().ring_segment_bytes = b;
   });
-  m.def("_get_ring_segment_bytes", [] { return fastpar::ops::tuning().ring_segment_bytes; });
+  testing.def("ring_segment_bytes", [] { return fastpar::ops::tuning().ring_segment_bytes; });
   // The one-GPU list ring in one launch (true) or one launch per segment.
-  m.def("_set_ring_one_launch", [](bool on) { fastpar::ops::tuning().ring_one_launch = on; });
-  m.def("_get_ring_one_launch", [] { return fastpar::ops::tuning().ring_one_launch; });
+  testing.def("set_ring_one_launch", [](bool on) { fastpar::ops::tuning().ring_one_launch = on; });
+  testing.def("ring_one_launch", [] { return fastpar::ops::tuning().ring_one_launch; });
   // The CUDA list ops' device model (tuning.h, DeviceModel): "real", or a
   // test model that takes every entry on one GPU to be on a GPU of its own.
-  m.def("_set_list_device_model", [](const std::string& model) {
+  testing.def("set_list_device_model", [](const std::string& model) {
     fastpar::ops::tuning().device_model = fastpar::ops::device_model_from(model);
   });
-  m.def("_get_list_device_model",
-        [] { return std::string(fastpar::ops::device_model_name(fastpar::ops::tuning().device_model)); });
+  testing.def("list_device_model",
+              [] { return std::string(fastpar::ops::device_model_name(fastpar::ops::tuning().device_model)); });
   m.def("_list_op_paths", [] {
     const auto& p = fastpar::ops::list_op_paths();
     py::dict d;

@@ -46,7 +46,7 @@ import torch.distributed as dist
 from fastpar_autoload import BACKEND_NAME, register  # noqa: F401  (the one registration; re-exported)
 
 from .. import _C
-from . import cuda_tuning, topology
+from . import topology
 
 SEGMENT_PREFIX: str = _C.SHM_SEGMENT_PREFIX
 
@@ -317,10 +317,8 @@ def _cuda_engine(store, rank: int, size: int, timeout: datetime.timedelta, host_
     world = _nccl(dist.PrefixStore("fastpar/nccl/", store), rank, size, timeout, global_ranks, backend_options,
                   group_name)
     eager = device is not None and device.type == "cuda" and device.index is not None
-    tuning = cuda_tuning.table()
     if max(host_index) == 0:
         cuda = _C.CudaEngine(dist.PrefixStore("fastpar/cuda/", store), rank, size, ms, world)
-        cuda._set_tuning_table(tuning)
         if eager:
             cuda._connect(device.index)
         return cuda
@@ -332,7 +330,6 @@ def _cuda_engine(store, rank: int, size: int, timeout: datetime.timedelta, host_
                        [global_ranks[r] for r in local], backend_options, sub(f"host{h}"))
     local_cuda = _C.CudaEngine(dist.PrefixStore(f"fastpar/cuda/host{h}/", store), local.index(rank), len(local), ms,
                                 local_nccl)
-    local_cuda._set_tuning_table(tuning)
     if eager:
         local_cuda._connect(device.index)
     leaders_nccl = None

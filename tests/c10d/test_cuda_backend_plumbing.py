@@ -29,8 +29,7 @@ def make(size=1):
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch):
     for k in ("FASTPAR_CUDA_IPC_MAX_BYTES", "FASTPAR_CUDA_IPC_SLOT_BYTES", "FASTPAR_BLOCKING_WAIT",
-              "FASTPAR_CUDA_IPC_TWO_SHOT", "FASTPAR_CUDA_IPC_COLLECTIVES", "FASTPAR_CUDA_IPC_ONE_SHOT_MAX_BYTES",
-              "FASTPAR_CUDA_IPC_FENCE_SCOPE", "FASTPAR_CUDA_IPC_BARRIER"):
+              "FASTPAR_CUDA_IPC_TWO_SHOT", "FASTPAR_CUDA_IPC_COLLECTIVES", "FASTPAR_CUDA_IPC_ONE_SHOT_MAX_BYTES"):
         monkeypatch.delenv(k, raising=False)
 
 
@@ -51,47 +50,41 @@ def test_knobs_from_the_environment(monkeypatch):
     monkeypatch.setenv("FASTPAR_CUDA_IPC_TWO_SHOT", "fused")
     monkeypatch.setenv("FASTPAR_CUDA_IPC_COLLECTIVES", "fused")
     monkeypatch.setenv("FASTPAR_CUDA_IPC_ONE_SHOT_MAX_BYTES", "65536")
-    monkeypatch.setenv("FASTPAR_CUDA_IPC_FENCE_SCOPE", "gpu")
-    monkeypatch.setenv("FASTPAR_CUDA_IPC_BARRIER", "per_peer")
     cb = make()
-    assert cb.ipc_fence_scope == "gpu" and cb.ipc_barrier == "per_peer"
     assert cb.max_ipc_bytes == 0 and cb.blocking_wait is True
     assert cb.ipc_two_shot == "fused" and cb.ipc_collectives == "fused"
     assert cb.one_shot_max_bytes == 65536
 
 
-@pytest.mark.parametrize("name,default,other,bad,allowed", [
-    ("ipc_fence_scope", "system", "gpu", "device", "'gpu' or 'system'"),
-    ("ipc_barrier", "serial", "per_peer", "parallel", "'per_peer' or 'serial'"),
-])
-def test_two_value_knobs_default_and_are_set_by_name(name, default, other, bad, allowed):
-    cb = make()
-    set_it = getattr(cb, "_set_" + name)
-    assert getattr(cb, name) == default
-    set_it(other)
-    assert getattr(cb, name) == other
-    with pytest.raises(ValueError, match=f"{name} is '{bad}' but must be {allowed}"):
-        set_it(bad)
-    assert getattr(cb, name) == other
-
-
-def test_one_shot_limit_defaults_by_rank_count_and_is_set_at_run_time():
+def test_one_shot_limit_defaults_by_rank_count_and_the_test_hook_overrides_it():
     cb = make()
     assert cb.one_shot_max_bytes == 2 << 20  # 1 rank: the 2-rank default
-    cb._set_one_shot_max_bytes(4096)
+    assert make(3).one_shot_max_bytes == 512 << 10 and make(8).one_shot_max_bytes == 256 << 10
+    override = fastpar._C._testing.cuda_override
+    override(cb, "FASTPAR_CUDA_IPC_ONE_SHOT_MAX_BYTES", "4096")
     assert cb.one_shot_max_bytes == 4096
-    cb._set_one_shot_max_bytes(-1)
+    with pytest.raises(ValueError, match="FASTPAR_CUDA_IPC_ONE_SHOT_MAX_BYTES is '-5' but must be a byte count >= 0"):
+        override(cb, "FASTPAR_CUDA_IPC_ONE_SHOT_MAX_BYTES", "-5")
+    assert cb.one_shot_max_bytes == 4096
+    override(cb, "FASTPAR_CUDA_IPC_ONE_SHOT_MAX_BYTES", "")
     assert cb.one_shot_max_bytes == 2 << 20
 
 
-def test_fused_forms_default_to_steps_and_are_set_by_name():
+def test_fused_forms_default_to_steps_and_the_test_hook_flips_them():
     cb = make()
+    override = fastpar._C._testing.cuda_override
     assert cb.ipc_two_shot == "steps" and cb.ipc_collectives == "steps"
-    cb._set_ipc_collectives("fused")
+    override(cb, "FASTPAR_CUDA_IPC_COLLECTIVES", "fused")
     assert cb.ipc_collectives == "fused" and cb.ipc_two_shot == "steps"
-    with pytest.raises(ValueError, match="ipc_collectives is 'fast' but must be 'fused' or 'steps'"):
-        cb._set_ipc_collectives("fast")
+    with pytest.raises(ValueError, match="FASTPAR_CUDA_IPC_COLLECTIVES is 'fast' but must be 'fused' or 'steps'"):
+        override(cb, "FASTPAR_CUDA_IPC_COLLECTIVES", "fast")
     assert cb.ipc_collectives == "fused"
+    override(cb, "FASTPAR_CUDA_IPC_TWO_SHOT", "fused")
+    assert cb.ipc_two_shot == "fused"
+    override(cb, "FASTPAR_CUDA_IPC_TWO_SHOT", "")
+    assert cb.ipc_two_shot == "steps"
+    with pytest.raises(ValueError, match="the knob is 'FASTPAR_CUDA_IPC_BARRIER' but must be FASTPAR_CUDA_IPC_TWO_SHOT"):
+        override(cb, "FASTPAR_CUDA_IPC_BARRIER", "per_peer")
 
 
 @pytest.mark.parametrize("name,value,words", [
@@ -101,8 +94,6 @@ def test_fused_forms_default_to_steps_and_are_set_by_name():
     ("FASTPAR_BLOCKING_WAIT", "yes", "FASTPAR_BLOCKING_WAIT is 'yes' but must be 0 or 1"),
     ("FASTPAR_CUDA_IPC_TWO_SHOT", "fast", "FASTPAR_CUDA_IPC_TWO_SHOT is 'fast' but must be 'fused' or 'steps'"),
     ("FASTPAR_CUDA_IPC_COLLECTIVES", "1", "FASTPAR_CUDA_IPC_COLLECTIVES is '1' but must be 'fused' or 'steps'"),
-    ("FASTPAR_CUDA_IPC_FENCE_SCOPE", "sys", "FASTPAR_CUDA_IPC_FENCE_SCOPE is 'sys' but must be 'gpu' or 'system'"),
-    ("FASTPAR_CUDA_IPC_BARRIER", "threads", "FASTPAR_CUDA_IPC_BARRIER is 'threads' but must be 'per_peer' or 'serial'"),
     ("FASTPAR_CUDA_IPC_ONE_SHOT_MAX_BYTES", "-1", "FASTPAR_CUDA_IPC_ONE_SHOT_MAX_BYTES is '-1' but must be a byte count"),
 ])
 def test_bad_knobs_are_refused_by_name(monkeypatch, name, value, words):
@@ -184,73 +175,3 @@ def test_each_nccl_group_gets_its_own_options_with_the_users_settings():
     assert user.global_ranks_in_group == [] and user.group_name == ""  # the user's object is left as it was
     plain = _nccl_options(timeout, [0], None)
     assert plain.is_high_priority_stream is False and plain.global_ranks_in_group == [0]
-
-
-ENTRY = {"source": "test rows", "two_shot": "fused", "collectives": "fused", "fence_scope": "gpu",
-         "barrier": "per_peer", "one_shot_max_bytes/2": "65536", "one_shot_max_bytes/3": "4096"}
-
-
-def test_tuning_entry_of_the_groups_gpu_model_decides_what_no_knob_or_setter_did(monkeypatch):
-    monkeypatch.setenv("FASTPAR_CUDA_IPC_BARRIER", "serial")
-    cb = make(2)
-    cb._set_ipc_collectives("steps")
-    cb._set_tuning_table({"GPU A": ENTRY, "GPU B": {"two_shot": "steps"}})
-    assert cb.ipc_tuning == "not set up" and cb.ipc_two_shot == "steps"
-    cb._apply_tuning(["GPU A", "GPU A"])
-    assert cb.ipc_tuning == "GPU A: test rows"
-    assert cb.ipc_two_shot == "fused" and cb.ipc_fence_scope == "gpu"  # the entry's
-    assert cb.ipc_collectives == "steps"  # the setter's
-    assert cb.ipc_barrier == "serial"  # the knob's
-    assert cb.one_shot_max_bytes == 65536  # the entry's for 2 ranks
-    cb._set_one_shot_max_bytes(8192)
-    assert cb.one_shot_max_bytes == 8192
-    cb._set_one_shot_max_bytes(-1)
-    assert cb.one_shot_max_bytes == 65536
-    # ranks on different models, or a model without an entry: the defaults
-    for models, why in ((["GPU A", "GPU B"], "none: the group's ranks run on different GPU models"),
-                        (["GPU C", "GPU C"], "none: no entry for GPU C"),
-                        (["", ""], "none: the GPU model is unknown")):
-        cb._apply_tuning(models)
-        assert cb.ipc_tuning == why
-        assert cb.ipc_two_shot == "steps" and cb.ipc_fence_scope == "system"
-        assert cb.one_shot_max_bytes == 2 << 20
-    cb._apply_tuning(["GPU B", "GPU B"])
-    assert cb.ipc_two_shot == "steps" and cb.one_shot_max_bytes == 2 << 20  # not in the entry: the default
-
-
-@pytest.mark.parametrize("field,value,words", [
-    ("two_shot", "fast", "has two_shot = 'fast' but it must be 'fused' or 'steps'"),
-    ("barrier", "parallel", "has barrier = 'parallel' but it must be 'per_peer' or 'serial'"),
-    ("fence_scope", "sys", "has fence_scope = 'sys' but it must be 'gpu' or 'system'"),
-    ("one_shot_max_bytes/2", "-5", "has one_shot_max_bytes/2 = '-5' but it must be a whole number from 0"),
-    ("one_shot_max_bytes/x", "4096", "has one_shot_max_bytes/x = 'x' but it must be a whole number from 2 to 64"),
-    ("speed", "1", "has the key 'speed' but the keys are source, two_shot"),
-])
-def test_bad_tuning_entries_are_refused_naming_model_key_and_value(field, value, words):
-    cb = make()
-    with pytest.raises(ValueError, match=f"the CUDA tuning entry for 'GPU A' {words}"):
-        cb._set_tuning_table({"GPU A": {field: value}})
-
-
-def test_tuning_table_shipped_or_named_by_the_knob(monkeypatch, tmp_path):
-    from fastpar.distributed import cuda_tuning
-
-    monkeypatch.delenv("FASTPAR_CUDA_TUNING", raising=False)
-    make()._set_tuning_table(cuda_tuning.table())  # the shipped table is one the engine takes
-    path = tmp_path / "t.json"
-    path.write_text('{"models": {"GPU A": {"source": "s", "one_shot_max_bytes": {"2": 65536}}}}')
-    monkeypatch.setenv("FASTPAR_CUDA_TUNING", str(path))
-    assert cuda_tuning.table() == {"GPU A": {"source": "s", "one_shot_max_bytes/2": "65536"}}
-    cb = make(2)
-    cb._set_tuning_table(cuda_tuning.table())
-    cb._apply_tuning(["GPU A", "GPU A"])
-    assert cb.one_shot_max_bytes == 65536
-    monkeypatch.setenv("FASTPAR_CUDA_TUNING", "off")
-    assert cuda_tuning.table() == {}
-    monkeypatch.setenv("FASTPAR_CUDA_TUNING", str(tmp_path / "missing.json"))
-    with pytest.raises(ValueError, match="FASTPAR_CUDA_TUNING is '.*missing.json' but that table cannot be read"):
-        cuda_tuning.table()
-    path.write_text('{"GPU A": {}}')
-    monkeypatch.setenv("FASTPAR_CUDA_TUNING", str(path))
-    with pytest.raises(ValueError, match="is not a CUDA tuning table"):
-        cuda_tuning.table()

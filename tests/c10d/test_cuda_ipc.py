@@ -3,7 +3,7 @@ small IPC slots that make every size cross many chunks, gather / scatter /
 all_to_all over IPC and the calls with no IPC schedule, send/recv as the
 first calls of a group bound to a device, all_reduce captured in CUDA
 graphs (replays, refusals by name), stream semantics of async work, the IPC
-state and the MPS note, the per-GPU tuning entry applied at setup. The
+state and the MPS note, the schedule knobs in force after setup. The
 collectives both devices have: test_collectives.py; send/recv: test_p2p.py;
 the IPC faults: faults/test_cuda_ipc_faults.py.
 
@@ -214,9 +214,6 @@ def sc_state():
     assert cb.shares_gpu == SHARED, (cb.shares_gpu, SHARED)
     if peer_access_everywhere():
         assert cb.ipc_state.startswith(f"ipc on cuda:{DEV.index}"), cb.ipc_state
-        # GPU-scope fences where asked for and every rank is on this GPU
-        asked = os.environ.get("FASTPAR_CUDA_IPC_FENCE_SCOPE") == "gpu"
-        assert cb.ipc_fence_scope == ("gpu" if asked and SHARED else "system"), cb.ipc_fence_scope
     if SHARED:
         assert "share a GPU" in cb.ipc_state, cb.ipc_state
         texts = [str(w.message) for w in caught]
@@ -244,45 +241,27 @@ def test_state_and_the_mps_note(request, layout):
 
 
 @scenario
-def sc_tuning():
-    """A tuning table with an entry for this GPU's model (FASTPAR_CUDA_TUNING):
-    the IPC setup applies it to the choices no knob made (the batch's env
-    leaves them unset, FASTPAR_CUDA_IPC_COLLECTIVES excepted), the one-shot
-    limit for this rank count; the results keep their bits."""
-    import json
-
-    model = torch.cuda.get_device_name(DEV)
-    path = f"/tmp/fastpar-test-tuning-{os.getpid()}.json"
-    with open(path, "w") as f:
-        json.dump({"models": {model: {"source": "test entry", "two_shot": "fused", "collectives": "fused",
-                                      "barrier": "per_peer", "one_shot_max_bytes": {str(WORLD): 8192}}}}, f)
-    saved = os.environ.get("FASTPAR_CUDA_TUNING")
-    os.environ["FASTPAR_CUDA_TUNING"] = path
-    try:
-        init()
-        cb = cuda_backend()
-        for n in (1000, 100_000):  # one-shot, then two-shot above the entry's 8 KiB limit
-            t = torch.full((n,), float(RANK + 1), device=DEV)
-            dist.all_reduce(t)
-            assert torch.equal(t, torch.full_like(t, WORLD * (WORLD + 1) / 2)), (n, t[:4])
-        assert cb.ipc_tuning == f"{model}: test entry", cb.ipc_tuning
-        assert cb.ipc_two_shot == "fused" and cb.ipc_barrier == "per_peer", (cb.ipc_two_shot, cb.ipc_barrier)
-        assert cb.ipc_collectives == "steps"  # the knob's
-        assert cb.one_shot_max_bytes == 8192, cb.one_shot_max_bytes
-        dist.destroy_process_group()
-    finally:
-        os.remove(path)
-        if saved is None:
-            os.environ.pop("FASTPAR_CUDA_TUNING")
-        else:
-            os.environ["FASTPAR_CUDA_TUNING"] = saved
-    print(f"tuning rank {RANK} ok", flush=True)
+def sc_knobs():
+    """The schedule knobs the batch's env names are in force after the IPC
+    setup (the two-shot form, the one-shot limit) and the others keep their
+    defaults; the results keep their bits."""
+    init()
+    cb = cuda_backend()
+    for n in (1000, 100_000):  # one-shot, then two-shot above the knob's 8 KiB limit
+        t = torch.full((n,), float(RANK + 1), device=DEV)
+        dist.all_reduce(t)
+        assert torch.equal(t, torch.full_like(t, WORLD * (WORLD + 1) / 2)), (n, t[:4])
+    assert cb.ipc_two_shot == "fused", cb.ipc_two_shot
+    assert cb.ipc_collectives == "steps"  # the default
+    assert cb.one_shot_max_bytes == 8192, cb.one_shot_max_bytes
+    dist.destroy_process_group()
+    print(f"knobs rank {RANK} ok", flush=True)
 
 
 @pytest.mark.parametrize("layout", ["shared", pytest.param("distinct", marks=needs_two_gpus)])
-@batched(InBatch(sc_tuning, env={"FASTPAR_CUDA_IPC_TWO_SHOT": "", "FASTPAR_CUDA_IPC_BARRIER": "",
-                                 "FASTPAR_CUDA_IPC_ONE_SHOT_MAX_BYTES": "", "FASTPAR_CUDA_IPC_COLLECTIVES": "steps"}))
-def test_tuning_entry_of_the_gpu_model_applies_at_setup(request, layout):
+@batched(InBatch(sc_knobs, env={"FASTPAR_CUDA_IPC_TWO_SHOT": "fused", "FASTPAR_CUDA_IPC_ONE_SHOT_MAX_BYTES": "8192",
+                                "FASTPAR_CUDA_IPC_COLLECTIVES": ""}))
+def test_schedule_knobs_apply_at_setup(request, layout):
     assert_ok(scenario_result(request))
 
 

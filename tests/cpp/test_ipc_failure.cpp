@@ -63,6 +63,14 @@ static void failed_and_message() {
   aborted.aborted_here = true;
   CHECK(failed(aborted));
   CHECK(has(failure_message("reduce", 1, aborted, 10), "this rank's process group was aborted"));
+  CHECK(!has(failure_message("reduce", 1, aborted, 10), "graph replay"));
+  // A failed CUDA graph replay: the next call raises its status, naming the replay.
+  FailureFacts replay;
+  replay.status = replay.replay_status = uint32_t(flags::WaitStatus::kTimeout);
+  m = failure_message("all_reduce", 1, replay, 10000);
+  CHECK(has(m, "all_reduce over CUDA IPC failed on rank 1: timed out waiting for a peer's flag; a CUDA graph "
+               "replay of all_reduce found it (timed out waiting for a peer's flag) and returned without reducing"));
+  CHECK(has(m, "destroy the group"));
 }
 
 static void gpu_sharing() {

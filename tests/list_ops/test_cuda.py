@@ -161,17 +161,17 @@ def small_ring_segments(request):
     """64-byte ring segments: a few hundred elements already cross many
     windows, the multi-window path; each ring test runs in both one-GPU forms
     (one launch per segment, the default; one launch a call); restored afterwards."""
-    old = fastpar._C._get_ring_segment_bytes(), fastpar._C._get_ring_one_launch()
-    fastpar._C._set_ring_segment_bytes(64)
-    fastpar._C._set_ring_one_launch(request.param)
+    old = fastpar._C._testing.ring_segment_bytes(), fastpar._C._testing.ring_one_launch()
+    fastpar._C._testing.set_ring_segment_bytes(64)
+    fastpar._C._testing.set_ring_one_launch(request.param)
     yield
-    fastpar._C._set_ring_segment_bytes(old[0])
-    fastpar._C._set_ring_one_launch(old[1])
+    fastpar._C._testing.set_ring_segment_bytes(old[0])
+    fastpar._C._testing.set_ring_one_launch(old[1])
 
 
 def test_ring_one_launch_is_opt_in():
     # The one-launch form has run in the host emulation only: off by default.
-    assert fastpar._C._get_ring_one_launch() is False
+    assert fastpar._C._testing.ring_one_launch() is False
 
 
 # ------------------------------------------------------------------ the build
@@ -573,7 +573,7 @@ def test_every_pair_of_devices():
 
 # ------------------------------------------ the distinct-GPU branches, on one GPU
 #
-# A test device model (fastpar._C._set_list_device_model, csrc/torch/ops/tuning.h)
+# A test device model (fastpar._C._testing.set_list_device_model, csrc/torch/ops/tuning.h)
 # takes every list entry to be on a GPU of its own: side streams and events as
 # across GPUs, and peer reads in place ("distinct_peer") or staging copies
 # ("distinct_staging"). On one GPU these are the branches that would otherwise
@@ -587,17 +587,17 @@ one_gpu = pytest.mark.skipif(NGPU != 1, reason="the device models stand in for s
 
 @pytest.fixture(params=DISTINCT_MODELS)
 def distinct_model(request):
-    old = fastpar._C._get_list_device_model()
-    fastpar._C._set_list_device_model(request.param)
+    old = fastpar._C._testing.list_device_model()
+    fastpar._C._testing.set_list_device_model(request.param)
     yield request.param
-    fastpar._C._set_list_device_model(old)
+    fastpar._C._testing.set_list_device_model(old)
 
 
 def test_list_device_model_is_real_by_default_and_checked():
-    assert fastpar._C._get_list_device_model() == "real"
+    assert fastpar._C._testing.list_device_model() == "real"
     with pytest.raises(ValueError, match="model must be one of 'real', 'distinct_peer', 'distinct_staging', got 'fake'"):
-        fastpar._C._set_list_device_model("fake")
-    assert fastpar._C._get_list_device_model() == "real"
+        fastpar._C._testing.set_list_device_model("fake")
+    assert fastpar._C._testing.list_device_model() == "real"
     assert set(fastpar._C._list_op_paths()) == {"allreduce_one_launch", "allreduce_direct", "allreduce_ring",
                                                 "staging_buffers"}
 

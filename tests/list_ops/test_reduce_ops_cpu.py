@@ -48,7 +48,7 @@ def test_allreduce_large(dtype, op, algorithm, n):
 def test_allreduce_one_past_a_chunk(algorithm):
     # One element past a default ring window (n segments of 1 MiB) and past a direct task.
     n = 2
-    seg = fastpar._C._get_ring_segment_bytes() // 4
+    seg = fastpar._C._testing.ring_segment_bytes() // 4
     ts = make_inputs(n, n * seg + 1, torch.float32, ReduceOp.SUM, seed=2)
     expected = reference(ts, ReduceOp.SUM)
     fastpar.allreduce(ts, algorithm=algorithm)

@@ -35,7 +35,7 @@ def test_dry_run_writes_csv_summary_and_plots(tmp_path, capsys):
     assert "error: host: RuntimeError: synthetic failure" in summary
     assert "one-shot limit, 3 ranks on one GPU: measured 256 KiB, in force 512 KiB" in summary
     assert " met" in by_name["registered / plain all_reduce time from 1 MiB (worst)"]  # synthetic: faster
-    assert " met" in by_name["GPU-scope / system-scope fences, 2 ranks on one GPU, eager and graphed, same run (worst)"]
+    assert "decided: FASTPAR_CUDA_IPC_TWO_SHOT: fused won" in "\n".join(summary)  # synthetic: faster
     out = capsys.readouterr().out
     assert "Targets and measured" in out
     try:
@@ -134,55 +134,31 @@ def _pair(rows, new, old, ranks, size, t_new, t_old):
     rows += [gs.ipc_row(new, one, ranks, size, t_new), gs.ipc_row(old, one, ranks, size, t_old)]
 
 
-def test_tuning_entry_takes_each_new_schedule_that_beat_the_old_in_the_same_run():
-    """A new schedule is chosen where it is faster at the median size and at
-    most ADOPT_WORST slower at any; a choice the run did not compare is left
-    out (the default stays); the one-shot limit per rank count comes from
-    the same rows as the summary's table."""
+def test_decisions_name_the_form_that_won_each_choice_in_the_same_run(tmp_path):
+    """A new form wins where it is faster at the median size and at most
+    ADOPT_WORST slower at any; a choice the run did not compare gets no line;
+    report() writes the lines into summary.txt."""
     rows = []
-    # fused two-shot: faster at 2 of 3 sizes, 3% slower at one (noise): chosen;
+    # fused two-shot: faster at 2 of 3 sizes, 3% slower at one (noise): won;
     # the registered push, the same knob, faster
     _pair(rows, "fastpar", "fastpar two-shot steps", 2, 8 * MiB, 40e-6, 80e-6)
     _pair(rows, "fastpar", "fastpar two-shot steps", 2, 32 * MiB, 100e-6, 150e-6)
     _pair(rows, "fastpar", "fastpar two-shot steps", 3, 8 * MiB, 103e-6, 100e-6)
     _pair(rows, "fastpar registered", "fastpar registered steps", 2, 32 * MiB, 60e-6, 90e-6)
-    # fused collectives: one 20% slower: not chosen
+    lines = gs.decisions(rows)
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("FASTPAR_CUDA_IPC_TWO_SHOT: fused won (fused / steps time: median 0.667, worst 1.03, "
+                               "4 sizes); the steps form can go"), lines
+    # fused collectives: one 20% slower: steps stays
     _pair(rows, "fastpar broadcast fused", "fastpar broadcast steps", 2, MiB, 10e-6, 20e-6)
     _pair(rows, "fastpar all_gather fused", "fastpar all_gather steps", 2, MiB, 24e-6, 20e-6)
-    # per-peer barrier at 3 ranks: faster; its 2-rank and 8 MiB rows are not compared
-    _pair(rows, "fastpar per-peer barrier", "fastpar", 3, MiB, 30e-6, 40e-6)
-    rows.append(gs.ipc_row("fastpar per-peer barrier", "shared cuda:0", 3, 8 * MiB, 1.0))
-    # the one-shot limit for 3 ranks: 512 KiB
-    one = "shared cuda:0"
-    rows += [gs.ref_row("one_shot_max_bytes", one, 3, 512 * 1024),
-             gs.ipc_row("fastpar", one, 3, 256 * 1024, 10e-6),
-             gs.ipc_row("fastpar two-shot forced", one, 3, 256 * 1024, 12e-6),
-             gs.ipc_row("fastpar", one, 3, 512 * 1024, 17e-6),
-             gs.ipc_row("fastpar two-shot forced", one, 3, 512 * 1024, 16e-6)]
-    entry = gs.tuning_entry(rows, "test rows")
-    assert entry == {"source": "test rows", "two_shot": "fused", "collectives": "steps", "barrier": "per_peer",
-                     "one_shot_max_bytes": {"3": 256 * 1024}}  # no fence-scope rows: left out
-
-
-def test_tuning_file_is_written_for_one_model_and_adopted_into_a_table(tmp_path):
-    """report() writes tuning.json for the GPU model measured on; the
-    package's adopt merges it into a table, replacing that model's entry
-    and keeping the others'; a run that compared nothing leaves no file."""
-    from fastpar.distributed import cuda_tuning
-
-    rows = []
-    _pair(rows, "fastpar gpu-scope", "fastpar", 2, 4096, 5e-6, 6e-6)
-    line = gs.write_tuning(rows, str(tmp_path), "NVIDIA H200", "bench_cuda.py test")
-    assert line.startswith("tuning entry for NVIDIA H200: fence_scope=gpu")
-    table = tmp_path / "table.json"
-    table.write_text('{"models": {"NVIDIA H100 80GB HBM3": {"barrier": "serial"}, '
-                     '"NVIDIA H200": {"two_shot": "steps"}}}')
-    assert cuda_tuning.adopt(tmp_path / "tuning.json", table) == ["NVIDIA H200"]
-    models = cuda_tuning.read(table)
-    assert models == {"NVIDIA H100 80GB HBM3": {"barrier": "serial"},
-                      "NVIDIA H200": {"source": "bench_cuda.py test", "fence_scope": "gpu"}}
-    assert gs.write_tuning([], str(tmp_path), "NVIDIA H200", "nothing compared") == ""
-    assert not (tmp_path / "tuning.json").exists()
+    lines = gs.decisions(rows)
+    assert lines[1].startswith("FASTPAR_CUDA_IPC_COLLECTIVES: steps won"), lines
+    assert lines[1].endswith("the fused form can go"), lines
+    gs.report(rows, str(tmp_path))
+    summary = (tmp_path / "summary.txt").read_text()
+    assert "decided: FASTPAR_CUDA_IPC_TWO_SHOT: fused won" in summary, summary
+    assert gs.decisions([]) == []
 
 
 def test_dry_run_has_both_two_shot_forms(tmp_path):
@@ -209,7 +185,7 @@ def test_rows_count_bytes_as_the_readme_does():
 def test_bad_part_is_refused_by_name(capsys):
     with pytest.raises(SystemExit):
         bench_cuda.parse_args(["--part", "lists,nccl"])
-    assert "--part 'nccl' is not one of lists, host, ipc" in capsys.readouterr().err
+    assert "--part 'nccl' is not one of check, lists, host, ipc" in capsys.readouterr().err
 
 
 def test_report_only_merges_rows_of_earlier_parts(tmp_path):

@@ -11,7 +11,7 @@ not:
     thread of its own: 16-byte pack and scalar paths bit for bit (float32,
     bfloat16, int8, aligned and odd offsets), the first failure of a rank
     winning over its blocks (status word = host mirror, mismatch record kept),
-    and a failed or post-failure replay trapping with its line;
+    and a failed or post-failure replay leaving its status in the failure word;
   * the CUDA IPC broadcast / all_gather / gather / scatter / all_to_all /
     reduce / reduce_scatter schedules, step by step and as one kernel per call
     (ipc_fused_collectives.h), interleaved with allreduce, desynced calls (a

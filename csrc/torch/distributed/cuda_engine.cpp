@@ -52,12 +52,10 @@ CudaEngine::CudaEngine(c10::intrusive_ptr<c10d::Store> store, int rank, int size
       max_ipc_bytes_(knobs.ipc_max_bytes),
       slot_bytes_(knobs.ipc_slot_bytes),
       blocking_wait_(knobs.blocking_wait),
-      fused_two_shot_{knobs.ipc_fused_two_shot},
-      fused_collectives_{knobs.ipc_fused_collectives},
+      fused_two_shot_{knobs.ipc_fused_two_shot.value_or(false)},
+      fused_collectives_{knobs.ipc_fused_collectives.value_or(false)},
       registered_(std::make_shared<RegisteredArena>(knobs.registered_bytes)),
-      one_shot_max_bytes_(knobs.ipc_one_shot_max_bytes),
-      gpu_fence_scope_{knobs.ipc_gpu_fence_scope},
-      per_peer_waits_{knobs.ipc_per_peer_waits} {
+      one_shot_max_bytes_(knobs.ipc_one_shot_max_bytes) {
   TORCH_CHECK_VALUE(fallback_, "fastpar.CudaEngine: fallback is None but a backend for CUDA tensors is required");
 }
 
@@ -169,7 +167,6 @@ void CudaEngine::set_up(int device) {
     why_not_ = std::string("setup failed: ") + e.what();
     throw;
   }
-  tune(rv.gpu_models);
   group_shares_gpu_ = rv.group_shares_gpu;
   mps_ = query_mps(device);
   if (cuda_ipc::sharing_warrants_warning(group_shares_gpu_, mps_)) {
@@ -194,98 +191,44 @@ void CudaEngine::connect(int device) {
 
 
 void CudaEngine::set_schedules(cuda_ipc::IpcComm& c) const {
-  c.fused_two_shot = fused_two_shot_.on();
-  c.fused_collectives = fused_collectives_.on();
-  c.one_gpu_scope = gpu_fence_scope_.on() && cuda_ipc::all_on_one_gpu(c);
-  c.per_peer_waits = per_peer_waits_.on();
-}
-
-void CudaEngine::set_choice(ScheduleChoice CudaEngine::*choice, bool on) {
-  std::lock_guard<std::mutex> g(mu_);
-  (this->*choice).set = on;
-  if (auto link = std::atomic_load(&link_)) set_schedules(link->ep->comm());
-}
-
-void CudaEngine::set_ipc_two_shot(const std::string& form) {
-  set_choice(&CudaEngine::fused_two_shot_, parse_choice("ipc_two_shot", form, kFusedForm));
+  c.fused_two_shot = fused_two_shot_;
+  c.fused_collectives = fused_collectives_;
 }
 
 const char* CudaEngine::ipc_two_shot() const {
   std::lock_guard<std::mutex> g(mu_);
-  return kFusedForm.name(fused_two_shot_.on());
-}
-
-void CudaEngine::set_ipc_collectives(const std::string& form) {
-  set_choice(&CudaEngine::fused_collectives_, parse_choice("ipc_collectives", form, kFusedForm));
+  return kFusedForm.name(fused_two_shot_);
 }
 
 const char* CudaEngine::ipc_collectives() const {
   std::lock_guard<std::mutex> g(mu_);
-  return kFusedForm.name(fused_collectives_.on());
+  return kFusedForm.name(fused_collectives_);
 }
 
-void CudaEngine::set_ipc_fence_scope(const std::string& scope) {
-  set_choice(&CudaEngine::gpu_fence_scope_, parse_choice("ipc_fence_scope", scope, kFenceScope));
-}
-
-std::string CudaEngine::ipc_fence_scope() const {
+void CudaEngine::testing_override(const std::string& knob, const std::string& value) {
   std::lock_guard<std::mutex> g(mu_);
-  const std::shared_ptr<IpcLink> link = std::atomic_load(&link_);
-  return kFenceScope.name(link ? link->ep->comm().one_gpu_scope : gpu_fence_scope_.on());
-}
-
-void CudaEngine::set_ipc_barrier(const std::string& form) {
-  set_choice(&CudaEngine::per_peer_waits_, parse_choice("ipc_barrier", form, kBarrierForm));
-}
-
-std::string CudaEngine::ipc_barrier() const {
-  std::lock_guard<std::mutex> g(mu_);
-  return kBarrierForm.name(per_peer_waits_.on());
-}
-
-void CudaEngine::set_tuning_table(const std::map<std::string, std::map<std::string, std::string>>& table) {
-  TuningTable parsed;
-  for (const auto& [model, fields] : table) parsed[model] = parse_tuning(model, fields);
-  std::lock_guard<std::mutex> g(mu_);
-  tuning_table_ = std::move(parsed);
-}
-
-void CudaEngine::apply_tuning(const std::vector<std::string>& models) {
-  std::lock_guard<std::mutex> g(mu_);
-  tune(models);
-  if (auto link = std::atomic_load(&link_)) set_schedules(link->ep->comm());
-}
-
-void CudaEngine::tune(const std::vector<std::string>& models) {
-  const GpuTuning* t = tuning_for(tuning_table_, models);
-  for (ScheduleChoice CudaEngine::*c : {&CudaEngine::fused_two_shot_, &CudaEngine::fused_collectives_,
-                                        &CudaEngine::gpu_fence_scope_, &CudaEngine::per_peer_waits_})
-    (this->*c).tuned.reset();
-  tuned_one_shot_max_bytes_ = -1;
-  if (!t) {
-    const bool same = std::all_of(models.begin(), models.end(), [&](const std::string& m) { return m == models[0]; });
-    tuning_ = !same                             ? "none: the group's ranks run on different GPU models"
-              : models.empty() || models[0].empty() ? "none: the GPU model is unknown"
-                                                    : "none: no entry for " + models[0];
-    return;
+  if (knob == "FASTPAR_CUDA_IPC_TWO_SHOT") {
+    fused_two_shot_ = !value.empty() && parse_choice(knob.c_str(), value, kFusedForm);
+  } else if (knob == "FASTPAR_CUDA_IPC_COLLECTIVES") {
+    fused_collectives_ = !value.empty() && parse_choice(knob.c_str(), value, kFusedForm);
+  } else if (knob == "FASTPAR_CUDA_IPC_ONE_SHOT_MAX_BYTES") {
+    int64_t bytes = -1;
+    if (!value.empty()) {
+      size_t used = 0;
+      try {
+        bytes = std::stoll(value, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      TORCH_CHECK_VALUE(used == value.size() && bytes >= 0, "fastpar: ", knob, " is '", value,
+                        "' but must be a byte count >= 0, or '' for the default");
+    }
+    one_shot_max_bytes_ = bytes;
+  } else {
+    TORCH_CHECK_VALUE(false, "fastpar: the knob is '", knob, "' but must be FASTPAR_CUDA_IPC_TWO_SHOT, "
+                      "FASTPAR_CUDA_IPC_COLLECTIVES or FASTPAR_CUDA_IPC_ONE_SHOT_MAX_BYTES");
   }
-  fused_two_shot_.tuned = t->fused_two_shot;
-  fused_collectives_.tuned = t->fused_collectives;
-  gpu_fence_scope_.tuned = t->gpu_fence_scope;
-  per_peer_waits_.tuned = t->per_peer_waits;
-  const auto limit = t->one_shot_max_bytes.find(size());
-  if (limit != t->one_shot_max_bytes.end()) tuned_one_shot_max_bytes_ = limit->second;
-  tuning_ = t->source.empty() ? models[0] : models[0] + ": " + t->source;
-}
-
-std::string CudaEngine::ipc_tuning() const {
-  std::lock_guard<std::mutex> g(mu_);
-  return tuning_;
-}
-
-void CudaEngine::set_one_shot_max_bytes(int64_t bytes) {
-  TORCH_CHECK_VALUE(bytes >= -1, "fastpar: one_shot_max_bytes is ", bytes, " but must be >= 0, or -1 for the default");
-  one_shot_max_bytes_ = bytes;
+  if (auto link = std::atomic_load(&link_)) set_schedules(link->ep->comm());
 }
 
 std::string CudaEngine::ipc_state() const {
@@ -496,23 +439,20 @@ fastpar._C.Backend, which hands it the checked calls on CUDA tensors.)")
       .def_property_readonly("fallback_calls", &CudaEngine::fallback_calls)
       .def_property_readonly("direct_calls", &CudaEngine::direct_calls)
       .def_property_readonly("max_ipc_bytes", &CudaEngine::max_ipc_bytes)
-      .def("_set_one_shot_max_bytes", &CudaEngine::set_one_shot_max_bytes, py::arg("bytes"))
       .def_property_readonly("one_shot_max_bytes", &CudaEngine::one_shot_max_bytes)
-      .def_property_readonly("ipc_fence_scope", &CudaEngine::ipc_fence_scope)
-      .def("_set_ipc_fence_scope", &CudaEngine::set_ipc_fence_scope, py::arg("scope"))
-      .def_property_readonly("ipc_barrier", &CudaEngine::ipc_barrier)
-      .def("_set_ipc_barrier", &CudaEngine::set_ipc_barrier, py::arg("form"))
-      .def("_set_tuning_table", &CudaEngine::set_tuning_table, py::arg("table"),
-           "The per-GPU tuning entries (fastpar.distributed.cuda_tuning.table()), for the setup to pick from.")
-      .def("_apply_tuning", &CudaEngine::apply_tuning, py::arg("models"),
-           "Applies the entry for the group's GPU models, one per rank, as the setup does.")
-      .def_property_readonly("ipc_tuning", &CudaEngine::ipc_tuning)
       .def_property_readonly("blocking_wait", &CudaEngine::blocking_wait)
       .def_property_readonly("ipc_two_shot", &CudaEngine::ipc_two_shot)
-      .def("_set_ipc_two_shot", &CudaEngine::set_ipc_two_shot, py::arg("form"))
       .def_property_readonly("ipc_collectives", &CudaEngine::ipc_collectives)
-      .def("_set_ipc_collectives", &CudaEngine::set_ipc_collectives, py::arg("form"))
       .def_property_readonly("fallback", &CudaEngine::fallback);
+  py::module_ testing = m.attr("_testing");
+  testing.def(
+      "cuda_override",
+      [](CudaEngine& engine, const std::string& knob, const std::string& value) {
+        engine.testing_override(knob, value);
+      },
+      py::arg("engine"), py::arg("knob"), py::arg("value"),
+      "Overrides a FASTPAR_CUDA_IPC_* schedule knob of this group from its next call (value as the environment "
+      "spells it, '' for the default); every rank between the same calls.");
 }
 
 }  // namespace distributed

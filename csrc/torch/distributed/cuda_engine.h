@@ -57,7 +57,6 @@
 #include "c10d_engine.h"
 #include "cuda_ipc_work.h"
 #include "engine.h"
-#include "cuda_tuning.h"
 #include "knobs.h"
 
 namespace fastpar {
@@ -125,46 +124,25 @@ class CudaEngine : public Engine {
   int64_t direct_calls() const { return direct_calls_; }
   int64_t fallback_calls() const { return fallback_calls_; }
   int64_t max_ipc_bytes() const { return max_ipc_bytes_; }
-  // all_reduce runs one-shot up to this many bytes (-1:
-  // cuda_ipc::default_one_shot_max_bytes); FASTPAR_CUDA_IPC_ONE_SHOT_MAX_BYTES
-  // sets it at construction, benchmarks at run time to compare the schedules.
-  // Every rank must set the same (a mix fails with a descriptor mismatch).
-  void set_one_shot_max_bytes(int64_t bytes);
-  // The limit in force for this group: the setting, else the group's tuning
-  // entry's for its rank count, else the default.
+  // all_reduce runs one-shot up to this many bytes:
+  // FASTPAR_CUDA_IPC_ONE_SHOT_MAX_BYTES, else
+  // cuda_ipc::default_one_shot_max_bytes (a size table by rank count).
   int64_t one_shot_max_bytes() const {
-    const int64_t set = one_shot_max_bytes_, tuned = tuned_one_shot_max_bytes_;
-    return set >= 0 ? set : tuned >= 0 ? tuned : cuda_ipc::default_one_shot_max_bytes(size());
+    const int64_t set = one_shot_max_bytes_;
+    return set >= 0 ? set : cuda_ipc::default_one_shot_max_bytes(size());
   }
   bool blocking_wait() const { return blocking_wait_; }
-  // FASTPAR_CUDA_IPC_TWO_SHOT: "fused" or "steps". The setter (benchmarks:
-  // both forms in one run) must be called by every rank between the same calls.
+  // FASTPAR_CUDA_IPC_TWO_SHOT: "fused" or "steps" (the default).
   const char* ipc_two_shot() const;
-  void set_ipc_two_shot(const std::string& form);
   // FASTPAR_CUDA_IPC_COLLECTIVES (broadcast, gather, scatter, all_to_all,
-  // reduce, reduce_scatter): "fused" or "steps", set as ipc_two_shot.
+  // reduce, reduce_scatter): "fused" or "steps" (the default).
   const char* ipc_collectives() const;
-  void set_ipc_collectives(const std::string& form);
-  // FASTPAR_CUDA_IPC_FENCE_SCOPE: "gpu" or "system", the scope the one-kernel
-  // calls order their flags at; once IPC is set up, the one in force ("gpu"
-  // only where every rank is on this GPU). The setter (benchmarks: both in
-  // one run) may differ between ranks: on one GPU either scope sees the other.
-  std::string ipc_fence_scope() const;
-  void set_ipc_fence_scope(const std::string& scope);
-  // FASTPAR_CUDA_IPC_BARRIER: "per_peer" or "serial", how the one-kernel
-  // calls' barriers wait (IpcComm::per_peer_waits). May differ between ranks.
-  std::string ipc_barrier() const;
-  void set_ipc_barrier(const std::string& form);
-  // The per-GPU tuning entries (cuda_tuning.h; model -> fields as
-  // fastpar/distributed/cuda_tuning.py gives them), parsed now; the setup
-  // applies the entry of the group's GPU model to every choice no knob or
-  // setter made. Before setup: the setup uses them.
-  void set_tuning_table(const std::map<std::string, std::map<std::string, std::string>>& table);
-  // What setup does with the GPU models of the group's ranks (also a test
-  // hook: the models as the agreement round would give them).
-  void apply_tuning(const std::vector<std::string>& models);
-  // The entry in force, "<model>: <source>", or why none is.
-  std::string ipc_tuning() const;
+  // The test hook (fastpar._C._testing.cuda_override): `knob` one of
+  // FASTPAR_CUDA_IPC_TWO_SHOT, _COLLECTIVES and _ONE_SHOT_MAX_BYTES, `value`
+  // as the environment spells it ("" for the default), in force from the next
+  // call. Every rank must call it between the same calls (a mix fails with a
+  // descriptor mismatch).
+  void testing_override(const std::string& knob, const std::string& value);
   // The NCCL group the fallback runs on.
   c10::intrusive_ptr<c10d::Backend> fallback() const { return fallback_->inner(); }
 
@@ -239,10 +217,6 @@ class CudaEngine : public Engine {
 
   // The schedule choices in force onto the communicator (mu_ held).
   void set_schedules(cuda_ipc::IpcComm& c) const;
-  // A setter's choice: it wins over the tuning entry and the default.
-  void set_choice(ScheduleChoice CudaEngine::*choice, bool on);
-  // apply_tuning with mu_ held.
-  void tune(const std::vector<std::string>& models);
 
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<C10dEngine> fallback_;
@@ -250,8 +224,8 @@ class CudaEngine : public Engine {
   int64_t max_ipc_bytes_;
   int64_t slot_bytes_;
   bool blocking_wait_;
-  ScheduleChoice fused_two_shot_;     // FASTPAR_CUDA_IPC_TWO_SHOT (mu_)
-  ScheduleChoice fused_collectives_;  // FASTPAR_CUDA_IPC_COLLECTIVES (mu_)
+  bool fused_two_shot_;     // FASTPAR_CUDA_IPC_TWO_SHOT=fused (mu_)
+  bool fused_collectives_;  // FASTPAR_CUDA_IPC_COLLECTIVES=fused (mu_)
   // Registered buffers' bookkeeping; shared with the tensors' deleters.
   std::shared_ptr<RegisteredArena> registered_;
 
@@ -266,11 +240,7 @@ class CudaEngine : public Engine {
   // Whether the current stream of the call begin_ipc started is capturing a
   // CUDA graph: asked once per call (mu_ held).
   bool call_captured_ = false;
-  std::atomic<int64_t> one_shot_max_bytes_{-1}, tuned_one_shot_max_bytes_{-1};
-  ScheduleChoice gpu_fence_scope_;  // FASTPAR_CUDA_IPC_FENCE_SCOPE=gpu (mu_)
-  ScheduleChoice per_peer_waits_;   // FASTPAR_CUDA_IPC_BARRIER=per_peer (mu_)
-  TuningTable tuning_table_;        // (mu_)
-  std::string tuning_ = "not set up";  // ipc_tuning() (mu_)
+  std::atomic<int64_t> one_shot_max_bytes_{-1};
   std::vector<std::optional<c10::cuda::CUDAStream>> send_streams_, recv_streams_;  // per peer, taken at first p2p
   std::vector<cudaStream_t> own_streams_;  // those streams, given back to the cache by release_ipc
   // The stream of the last phased IPC call (begin_ipc): a call on another

@@ -126,24 +126,17 @@ IpcRendezvous ipc_rendezvous(c10d::Store& store, int rank, int size, int device,
   std::ostringstream cfg;
   int sms = 0;
   if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) sms = 0;
-  cudaDeviceProp prop{};
-  std::string model;  // empty where unknown: no tuning entry
-  if (cudaGetDeviceProperties(&prop, device) == cudaSuccess) model = prop.name;
-  else cudaGetLastError();
-  // the model last: its name has spaces, it is the rest of the line
   cfg << max_ipc_bytes << " " << slot_bytes << " " << registered_bytes << " " << my_gpu << " " << int64_t(getpid())
-      << " " << sms << " " << model;
+      << " " << sms;
   const std::vector<std::string> cfgs = exchange(store, "cfg", rank, size, cfg.str(), timeout);
   std::vector<std::string> gpus(static_cast<size_t>(size));
   out.pids.assign(size_t(size), -1);
-  out.gpu_models.assign(size_t(size), "");
   int fewest_sms = INT_MAX;
   for (int q = 0; q < size; ++q) {
     std::istringstream in(cfgs[size_t(q)]);
     int64_t max_q = -1, slot_q = -1, reg_q = -1;
     int sms_q = 0;
-    in >> max_q >> slot_q >> reg_q >> gpus[size_t(q)] >> out.pids[size_t(q)] >> sms_q >> std::ws;
-    std::getline(in, out.gpu_models[size_t(q)]);
+    in >> max_q >> slot_q >> reg_q >> gpus[size_t(q)] >> out.pids[size_t(q)] >> sms_q;
     fewest_sms = std::min(fewest_sms, sms_q);
     TORCH_CHECK_VALUE(max_q == max_ipc_bytes, "fastpar: FASTPAR_CUDA_IPC_MAX_BYTES is ", max_q, " on rank ", q, " but ",
                 max_ipc_bytes, " on rank ", rank, "; it must be equal on every rank (it picks each call's route)");

@@ -25,12 +25,11 @@ struct IpcRendezvous {
   int ranks_on_my_gpu = 1;        // ranks on this rank's GPU, this one included (IpcComm::gpu_sharers)
   int fused_grid_blocks = 0;      // IpcComm::fused_grid_blocks: the fewest SMs x blocks per SM / the most ranks on a GPU
   std::vector<int64_t> pids;      // rank q's process id (for the peer watcher)
-  std::vector<std::string> gpu_models;  // rank q's GPU model (cudaDeviceProp::name): picks the tuning entry
 };
 
 // Rounds (each: every rank publishes one key, then reads all ranks' keys):
 //   cfg     max_ipc_bytes, slot_bytes, registered_bytes, the GPU (PCI bus id
-//           and UUID), pid, SM count, GPU model (differing knobs: an error
+//           and UUID), pid, SM count (differing knobs: an error
 //           on every rank)
 //   probe   "can I map every peer": the peer's GPU is visible here (by bus id
 //           and UUID; not another MIG instance of this rank's GPU), and it is

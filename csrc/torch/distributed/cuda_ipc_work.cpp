@@ -24,6 +24,7 @@ cuda_ipc::FailureFacts IpcLink::facts() const {
   f.dead_pid = watcher.pid_of(f.dead_rank);
   f.aborted_here = aborted.load();
   ep->mismatch(&f.mismatch_peer, &f.mine, &f.theirs);
+  f.replay_status = ep->replay_failure();
   return f;
 }
 

@@ -83,9 +83,7 @@ CudaKnobs cuda_knobs() {
                    env_bytes("FASTPAR_CUDA_IPC_REGISTERED_BYTES", 0, 0), env_flag("FASTPAR_BLOCKING_WAIT"),
                    env_choice("FASTPAR_CUDA_IPC_TWO_SHOT", kFusedForm),
                    env_choice("FASTPAR_CUDA_IPC_COLLECTIVES", kFusedForm),
-                   env_bytes("FASTPAR_CUDA_IPC_ONE_SHOT_MAX_BYTES", -1, 0),
-                   env_choice("FASTPAR_CUDA_IPC_FENCE_SCOPE", kFenceScope),
-                   env_choice("FASTPAR_CUDA_IPC_BARRIER", kBarrierForm)};
+                   env_bytes("FASTPAR_CUDA_IPC_ONE_SHOT_MAX_BYTES", -1, 0)};
 }
 
 }  // namespace distributed

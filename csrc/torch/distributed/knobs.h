@@ -27,7 +27,7 @@ struct CudaKnobs {
   int64_t registered_bytes; // FASTPAR_CUDA_IPC_REGISTERED_BYTES
   bool blocking_wait;       // FASTPAR_BLOCKING_WAIT
   // The schedule choices, unset where the environment does not name one (then
-  // the group's GPU model's tuning entry or the default decides, cuda_tuning.h):
+  // the default decides: steps, CudaEngine):
   // FASTPAR_CUDA_IPC_TWO_SHOT: "fused" (one kernel a call) or "steps";
   // FASTPAR_CUDA_IPC_COLLECTIVES: the same choice for broadcast, gather,
   // scatter, all_to_all, reduce and reduce_scatter.
@@ -35,25 +35,16 @@ struct CudaKnobs {
   // FASTPAR_CUDA_IPC_ONE_SHOT_MAX_BYTES: all_reduce runs one-shot up to this
   // many bytes (and one slot); -1 when unset.
   int64_t ipc_one_shot_max_bytes;
-  // FASTPAR_CUDA_IPC_FENCE_SCOPE=gpu: the one-kernel calls of a group whose
-  // ranks all share one GPU order their flags at GPU scope ("system": always
-  // at system scope).
-  std::optional<bool> ipc_gpu_fence_scope;
-  // FASTPAR_CUDA_IPC_BARRIER=per_peer: the one-kernel calls' barriers wait
-  // for each peer on a thread of its own ("serial": thread 0 waits for them
-  // one after the other).
-  std::optional<bool> ipc_per_peer_waits;
 };
 CudaKnobs cuda_knobs();
-// The two values of a schedule choice as the knobs, the engine's setters and
-// getters and the tuning entries spell them; `on` is the newer schedule.
+// The two values of a schedule choice as the knobs and the engine's getters
+// spell them; `on` is the newer schedule.
 struct ChoiceNames {
   const char* on;
   const char* off;
   const char* name(bool v) const { return v ? on : off; }
 };
-inline constexpr ChoiceNames kFusedForm{"fused", "steps"}, kFenceScope{"gpu", "system"},
-    kBarrierForm{"per_peer", "serial"};
+inline constexpr ChoiceNames kFusedForm{"fused", "steps"};
 // `value` as one of `names`; otherwise refused: "fastpar: <what> is '<value>'
 // but must be '<on>' or '<off>'".
 bool parse_choice(const char* what, const std::string& value, ChoiceNames names);

@@ -27,19 +27,6 @@
 namespace fastpar {
 namespace cuda_ipc {
 
-// What the graphed kernel trapped on (graph_trap): each line it would print,
-// in order. On the GPU the trap ends the kernel and poisons the context; here
-// the block returns and the test reads the lines.
-inline std::mutex g_trap_mutex;
-inline std::vector<std::string> g_traps;
-
-inline std::vector<std::string> take_traps() {
-  std::lock_guard<std::mutex> lock(g_trap_mutex);
-  std::vector<std::string> lines;
-  lines.swap(g_traps);
-  return lines;
-}
-
 // The host memory-ordering policy, as the CPU shared-memory transport's.
 struct HostMemory {
   static uint64_t load_acquire(const uint64_t* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
@@ -58,12 +45,6 @@ struct HostMemory {
     return expected;  // what the word held: `expected` on success
   }
   static void store_release_u32(uint32_t* p, uint32_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
-  static void trap(const char* fmt, int rank, const char* cause) {
-    char line[256];
-    std::snprintf(line, sizeof(line), fmt, rank, cause);
-    std::lock_guard<std::mutex> lock(g_trap_mutex);
-    g_traps.emplace_back(line);
-  }
 };
 
 cudaError_t launch_phase(const PhaseArgs& a, cudaStream_t) {
@@ -97,7 +78,7 @@ void run_blocks(int nblocks, Block block) {
 // its synchronization points. A barrier's per-peer waits, which the GPU runs
 // at once, one thread per peer, run here after the arrival, one after the
 // other, in thread order in even blocks and in reverse in odd ones: two of
-// the orders the GPU may run them in. Serial waits are thread 0's loop. The
+// the orders the GPU may run them in. The
 // waits need no order among themselves: each reads only its peer's words, a
 // failed one records through the status word's compare-and-swap (the first
 // stands), and the others then stop on the status word (OwnStatusPoll), as
@@ -118,11 +99,6 @@ struct HostBlock {
     // The GPU's waiting threads start together: one deadline for all.
     const uint64_t deadline = ph.deadline();
     for (int i = 1; i < n; ++i) {
-      if (!ph.p.per_peer_waits) {  // thread 0 itself, in order, up to the first failure
-        if (failed) break;
-        failed = ph.wait(barrier_peer(ph.p.rank, n, i), deadline);
-        continue;
-      }
       const int t = ph.b % 2 == 0 ? i : n - i;
       if (ph.wait(barrier_peer(ph.p.rank, n, t), deadline)) failed = true;
     }
@@ -142,8 +118,7 @@ cudaError_t launch_fused_one_shot(DType dt, ReduceOp op, const FusedArgs& a, cud
     FASTPAR_DISPATCH_OP(op, [&] {
       run_blocks(a.nblocks, [&](int b) {
         HostBlock blk;
-        if (fused_rank_bound(a.phase.size) == 4) one_shot_block<HostMemory, scalar_t, kOp, 4>(a, b, blk);
-        else one_shot_block<HostMemory, scalar_t, kOp, kMaxIpcRanks>(a, b, blk);
+        one_shot_block<HostMemory, scalar_t, kOp>(a, b, blk);
       });
     });
   });
@@ -163,8 +138,7 @@ cudaError_t launch_fused_graph(DType dt, ReduceOp op, const GraphArgs& a, cudaSt
     FASTPAR_DISPATCH_OP(op, [&] {
       run_blocks(a.f.nblocks, [&](int b) {
         HostBlock blk;
-        if (fused_rank_bound(a.f.phase.size) == 4) graph_block<HostMemory, scalar_t, kOp, 4>(a, b, blk);
-        else graph_block<HostMemory, scalar_t, kOp, kMaxIpcRanks>(a, b, blk);
+        graph_block<HostMemory, scalar_t, kOp>(a, b, blk);
       });
     });
   });
@@ -205,8 +179,7 @@ cudaError_t launch_fused_two_shot(DType dt, ReduceOp op, const TwoShotArgs& a, c
     FASTPAR_DISPATCH_OP(op, [&] {
       run_blocks(a.nblocks, [&](int b) {
         HostBlock blk;
-        if (fused_rank_bound(a.phase.size) == 4) two_shot_block<HostMemory, scalar_t, kOp, 4>(a, b, blk);
-        else two_shot_block<HostMemory, scalar_t, kOp, kMaxIpcRanks>(a, b, blk);
+        two_shot_block<HostMemory, scalar_t, kOp>(a, b, blk);
       });
     });
   });
@@ -256,8 +229,7 @@ cudaError_t launch_fused_collective(DType dt, ReduceOp op, const FusedCollArgs& 
     constexpr ReduceOp kOp = decltype(op_tag)::value;
     run_blocks(a.nblocks, [&](int b) {
       HostBlock blk;
-      if (fused_rank_bound(a.phase.size) == 4) fused_coll_block<HostMemory, T, kOp, 4>(a, b, blk);
-      else fused_coll_block<HostMemory, T, kOp, kMaxIpcRanks>(a, b, blk);
+      fused_coll_block<HostMemory, T, kOp>(a, b, blk);
     });
   };
   if (!fused_coll_reduces(a.kind)) {
@@ -290,19 +262,17 @@ struct Arenas {
 // Whether comm_for's communicators run the fused one-shot (the default, as
 // the front ends) or the three-launch schedule.
 inline bool g_fused_one_shot = true;
-// Likewise for two-shot: the fused kernel (the default) or the step-by-step schedule.
+// Likewise for two-shot: the fused kernel (here by default, the form these
+// programs check; the front ends default to steps) or the step-by-step schedule.
 inline bool g_fused_two_shot = true;
 // Likewise for broadcast, gather, scatter, all_to_all, reduce and reduce_scatter.
 inline bool g_fused_collectives = true;
-// The one-kernel calls' barriers: a thread per peer, or thread 0's loop.
-inline bool g_per_peer_waits = false;
 
 inline fastpar::cuda_ipc::IpcComm comm_for(const Arenas& a, int rank, size_t slot_bytes) {
   fastpar::cuda_ipc::IpcComm c;
   c.fused_one_shot = g_fused_one_shot;
   c.fused_two_shot = g_fused_two_shot;
   c.fused_collectives = g_fused_collectives;
-  c.per_peer_waits = g_per_peer_waits;
   c.fused_bytes_per_block = 64;  // small calls still get several blocks (up to kFusedMaxBlocks)
   c.rank = rank;
   c.size = int(a.bases.size());

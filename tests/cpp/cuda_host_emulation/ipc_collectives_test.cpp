@@ -371,21 +371,60 @@ void check_host_abort(int n) {
   }
 }
 
+// all_gather_into_tensor with 4 KiB + 4 bytes per rank (fused form): rank
+// q's block of the output starts 4q bytes past a 16-byte boundary, while the
+// slots are aligned, so no copy shares 16-byte alignment with its source.
+// Every copy must still move words (8 or 4 bytes: the widest both ends
+// share), never one byte at a time, and the bits must be the inputs'.
+void check_misaligned_allgather(int n) {
+  const int64_t bytes = 4096 + 4, count = bytes / 4;
+  Arenas arenas(n, 1 << 20);
+  std::vector<std::vector<float>> outs(static_cast<size_t>(n));
+  for (auto& l : cuda_ipc::g_fused_loops) l = 0;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      cuda_ipc::IpcComm c = comm_for(arenas, r, 1 << 20);
+      std::vector<float> in(static_cast<size_t>(count));
+      for (int64_t i = 0; i < count; ++i) in[size_t(i)] = float(r * 100000 + i);
+      std::vector<float>& out = outs[size_t(r)];
+      out.assign(size_t(count * n), -1.0f);
+      void* o[cuda_ipc::kMaxIpcRanks];
+      for (int q = 0; q < n; ++q) o[q] = out.data() + q * count;
+      cuda_ipc::allgather_ipc(c, int32_t(DType::F32), count, in.data(), o, bytes, nullptr);
+    });
+  }
+  for (auto& t : threads) t.join();
+  char what[200];
+  for (int r = 0; r < n; ++r) {
+    bool right = true;
+    for (int q = 0; q < n; ++q)
+      for (int64_t i = 0; i < count; ++i) right = right && outs[size_t(r)][size_t(q * count + i)] == float(q * 100000 + i);
+    std::snprintf(what, sizeof(what), "misaligned all_gather n=%d: rank %d's output", n, r);
+    expect(right, what);
+  }
+  using cuda_ipc::FusedLoop;
+  const auto ran = [](FusedLoop l) { return long(cuda_ipc::g_fused_loops[int(l)].load()); };
+  std::snprintf(what, sizeof(what), "misaligned all_gather n=%d: loops 16:%ld 8:%ld 4:%ld 2:%ld scalar:%ld", n,
+                ran(FusedLoop::kPack16), ran(FusedLoop::kWord8), ran(FusedLoop::kWord4), ran(FusedLoop::kWord2),
+                ran(FusedLoop::kScalar));
+  expect(ran(FusedLoop::kScalar) == 0 && ran(FusedLoop::kWord2) == 0 && ran(FusedLoop::kWord4) > 0, what);
+  if (n > 2) expect(ran(FusedLoop::kWord8) > 0, what);  // rank 2's block: 8 bytes past a boundary
+}
+
 }  // namespace
 
 int main() {
   cuda_kernels::g_blocks = 2;
   cuda_kernels::g_threads = 3;
-  // The step schedules, and the fused kernel with both barrier forms
-  // (IpcComm::per_peer_waits).
-  for (int form = 0; form < 3; ++form) {
-    const bool fused = form > 0;
+  // The step schedules and the fused kernel.
+  for (bool fused : {false, true}) {
     emulated::g_fused_collectives = fused;
-    emulated::g_per_peer_waits = form == 2;
     for (int n = 2; n <= 5; ++n) {
       for (size_t slot_bytes : {size_t(256), size_t(4096), size_t(1) << 20}) check_sequence(n, slot_bytes);
       for (int v = 0; v < 6; ++v) check_desync(n, v);
       check_host_abort(n);
+      if (fused) check_misaligned_allgather(n);
     }
   }
   std::printf("%ld checks, %ld failures\n", long(checks.load()), long(failures.load()));

@@ -10,18 +10,18 @@
 //     word): every rank's status word equals its host mirror, the status is
 //     kMismatch exactly when the mismatch record is there and intact, and at
 //     least one rank (the first to compare) reports the mismatch;
-//   * the graphed call (no host check ever follows a replay) traps: a replay
-//     that fails (desync, timeout, a peer the host watcher found dead) prints
-//     its line naming the rank and the cause on every failed rank, a replay
-//     after any failure (graphed or eager) traps on block 0 and writes
-//     nothing, and replays that succeed never trap;
+//   * the graphed call (no host check ever follows a replay) sets the
+//     failure word: a replay that fails (desync, timeout, a peer the host
+//     watcher found dead) leaves its status there on every failed rank, a
+//     replay after any failure (graphed or eager) leaves the earlier status
+//     there and writes nothing, the next eager call fails without writing,
+//     and replays that succeed leave the word at 0;
 //   * graphed and eager calls in another order on each rank fail on both
 //     (timeout or abort) without writing, rather than hang;
 //   * a peer that never comes among several (4 ranks, rank 3 absent): with
 //     a thread per peer, the waits for the peers that came succeed and the
 //     one for the absent peer fails; every caller records a timeout or its
-//     peer's abort, mirror included, and a replay traps naming it.
-// Everything runs with both barrier forms (IpcComm::per_peer_waits).
+//     peer's abort, mirror included, and a replay's failure word names it.
 // Exit status 0 = every check passed.
 #include <algorithm>
 #include <atomic>
@@ -105,11 +105,12 @@ void check_layouts(int n) {
       for (bool graphed : {false, true}) calls.push_back({l, count, ops[calls.size() % ops.size()], graphed});
   Arenas arenas(n, kSlot);
   std::vector<std::vector<std::vector<T>>> got(static_cast<size_t>(n));
-  std::vector<uint32_t> status(size_t(n), 0);
+  std::vector<uint32_t> status(size_t(n), 0), word(size_t(n), 0);
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
       cuda_ipc::IpcComm c = comm_for(arenas, r, kSlot);
+      c.host_replay_failure = &word[size_t(r)];
       for (size_t k = 0; k < calls.size(); ++k) {
         const Call& call = calls[k];
         std::vector<uint4> in_store(size_t(call.count) * sizeof(T) / 16 + 2), out_store(in_store.size());
@@ -128,9 +129,9 @@ void check_layouts(int n) {
   for (auto& t : threads) t.join();
   char what[200];
   for (int r = 0; r < n; ++r) {
-    std::snprintf(what, sizeof(what), "layouts %s n=%d: rank %d status %u", dtype_name(dtype_of<T>()), n, r,
-                  status[size_t(r)]);
-    expect(status[size_t(r)] == 0, what);
+    std::snprintf(what, sizeof(what), "layouts %s n=%d: rank %d status %u, failure word %u", dtype_name(dtype_of<T>()),
+                  n, r, status[size_t(r)], word[size_t(r)]);
+    expect(status[size_t(r)] == 0 && word[size_t(r)] == 0, what);
     for (size_t k = 0; k < calls.size(); ++k) {
       const Call& call = calls[k];
       const std::vector<T> e = expected<T>(n, call.op, int(k), call.count);
@@ -178,20 +179,12 @@ int check_desync_outcome(const std::vector<Outcome>& o, const std::vector<int64_
   return mismatched;
 }
 
-// Lines trapped on `rank` that contain `text`.
-int traps_of(const std::vector<std::string>& lines, int rank, const char* text) {
-  const std::string who = "fastpar: captured all_reduce on rank " + std::to_string(rank) + " failed: ";
-  return int(std::count_if(lines.begin(), lines.end(), [&](const std::string& l) {
-    return l.rfind(who, 0) == 0 && l.find(text) != std::string::npos &&
-           l.find("the communicator is unusable") != std::string::npos;
-  }));
-}
-
 // Rank 0 calls with 40 floats (3 blocks at 64 bytes a block), the others
 // with 200 (13 blocks): the others' blocks 3..12 wait for block flags rank 0
 // never posts and give up when a peer aborts, racing their own block 0's
-// descriptor check. Then every rank replays a graphed call: it traps once
-// (block 0) and leaves its output alone. A graphed call always runs
+// descriptor check. Then every rank replays a graphed call: it leaves the
+// status in the failure word and its output alone; then an eager call: it
+// fails at once and leaves its output alone. A graphed call always runs
 // kFusedMaxBlocks blocks, so 40 and 200 floats cut into different ranges
 // there (1 and 4 packs a block); under ThreadSanitizer rank 0 calls with 196
 // (4 packs a block, the last one short), a desync that keeps the cut
@@ -201,15 +194,16 @@ void check_desync(int n, bool graphed) {
   std::vector<Outcome> o(static_cast<size_t>(n));
   std::vector<cuda_ipc::IpcComm> comms;
   std::vector<int64_t> count(static_cast<size_t>(n));
-  std::vector<int> untouched(size_t(n), 0);
+  std::vector<int> untouched(size_t(n), 0), eager_untouched(size_t(n), 0);
+  std::vector<uint32_t> word(size_t(n), 0), word_failed(size_t(n), 0);
   for (int r = 0; r < n; ++r) {
     count[size_t(r)] = r != 0 ? 200 : graphed && kThreadSanitizer ? 196 : 40;
     comms.push_back(comm_for(arenas, r, kSlot));
     comms.back().timeout_ns = 20ull * 1000 * 1000 * 1000;  // never reached: the first to compare fails everyone
     comms.back().host_status = &o[size_t(r)].mirror;
     comms.back().host_mismatch = &o[size_t(r)].record;
+    comms.back().host_replay_failure = &word[size_t(r)];
   }
-  cuda_ipc::take_traps();
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
@@ -219,46 +213,49 @@ void check_desync(int n, bool graphed) {
       if (graphed) cuda_ipc::allreduce_graphed(c, DType::F32, ReduceOp::SUM, in.data(), in.data(), k, nullptr);
       else cuda_ipc::allreduce_one_shot(c, DType::F32, ReduceOp::SUM, in.data(), in.data(), k, nullptr);
       cuda_ipc::read_status(c, nullptr, &o[size_t(r)].status);
+      word_failed[size_t(r)] = __atomic_load_n(&word[size_t(r)], __ATOMIC_ACQUIRE);
     });
   }
   for (auto& t : threads) t.join();
   const char* test = graphed ? "graphed desync" : "fused desync";
   check_desync_outcome(o, count, graphed ? kAuxGraphed : kAuxFused, test);
-  const std::vector<std::string> failed = cuda_ipc::take_traps();
   threads.clear();
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
-      std::vector<float> in(200, 1.0f), out(200, -7.0f);
+      std::vector<float> in(200, 1.0f), out(200, -7.0f), eager(200, -7.0f);
       cuda_ipc::allreduce_graphed(comms[size_t(r)], DType::F32, ReduceOp::SUM, in.data(), out.data(), 200, nullptr);
       untouched[size_t(r)] = std::all_of(out.begin(), out.end(), [](float v) { return v == -7.0f; });
+      cuda_ipc::allreduce_one_shot(comms[size_t(r)], DType::F32, ReduceOp::SUM, in.data(), eager.data(), 200,
+                                   nullptr);
+      eager_untouched[size_t(r)] = std::all_of(eager.begin(), eager.end(), [](float v) { return v == -7.0f; });
     });
   }
   for (auto& t : threads) t.join();
-  const std::vector<std::string> after = cuda_ipc::take_traps();
   char what[200];
   for (int r = 0; r < n; ++r) {
-    const char* cause = o[size_t(r)].status == kMismatch ? "collective mismatch" : "peer aborted";
-    std::snprintf(what, sizeof(what), "%s n=%d: rank %d's failed call trapped %s'%s'", test, n, r,
-                  graphed ? "with " : "never, eager, not ", cause);
-    expect(graphed ? traps_of(failed, r, cause) >= 1 : traps_of(failed, r, "") == 0, what);
-    std::snprintf(what, sizeof(what), "%s n=%d: rank %d's next replay trapped once, on the earlier failure", test, n,
-                  r);
-    expect(traps_of(after, r, "an earlier failure") == 1 && traps_of(after, r, cause) == 1, what);
+    const uint32_t s = o[size_t(r)].status;
+    std::snprintf(what, sizeof(what), "%s n=%d: rank %d's failed call left %u in the failure word, status %u", test,
+                  n, r, word_failed[size_t(r)], s);
+    expect(word_failed[size_t(r)] == (graphed ? s : 0u), what);
+    std::snprintf(what, sizeof(what), "%s n=%d: rank %d's next replay left %u in the failure word, status %u", test,
+                  n, r, word[size_t(r)], s);
+    expect(word[size_t(r)] == s, what);
     std::snprintf(what, sizeof(what), "%s n=%d: rank %d's replay after the failure wrote its output", test, n, r);
     expect(untouched[size_t(r)] != 0, what);
+    std::snprintf(what, sizeof(what), "%s n=%d: rank %d's eager call after the replay wrote its output", test, n, r);
+    expect(eager_untouched[size_t(r)] != 0, what);
+    std::snprintf(what, sizeof(what), "%s n=%d: rank %d's status changed to %u", test, n, r, o[size_t(r)].mirror);
+    expect(o[size_t(r)].mirror == s, what);
   }
-  std::snprintf(what, sizeof(what), "%s n=%d: one line per rank for the replay after it (%zu)", test, n, after.size());
-  expect(int(after.size()) == n, what);
 }
 
 // Rank 0 replays alone: the peer never comes (a timeout), or the host's peer
 // watcher raises kPeerDead in its host abort word. Either way rank 0 records
-// it, mirror included, and traps naming it.
+// it, mirror and failure word included.
 void check_lone_replay(bool peer_dead) {
   Arenas arenas(2, kSlot);
-  uint32_t status = 0, mirror = 0;
+  uint32_t status = 0, mirror = 0, word = 0;
   uint64_t host_abort = 0;
-  cuda_ipc::take_traps();
   std::thread watcher;
   if (peer_dead)
     watcher = std::thread([&] {
@@ -269,6 +266,7 @@ void check_lone_replay(bool peer_dead) {
   c.timeout_ns = peer_dead ? 20ull * 1000 * 1000 * 1000 : 200ull * 1000 * 1000;
   c.host_status = &mirror;
   c.host_abort = &host_abort;
+  c.host_replay_failure = &word;
   std::vector<float> in(100, 1.0f);
   cuda_ipc::allreduce_graphed(c, DType::F32, ReduceOp::SUM, in.data(), in.data(), 100, nullptr);
   cuda_ipc::read_status(c, nullptr, &status);
@@ -278,27 +276,26 @@ void check_lone_replay(bool peer_dead) {
   std::snprintf(what, sizeof(what), "lone replay (%s): status %u, mirror %u", peer_dead ? "dead peer" : "timeout",
                 status, mirror);
   expect(status == uint32_t(want) && mirror == status, what);
-  const std::vector<std::string> lines = cuda_ipc::take_traps();
-  std::snprintf(what, sizeof(what), "lone replay (%s): trapped naming it", peer_dead ? "dead peer" : "timeout");
-  expect(traps_of(lines, 0, cuda_ipc::graph_failure_cause(uint32_t(want))) >= 1 && traps_of(lines, 1, "") == 0, what);
+  std::snprintf(what, sizeof(what), "lone replay (%s): failure word %u", peer_dead ? "dead peer" : "timeout", word);
+  expect(word == status, what);
 }
 
 // Rank 0 replays G then calls E (eager fused), rank 1 calls E then replays
 // G: each waits for flags the other posts only after its own wait. Both fail
 // at the timeout or on the other's abort, nothing is written, and each
-// rank's replay traps (docs/cuda.md, CUDA graphs: the combined order must be
-// the same on every rank).
+// rank's replay sets its failure word (docs/cuda.md, CUDA graphs: the
+// combined order must be the same on every rank).
 void check_misordered() {
   Arenas arenas(2, kSlot);
-  uint32_t status[2] = {0, 0}, mirror[2] = {0, 0};
+  uint32_t status[2] = {0, 0}, mirror[2] = {0, 0}, word[2] = {0, 0};
   int untouched[2] = {0, 0};
-  cuda_ipc::take_traps();
   std::vector<std::thread> threads;
   for (int r = 0; r < 2; ++r) {
     threads.emplace_back([&, r] {
       cuda_ipc::IpcComm c = comm_for(arenas, r, kSlot);
       c.timeout_ns = 300ull * 1000 * 1000;
       c.host_status = &mirror[r];
+      c.host_replay_failure = &word[r];
       std::vector<float> in(100, 1.0f), g(100, -7.0f), e(100, -7.0f);
       for (int k = 0; k < 2; ++k) {
         const bool graph_now = (k == 0) == (r == 0);
@@ -311,14 +308,13 @@ void check_misordered() {
     });
   }
   for (auto& t : threads) t.join();
-  const std::vector<std::string> lines = cuda_ipc::take_traps();
   char what[200];
   for (int r = 0; r < 2; ++r) {
     const uint32_t s = status[r];
-    std::snprintf(what, sizeof(what), "misordered: rank %d status %u, mirror %u, outputs untouched %d, traps %d", r,
-                  s, mirror[r], untouched[r], traps_of(lines, r, ""));
+    std::snprintf(what, sizeof(what), "misordered: rank %d status %u, mirror %u, outputs untouched %d, failure word %u",
+                  r, s, mirror[r], untouched[r], word[r]);
     expect((s == uint32_t(flags::WaitStatus::kTimeout) || s == kAborted) && mirror[r] == s && untouched[r] != 0 &&
-               traps_of(lines, r, "") >= 1,
+               word[r] != 0,
            what);
   }
 }
@@ -331,14 +327,14 @@ void check_misordered() {
 void check_missing_peer(bool graphed) {
   constexpr int n = 4;
   Arenas arenas(n, kSlot);
-  uint32_t status[n] = {}, mirror[n] = {};
-  cuda_ipc::take_traps();
+  uint32_t status[n] = {}, mirror[n] = {}, word[n] = {};
   std::vector<std::thread> threads;
   for (int r = 0; r < n - 1; ++r) {
     threads.emplace_back([&, r] {
       cuda_ipc::IpcComm c = comm_for(arenas, r, kSlot);
       c.timeout_ns = 300ull * 1000 * 1000;
       c.host_status = &mirror[r];
+      c.host_replay_failure = &word[r];
       std::vector<float> in(1000, 1.0f);  // kFusedMaxBlocks blocks (comm_for: 64 bytes a block)
       if (graphed) cuda_ipc::allreduce_graphed(c, DType::F32, ReduceOp::SUM, in.data(), in.data(), 1000, nullptr);
       else cuda_ipc::allreduce_one_shot(c, DType::F32, ReduceOp::SUM, in.data(), in.data(), 1000, nullptr);
@@ -346,7 +342,6 @@ void check_missing_peer(bool graphed) {
     });
   }
   for (auto& t : threads) t.join();
-  const std::vector<std::string> lines = cuda_ipc::take_traps();
   const char* test = graphed ? "missing peer, graphed" : "missing peer, eager";
   char what[200];
   int timeouts = 0;
@@ -355,8 +350,8 @@ void check_missing_peer(bool graphed) {
     timeouts += s == uint32_t(flags::WaitStatus::kTimeout);
     std::snprintf(what, sizeof(what), "%s: rank %d status %u, mirror %u", test, r, s, mirror[r]);
     expect((s == uint32_t(flags::WaitStatus::kTimeout) || s == kAborted) && mirror[r] == s, what);
-    std::snprintf(what, sizeof(what), "%s: rank %d trapped %s", test, r, graphed ? "naming its failure" : "never");
-    expect(graphed ? traps_of(lines, r, cuda_ipc::graph_failure_cause(s)) >= 1 : traps_of(lines, r, "") == 0, what);
+    std::snprintf(what, sizeof(what), "%s: rank %d's failure word %u, status %u", test, r, word[r], s);
+    expect(word[r] == (graphed ? s : 0u), what);
   }
   std::snprintf(what, sizeof(what), "%s: %d of the callers timed out on the absent peer", test, timeouts);
   expect(timeouts >= 1, what);
@@ -365,27 +360,21 @@ void check_missing_peer(bool graphed) {
 }  // namespace
 
 int main() {
-  // Both barrier forms (IpcComm::per_peer_waits): thread 0's loop and a
-  // thread per peer.
-  for (bool per_peer : {false, true}) {
-    emulated::g_per_peer_waits = per_peer;
-    for (int n = 2; n <= 4; ++n) {
-      check_layouts<float>(n);
-      check_layouts<bf16>(n);
-      check_layouts<int8_t>(n);
-    }
-    expect(cuda_ipc::take_traps().empty(), "replays that succeed never trap");
-    for (int round = 0; round < 3; ++round)
-      for (int n = 2; n <= 4; ++n) {
-        check_desync(n, false);
-        check_desync(n, true);
-      }
-    check_lone_replay(false);
-    check_lone_replay(true);
-    check_misordered();
-    check_missing_peer(false);
-    check_missing_peer(true);
+  for (int n = 2; n <= 8; ++n) {
+    check_layouts<float>(n);
+    check_layouts<bf16>(n);
+    check_layouts<int8_t>(n);
   }
+  for (int round = 0; round < 3; ++round)
+    for (int n = 2; n <= 4; ++n) {
+      check_desync(n, false);
+      check_desync(n, true);
+    }
+  check_lone_replay(false);
+  check_lone_replay(true);
+  check_misordered();
+  check_missing_peer(false);
+  check_missing_peer(true);
   std::printf("%ld checks, %ld failures\n", long(checks.load()), long(failures.load()));
   return failures == 0 ? 0 : 1;
 }

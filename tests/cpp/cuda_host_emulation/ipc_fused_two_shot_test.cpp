@@ -230,8 +230,11 @@ void check_grid_cap() {
   using cuda_ipc::fused_grid_blocks;
   using cuda_ipc::kTwoShotMaxBlocks;
   EXPECT(fused_grid_blocks(132, 1) == kTwoShotMaxBlocks);  // an H100 alone: the flags bound
-  EXPECT(fused_grid_blocks(108, 2) == 54);                 // 2 ranks on an A100: 108 SMs, not 128
+  EXPECT(fused_grid_blocks(120, 2) == 59);                 // 2 ranks, 120 SMs: 2 left over, not 60 + 60
+  EXPECT(fused_grid_blocks(140, 2) == 64);                 // 128 flags bound 140 - 2 SMs
+  EXPECT(fused_grid_blocks(108, 2) == 53);                 // 2 ranks on an A100: 106 SMs, not 128
   EXPECT(fused_grid_blocks(132, 4) == 32);
+  EXPECT(fused_grid_blocks(2, 1) == 1);                     // never below one block
   EXPECT(fused_grid_blocks(0, 3) == kTwoShotMaxBlocks / 3);  // SMs unknown: as before
   EXPECT(fused_grid_blocks(8, 16) == 1);                     // never below one block
   cuda_ipc::IpcComm c{};
@@ -239,22 +242,18 @@ void check_grid_cap() {
   EXPECT(cuda_ipc::fused_grid_cap(c) == kTwoShotMaxBlocks / 4);  // not set up: as before
   c.fused_grid_blocks = fused_grid_blocks(108, 4);
   const int cap = cuda_ipc::fused_grid_cap(c);
-  EXPECT(cap == 27);
-  EXPECT(cuda_ipc::two_shot_blocks(int64_t(1) << 30, 4, 4, int64_t(1) << 21, 16 * 1024, cap) == 27);
-  EXPECT(cuda_ipc::fused_coll_blocks(int64_t(1) << 30, int64_t(1) << 23, 16 * 1024, cap) == 27);
+  EXPECT(cap == 26);
+  EXPECT(cuda_ipc::two_shot_blocks(int64_t(1) << 30, 4, 4, int64_t(1) << 21, 16 * 1024, cap) == 26);
+  EXPECT(cuda_ipc::fused_coll_blocks(int64_t(1) << 30, int64_t(1) << 23, 16 * 1024, cap) == 26);
   EXPECT(cuda_ipc::two_shot_blocks(1000, 4, 4, int64_t(1) << 21, 16 * 1024, cap) == 1);  // small calls: unchanged
 }
 #undef EXPECT
 
 int main() {
   check_grid_cap();
-  // Both barrier forms (IpcComm::per_peer_waits).
-  for (bool per_peer : {false, true}) {
-    emulated::g_per_peer_waits = per_peer;
-    for (int n = 2; n <= 5; ++n) check_bits(n);
-    for (int n = 2; n <= 4; ++n)
-      for (Peer p : {Peer::kStepByStep, Peer::kOtherCount, Peer::kAbsent, Peer::kHostAbort}) check_failure(n, p);
-  }
+  for (int n = 2; n <= 8; ++n) check_bits(n);
+  for (int n = 2; n <= 4; ++n)
+    for (Peer p : {Peer::kStepByStep, Peer::kOtherCount, Peer::kAbsent, Peer::kHostAbort}) check_failure(n, p);
   std::printf("%ld checks, %ld failures\n", long(checks.load()), long(failures.load()));
   return failures == 0 ? 0 : 1;
 }

@@ -25,29 +25,20 @@ struct GpuBlock {
     f(int(threadIdx.x), int(blockDim.x));
   }
   // The barrier of a phase object (phase_step.h, BlockPhase): thread 0
-  // releases the block's flag; with per-peer waits, threads 1 .. n-1 wait at
-  // the same time, thread t for peer barrier_peer(rank, n, t) (a warp's
-  // threads spinning on different words make progress independently from
-  // Volta on); without, thread 0 then waits for them one after the other,
-  // stopping at the first failure. The first __syncthreads() orders every
-  // thread's writes before thread 0's release; the last, which also ORs the
-  // failures, orders every wait's acquire before any thread's reads. Threads
-  // are at least kMaxIpcRanks (the kernels' static_asserts).
+  // releases the block's flag while threads 1 .. n-1 wait at the same time,
+  // thread t for peer barrier_peer(rank, n, t) (a warp's threads spinning on
+  // different words make progress independently from Volta on). The first
+  // __syncthreads() orders every thread's writes before thread 0's release;
+  // the last, which also ORs the failures, orders every wait's acquire before
+  // any thread's reads. Threads are at least kMaxIpcRanks (the kernels'
+  // static_asserts).
   template <class Phase>
   __device__ bool barrier(const Phase& ph) {
     __syncthreads();
     const int t = int(threadIdx.x), n = ph.p.size;
     bool failed = false;
     if (t == 0) failed = ph.arrive();
-    // The barrier_peer indices this thread waits for, [lo, hi): one call
-    // site of wait() for both forms, which keeps the kernel small.
-    const bool per_peer = ph.p.per_peer_waits;
-    const int lo = per_peer ? t : 1;
-    const int hi = per_peer ? (t >= 1 && t < n ? t + 1 : t) : (t == 0 ? n : 1);
-    if (lo < hi && !failed) {
-      const uint64_t deadline = ph.deadline();
-      for (int i = lo; i < hi && !failed; ++i) failed = ph.wait(barrier_peer(ph.p.rank, n, i), deadline);
-    }
+    else if (t < n) failed = ph.wait(barrier_peer(ph.p.rank, n, t), ph.deadline());
     return __syncthreads_or(failed ? 1 : 0) != 0;
   }
 };

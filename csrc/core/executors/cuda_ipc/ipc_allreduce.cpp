@@ -139,6 +139,7 @@ cudaError_t allreduce_graphed(IpcComm& c, DType dt, ReduceOp op, const void* in,
       a.f.slots[q] = graph_slot_of(c.bases[q], c.slot_bytes, 0);
     }
     a.parity_stride = int64_t(slot_stride(c.slot_bytes));
+    a.replay_failure = c.host_replay_failure;
     a.f.in = in;
     a.f.out = out;
     a.f.count = count;

@@ -5,46 +5,38 @@
 #include "../../transport/cuda_ipc/device_memory_order.cuh"
 #include "gpu_block.cuh"
 #include "ipc_fused_collectives.h"
-#include "kernel_variant.cuh"
 
 namespace fastpar {
 namespace cuda_ipc {
 namespace {
 
 // The fused two-shot's launch shape (ipc_fused_two_shot.cu): 512 threads,
-// 128 registers a thread for the reduction's packs in flight, the blocks of
-// every rank sharing one GPU resident together.
+// 128 registers a thread without spills, the blocks of every rank sharing one
+// GPU resident together.
 constexpr int kFusedCollThreads = 512;
 static_assert(kFusedCollThreads >= kMaxIpcRanks, "the barrier waits for each peer on a thread of its own");
 constexpr int kFusedCollMinBlocksPerSm = 1;
 static_assert(kFusedCollMinBlocksPerSm == kFusedGridBlocksPerSm, "the grid cap (ipc_comm.h) counts this many");
 
-template <class Mem, typename T, ReduceOp OP, int NMAX>
+template <typename T, ReduceOp OP>
 __global__ void __launch_bounds__(kFusedCollThreads, kFusedCollMinBlocksPerSm)
-    fused_collective_kernel(FusedCollArgs a) {
+    fused_collective_kernel(const __grid_constant__ FusedCollArgs a) {
   __shared__ int shared;
   GpuBlock blk{&shared};
-  fused_coll_block<Mem, T, OP, NMAX>(a, int(blockIdx.x), blk);
+  fused_coll_block<DeviceMemory, T, OP>(a, int(blockIdx.x), blk);
 }
 
 template <typename T, ReduceOp OP>
 struct LoadFusedColl {
   static cudaError_t run() {
-    return for_each_kernel_variant([](auto v) {
-      using V = decltype(v);
-      cudaFuncAttributes attr;
-      return cudaFuncGetAttributes(&attr, fused_collective_kernel<typename V::Mem, T, OP, V::kRankBound>);
-    });
+    cudaFuncAttributes attr;
+    return cudaFuncGetAttributes(&attr, fused_collective_kernel<T, OP>);
   }
 };
 
 template <typename T, ReduceOp OP>
 cudaError_t launch_instance(const FusedCollArgs& a, cudaStream_t stream) {
-  with_kernel_variant(a.phase, [&](auto v) {
-    using V = decltype(v);
-    fused_collective_kernel<typename V::Mem, T, OP, V::kRankBound>
-        <<<unsigned(a.nblocks), kFusedCollThreads, 0, stream>>>(a);
-  });
+  fused_collective_kernel<T, OP><<<unsigned(a.nblocks), kFusedCollThreads, 0, stream>>>(a);
   return cudaGetLastError();
 }
 

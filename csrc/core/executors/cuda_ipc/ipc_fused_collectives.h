@@ -176,7 +176,7 @@ FASTPAR_HD void fused_coll_publish(const FusedCollArgs& a, int64_t i, int b, int
 }
 
 // Block b's read of piece i: what this rank receives, into its output.
-template <typename T, ReduceOp OP, int NMAX>
+template <typename T, ReduceOp OP>
 FASTPAR_HD void fused_coll_read(const FusedCollArgs& a, int64_t i, int b, int t, int nt) {
   const int r = a.phase.rank, n = a.phase.size;
   const FusedCollSlice s = fused_coll_slice_of(a, i, b);
@@ -206,14 +206,14 @@ FASTPAR_HD void fused_coll_read(const FusedCollArgs& a, int64_t i, int b, int t,
     case FusedColl::kReduceScatter: {
       if (a.kind == FusedColl::kReduce && r != a.root) break;
       const bool scatter = a.kind == FusedColl::kReduceScatter;
-      const T* src[NMAX];
+      const T* src[kMaxIpcRanks];
       FASTPAR_FUSED_UNROLL
-      for (int q = 0; q < NMAX; ++q)
+      for (int q = 0; q < kMaxIpcRanks; ++q)
         src[q] = q >= n ? nullptr
                  : q == r ? reinterpret_cast<const T*>(a.src[scatter ? r : 0] + s.off + s.lo)
                           : reinterpret_cast<const T*>(fused_coll_slot(a, q, i, scatter ? r : 0) + s.lo);
       T* const dst[1] = {reinterpret_cast<T*>(a.dst[0] + s.off + s.lo)};
-      FusedReduce<T, OP, NMAX>::template run<kFusedReduceUnroll<NMAX>, 1>(
+      FusedReduce<T, OP>::template run<1, 1>(
           src, n, dst, 1, len / int64_t(sizeof(T)), a.contributions, t, nt);
       break;
     }
@@ -246,44 +246,43 @@ FASTPAR_HD FusedCollSlice fused_registered_slice_of(const FusedCollArgs& a, int 
   return {0, lo, hi};
 }
 
-template <typename T, ReduceOp OP, int NMAX>
+template <typename T, ReduceOp OP>
 FASTPAR_HD void fused_registered_reduce(const FusedCollArgs& a, int b, int t, int nt) {
   const int n = a.phase.size;
   const FusedCollSlice s = fused_registered_slice_of(a, b);
   if (s.hi <= s.lo) return;
-  const T* src[NMAX];
-  T* dst[NMAX];
+  const T* src[kMaxIpcRanks];
+  T* dst[kMaxIpcRanks];
   FASTPAR_FUSED_UNROLL
-  for (int q = 0; q < NMAX; ++q) {
+  for (int q = 0; q < kMaxIpcRanks; ++q) {
     src[q] = q < n ? reinterpret_cast<const T*>(a.src[q] + s.lo) : nullptr;
     dst[q] = q < n ? reinterpret_cast<T*>(a.dst[q] + s.lo) : nullptr;
   }
-  FusedReduce<T, OP, NMAX>::template run<kFusedReduceUnroll<NMAX>, NMAX>(
+  FusedReduce<T, OP>::template run<1, kMaxIpcRanks>(
       src, n, dst, n, (s.hi - s.lo) / int64_t(sizeof(T)), a.contributions, t, nt);
 }
 
-template <class Mem, typename T, ReduceOp OP, int NMAX, class Blk>
+template <class Mem, typename T, ReduceOp OP, class Blk>
 FASTPAR_HD void fused_registered_block(const FusedCollArgs& a, int b, Blk& blk) {
   if (blk.barrier(block_phase<Mem>(a.phase, a.self_blocks, a.peer_blocks, b, 0))) return;
-  blk.threads([&](int t, int nt) { fused_registered_reduce<T, OP, NMAX>(a, b, t, nt); });
+  blk.threads([&](int t, int nt) { fused_registered_reduce<T, OP>(a, b, t, nt); });
   blk.barrier(block_phase<Mem>(a.phase, a.self_blocks, a.peer_blocks, b, 1));
 }
 
 // The whole call for block b (Blk as two_shot_block's: leader, threads, barrier).
-// T, OP and NMAX matter only to the reducing kinds; the copies move bytes.
-template <class Mem, typename T, ReduceOp OP, int NMAX, class Blk>
+// T and OP matter only to the reducing kinds; the copies move bytes.
+template <class Mem, typename T, ReduceOp OP, class Blk>
 FASTPAR_HD void fused_coll_block(const FusedCollArgs& a, int b, Blk& blk) {
-  static_assert(NMAX == 4 || NMAX == kMaxIpcRanks, "fused_rank_bound's values");
   // An earlier call failed here: write nothing (block 0 tells the peers).
   if (blk.leader([&] { return fused_prior_failure<Mem>(a.phase, b) != 0; })) return;
   if (a.kind == FusedColl::kAllreduceRegistered) {
-    fused_registered_block<Mem, T, OP, NMAX>(a, b, blk);
+    fused_registered_block<Mem, T, OP>(a, b, blk);
     return;
   }
   for (int64_t i = 0; i < a.pieces; ++i) {
     blk.threads([&](int t, int nt) { fused_coll_publish(a, i, b, t, nt); });
     if (blk.barrier(block_phase<Mem>(a.phase, a.self_blocks, a.peer_blocks, b, i))) return;
-    blk.threads([&](int t, int nt) { fused_coll_read<T, OP, NMAX>(a, i, b, t, nt); });
+    blk.threads([&](int t, int nt) { fused_coll_read<T, OP>(a, i, b, t, nt); });
   }
 }
 

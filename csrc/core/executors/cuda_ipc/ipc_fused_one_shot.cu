@@ -5,71 +5,58 @@
 #include "../../transport/cuda_ipc/device_memory_order.cuh"
 #include "gpu_block.cuh"
 #include "ipc_fused_one_shot.h"
-#include "kernel_variant.cuh"
 
 namespace fastpar {
 namespace cuda_ipc {
 namespace {
 
 constexpr int kFusedThreads = 512;
-// Two blocks per SM: caps registers at 64, which holds the 8 packs in
-// flight of the reduction (fused_reduce: 2 of each of up to 4 ranks, or 1 of
-// each of up to 8), and keeps block b of 8 ranks sharing one GPU resident at
-// once (8 x kFusedMaxBlocks blocks). Without the second bound ptxas picks its
+// Two blocks per SM: caps registers at 64, which holds the packs in flight
+// of the reduction (fused_reduce: 2 of each of up to 4 ranks, then 4 ranks at
+// a time), and keeps block b of 8 ranks sharing one GPU resident at once
+// (8 x kFusedMaxBlocks blocks). Without the second bound ptxas picks its
 // own target and spills in the loop. tests/tooling/test_cuda_sass.py checks
 // the registers and the loads in flight.
 constexpr int kFusedMinBlocksPerSm = 2;
 
 static_assert(kFusedThreads >= kMaxIpcRanks, "the barrier waits for each peer on a thread of its own");
 
-template <class Mem, typename T, ReduceOp OP, int NMAX>
-__global__ void __launch_bounds__(kFusedThreads, kFusedMinBlocksPerSm) fused_one_shot_kernel(FusedArgs a) {
+template <typename T, ReduceOp OP>
+__global__ void __launch_bounds__(kFusedThreads, kFusedMinBlocksPerSm) fused_one_shot_kernel(const __grid_constant__ FusedArgs a) {
   __shared__ int shared;
   GpuBlock blk{&shared};
-  one_shot_block<Mem, T, OP, NMAX>(a, int(blockIdx.x), blk);
+  one_shot_block<DeviceMemory, T, OP>(a, int(blockIdx.x), blk);
 }
 
-// As above, but a failure, earlier or in this replay, traps (graph_trap,
-// ipc_fused_one_shot.h): no host check follows a replay.
-template <class Mem, typename T, ReduceOp OP, int NMAX>
-__global__ void __launch_bounds__(kFusedThreads, kFusedMinBlocksPerSm) fused_graph_kernel(GraphArgs a) {
+// As above, for CUDA graphs: a failure, earlier or in this replay, also sets
+// the failure word (graph_failed, ipc_fused_one_shot.h).
+template <typename T, ReduceOp OP>
+__global__ void __launch_bounds__(kFusedThreads, kFusedMinBlocksPerSm) fused_graph_kernel(const __grid_constant__ GraphArgs a) {
   __shared__ int shared;
   GpuBlock blk{&shared};
-  graph_block<Mem, T, OP, NMAX>(a, int(blockIdx.x), blk);
+  graph_block<DeviceMemory, T, OP>(a, int(blockIdx.x), blk);
 }
 
-// The kernels' launches: the variant of the call (kernel_variant.cuh).
 template <typename T, ReduceOp OP>
 struct LaunchOneShot {
   static void run(const FusedArgs& a, int nblocks, cudaStream_t s) {
-    with_kernel_variant(a.phase, [&](auto v) {
-      using V = decltype(v);
-      fused_one_shot_kernel<typename V::Mem, T, OP, V::kRankBound><<<unsigned(nblocks), kFusedThreads, 0, s>>>(a);
-    });
+    fused_one_shot_kernel<T, OP><<<unsigned(nblocks), kFusedThreads, 0, s>>>(a);
   }
 };
 
 template <typename T, ReduceOp OP>
 struct LaunchGraph {
   static void run(const GraphArgs& a, int nblocks, cudaStream_t s) {
-    with_kernel_variant(a.f.phase, [&](auto v) {
-      using V = decltype(v);
-      fused_graph_kernel<typename V::Mem, T, OP, V::kRankBound><<<unsigned(nblocks), kFusedThreads, 0, s>>>(a);
-    });
+    fused_graph_kernel<T, OP><<<unsigned(nblocks), kFusedThreads, 0, s>>>(a);
   }
 };
 
 template <typename T, ReduceOp OP>
 struct LoadFusedKernels {
   static cudaError_t run() {
-    return for_each_kernel_variant([](auto v) {
-      using V = decltype(v);
-      cudaFuncAttributes attr;
-      const cudaError_t e =
-          cudaFuncGetAttributes(&attr, fused_one_shot_kernel<typename V::Mem, T, OP, V::kRankBound>);
-      return e != cudaSuccess ? e
-                              : cudaFuncGetAttributes(&attr, fused_graph_kernel<typename V::Mem, T, OP, V::kRankBound>);
-    });
+    cudaFuncAttributes attr;
+    const cudaError_t e = cudaFuncGetAttributes(&attr, fused_one_shot_kernel<T, OP>);
+    return e != cudaSuccess ? e : cudaFuncGetAttributes(&attr, fused_graph_kernel<T, OP>);
   }
 };
 

@@ -116,31 +116,29 @@ FASTPAR_HD void fused_copy_in(const FusedArgs& a, int b, int t, int nt, int64_t 
 // Block b's reduction in rank order 0..n-1 (the reduce kernel's order and
 // math, reduce_ops.h: identical bits), thread `t` of `nt`. Every source is a
 // slot, this rank's own too (the block's copy-in, ordered before by the
-// barrier). FusedReduce (fused_loops.h) with rank bound NMAX
-// (fused_rank_bound): up to 4 ranks 2 packs of each rank in flight, so 2
-// ranks keep 4 loads in flight as the copies do; more, one pack of each.
-template <typename T, ReduceOp OP, int NMAX>
+// barrier). FusedReduce (fused_loops.h).
+template <typename T, ReduceOp OP, int U = kFusedReduceUnroll>
 FASTPAR_HD void fused_reduce(const FusedArgs& a, int b, int t, int nt, int64_t slot_off = 0) {
   int64_t lo, hi;
   fused_block_range<T>(a, b, &lo, &hi);
-  const T* src[NMAX];
+  const T* src[kMaxIpcRanks];
   FASTPAR_FUSED_UNROLL
-  for (int q = 0; q < NMAX; ++q)
+  for (int q = 0; q < kMaxIpcRanks; ++q)
     src[q] = q < a.phase.size ? reinterpret_cast<const T*>(static_cast<const char*>(a.slots[q]) + slot_off) + lo
                               : nullptr;
   T* const dst[1] = {static_cast<T*>(a.out) + lo};
-  FusedReduce<T, OP, NMAX>::template run<kFusedReduceUnroll<NMAX>, 1>(src, a.phase.size, dst, 1, hi - lo,
+  FusedReduce<T, OP>::template run<U, 1>(src, a.phase.size, dst, 1, hi - lo,
                                                                       a.contributions, t, nt);
 }
 
 // The whole call for block b: copy-in, barrier (phase desc.seq), reduction.
-template <class Mem, typename T, ReduceOp OP, int NMAX, class Blk>
+template <class Mem, typename T, ReduceOp OP, class Blk>
 FASTPAR_HD void one_shot_block(const FusedArgs& a, int b, Blk& blk) {
   // An earlier call failed here: write nothing (the host raises it).
   if (blk.leader([&] { return fused_prior_failure<Mem>(a.phase, b) != 0; })) return;
   blk.threads([&](int t, int nt) { fused_copy_in<T>(a, b, t, nt); });
   if (blk.barrier(block_phase<Mem>(a.phase, a.self_blocks, a.peer_blocks, b, 0))) return;
-  blk.threads([&](int t, int nt) { fused_reduce<T, OP, NMAX>(a, b, t, nt); });
+  blk.threads([&](int t, int nt) { fused_reduce<T, OP>(a, b, t, nt); });
 }
 
 // Enqueues the fused kernel (ipc_fused_one_shot.cu): a.nblocks blocks.
@@ -181,13 +179,14 @@ cudaError_t launch_fused_one_shot(DType dt, ReduceOp op, const FusedArgs& a, cud
 // descriptors (same size, dtype and op) nothing notices the wrong results.
 //
 // Failures are recorded as in the kernel above (status word, host mirror,
-// abort word). But a replay never calls into the host backend, so no host
-// check would ever raise them: a captured training step would go on with
-// unreduced gradients. So a replay that fails, or that finds an earlier
-// failure, prints one line and traps (graph_trap): the next synchronize
-// raises a CUDA error, as after a device-side assert, and the process's CUDA
-// context is lost. Every wait polls the host abort word, so the peer watcher
-// stops a replay waiting on a dead peer.
+// abort word). A replay never calls into the host backend, so it cannot
+// raise; and a trap would end the process's CUDA context (under MPS, every
+// client's on the GPU). So a replay that fails, or that finds an earlier
+// failure, also sets the failure word (IpcComm::host_replay_failure,
+// graph_failed) and returns without writing: the host's next call on this
+// communicator raises, naming the replay (ipc_failure.h). Every wait polls
+// the host abort word, so the peer watcher stops a replay waiting on a dead
+// peer.
 
 struct GraphArgs {
   FusedArgs f;  // in, out, count, nblocks, contributions; slots = every rank's graph slot 0; block flags unused
@@ -195,48 +194,33 @@ struct GraphArgs {
   int64_t parity_stride;  // bytes from graph slot 0 to graph slot 1
   GraphControl* self;
   const GraphControl* peers[kMaxIpcRanks];
+  uint32_t* replay_failure;  // IpcComm::host_replay_failure, or null
 };
 
 // Bytes from graph slot 0 to the slot of epoch e.
 FASTPAR_HD int64_t graph_slot_offset(const GraphArgs& a, uint64_t e) { return int64_t(e & 1u) * a.parity_stride; }
 
-FASTPAR_HD const char* graph_failure_cause(uint32_t status) {
-  switch (flags::WaitStatus(int(status))) {
-    case flags::WaitStatus::kTimeout: return "timed out waiting for a peer";
-    case flags::WaitStatus::kPeerAborted: return "peer aborted";
-    case flags::WaitStatus::kPeerDead: return "a peer died";
-    case flags::WaitStatus::kMismatch: return "collective mismatch (a peer is in a different call)";
-    case flags::WaitStatus::kOk: break;
-  }
-  return "failure";
-}
-
-// Thread 0 of a block of the graphed kernel that failed (`status`, recorded)
-// or found the status word already set (`earlier`: by an earlier call, or by
-// another block of this one): one line, then the trap (Mem::trap). Does not
-// return on the GPU; the host emulation records it and the block returns.
+// A replay that failed (`status`, recorded) or found the status word
+// already set: the failure word takes the status, for the host.
 template <class Mem>
-FASTPAR_HD void graph_trap(const PhaseArgs& p, uint32_t status, bool earlier) {
-  Mem::trap(earlier ? "fastpar: captured all_reduce on rank %d failed: an earlier failure (%s); "
-                      "the communicator is unusable\n"
-                    : "fastpar: captured all_reduce on rank %d failed: %s; the communicator is unusable\n",
-            p.rank, graph_failure_cause(status));
+FASTPAR_HD void graph_failed(const GraphArgs& a, uint32_t status) {
+  if (a.replay_failure != nullptr && status != 0) Mem::store_release_u32(a.replay_failure, status);
 }
 
-// fused_prior_failure for the graphed kernel: block 0 also traps (one line
-// per rank; the other blocks return without writing).
+// fused_prior_failure for the graphed kernel: block 0 also sets the failure
+// word; every block returns without writing.
 template <class Mem>
 FASTPAR_HD uint32_t graph_prior_failure(const GraphArgs& a, int b) {
   const uint32_t s = fused_prior_failure<Mem>(a.f.phase, b);
-  if (s != 0 && b == 0) graph_trap<Mem>(a.f.phase, s, true);
+  if (s != 0 && b == 0) graph_failed<Mem>(a, s);
   return s;
 }
 
 // Block b's barrier of epoch e (a phase object, phase_step.h): arrive
 // (block 0 first writes the call's descriptor, seq = e, in desc[e % 2],
 // published by the release), and the wait for peer q, which block 0 follows
-// with the comparison of q's descriptor. A failure is recorded, then trapped
-// on (graph_trap); the return is for the emulation.
+// with the comparison of q's descriptor. A failure is recorded, the failure
+// word included (graph_failed).
 template <class Mem>
 struct GraphPhase {
   const PhaseArgs& p;
@@ -268,7 +252,7 @@ struct GraphPhase {
       if (!flags::same_call(mine(), theirs)) s = flags::WaitStatus::kMismatch;
     }
     if (s == flags::WaitStatus::kOk) return false;
-    graph_trap<Mem>(p, record_failure<Mem>(p, s, q, &theirs), false);
+    graph_failed<Mem>(a, record_failure<Mem>(p, s, q, &theirs));
     return true;
   }
 };
@@ -278,11 +262,10 @@ struct GraphPhase {
 FASTPAR_HD uint64_t graph_epoch(const GraphArgs& a, int b) { return a.self->epoch[b].value + 1; }
 FASTPAR_HD void graph_done(const GraphArgs& a, int b, uint64_t e) { a.self->epoch[b].value = e; }
 
-// The whole graphed call for block b: the earlier-failure check (block 0
-// traps), the epoch, the copy-in to the epoch's graph slot, the barrier (a
-// failure traps), the reduction. No second barrier: the next replay copies in
+// The whole graphed call for block b: the earlier-failure check, the epoch,
+// the copy-in to the epoch's graph slot, the barrier, the reduction. No second barrier: the next replay copies in
 // to the other graph slot.
-template <class Mem, typename T, ReduceOp OP, int NMAX, class Blk>
+template <class Mem, typename T, ReduceOp OP, class Blk>
 FASTPAR_HD void graph_block(const GraphArgs& a, int b, Blk& blk) {
   if (blk.leader([&] { return graph_prior_failure<Mem>(a, b) != 0; })) return;
   // The epoch is read where it is used rather than kept: only this block
@@ -290,7 +273,7 @@ FASTPAR_HD void graph_block(const GraphArgs& a, int b, Blk& blk) {
   // and reduction loops costs them registers.
   blk.threads([&](int t, int nt) { fused_copy_in<T>(a.f, b, t, nt, graph_slot_offset(a, graph_epoch(a, b))); });
   if (blk.barrier(GraphPhase<Mem>{a.f.phase, a, b, graph_epoch(a, b)})) return;
-  blk.threads([&](int t, int nt) { fused_reduce<T, OP, NMAX>(a.f, b, t, nt, graph_slot_offset(a, graph_epoch(a, b))); });
+  blk.threads([&](int t, int nt) { fused_reduce<T, OP, 1>(a.f, b, t, nt, graph_slot_offset(a, graph_epoch(a, b))); });
   blk.leader([&] {
     graph_done(a, b, graph_epoch(a, b));
     return false;

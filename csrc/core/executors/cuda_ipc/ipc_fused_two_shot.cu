@@ -4,48 +4,39 @@
 #include "../../transport/cuda_ipc/device_memory_order.cuh"
 #include "gpu_block.cuh"
 #include "ipc_fused_two_shot.h"
-#include "kernel_variant.cuh"
 
 namespace fastpar {
 namespace cuda_ipc {
 namespace {
 
-// One block of 512 threads per SM, 128 registers a thread: the reduction's
-// packs in flight (fused_rank_bound) without spills for 2-4 ranks (5-8
-// spill 40-64 bytes, outside the copy and reduce loops), and the
-// kTwoShotMaxBlocks blocks of all ranks sharing one GPU (two_shot_blocks)
-// resident together on an H100's 132 SMs. tests/tooling/test_cuda_sass.py
-// checks the register count against these numbers.
+// One block of 512 threads per SM, 128 registers a thread, without spills
+// (tests/tooling/test_cuda_resources.py), and the kTwoShotMaxBlocks blocks of
+// all ranks sharing one GPU (two_shot_blocks) resident together on an H100's
+// 132 SMs. tests/tooling/test_cuda_sass.py checks the register count against
+// these numbers.
 constexpr int kTwoShotThreads = 512;
 static_assert(kTwoShotThreads >= kMaxIpcRanks, "the barrier waits for each peer on a thread of its own");
 constexpr int kTwoShotMinBlocksPerSm = 1;
 static_assert(kTwoShotMinBlocksPerSm == kFusedGridBlocksPerSm, "the grid cap (ipc_comm.h) counts this many");
 
-template <class Mem, typename T, ReduceOp OP, int NMAX>
-__global__ void __launch_bounds__(kTwoShotThreads, kTwoShotMinBlocksPerSm) fused_two_shot_kernel(TwoShotArgs a) {
+template <typename T, ReduceOp OP>
+__global__ void __launch_bounds__(kTwoShotThreads, kTwoShotMinBlocksPerSm) fused_two_shot_kernel(const __grid_constant__ TwoShotArgs a) {
   __shared__ int shared;
   GpuBlock blk{&shared};
-  two_shot_block<Mem, T, OP, NMAX>(a, int(blockIdx.x), blk);
+  two_shot_block<DeviceMemory, T, OP>(a, int(blockIdx.x), blk);
 }
 
 template <typename T, ReduceOp OP>
 struct LoadTwoShot {
   static cudaError_t run() {
-    return for_each_kernel_variant([](auto v) {
-      using V = decltype(v);
-      cudaFuncAttributes attr;
-      return cudaFuncGetAttributes(&attr, fused_two_shot_kernel<typename V::Mem, T, OP, V::kRankBound>);
-    });
+    cudaFuncAttributes attr;
+    return cudaFuncGetAttributes(&attr, fused_two_shot_kernel<T, OP>);
   }
 };
 
 template <typename T, ReduceOp OP>
 cudaError_t launch_instance(const TwoShotArgs& a, cudaStream_t stream) {
-  with_kernel_variant(a.phase, [&](auto v) {
-    using V = decltype(v);
-    fused_two_shot_kernel<typename V::Mem, T, OP, V::kRankBound>
-        <<<unsigned(a.nblocks), kTwoShotThreads, 0, stream>>>(a);
-  });
+  fused_two_shot_kernel<T, OP><<<unsigned(a.nblocks), kTwoShotThreads, 0, stream>>>(a);
   return cudaGetLastError();
 }
 

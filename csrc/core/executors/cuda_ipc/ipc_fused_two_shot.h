@@ -203,17 +203,17 @@ FASTPAR_HD void two_shot_copy_out(const TwoShotArgs& a, int64_t k, int b, int t,
 // Block b's reduction of chunk k: slice b of shard `rank` from every rank
 // (this rank's input, the peers' slots) in rank order into this rank's slot
 // and the output (fused_loops.h: the reduce kernel's bits).
-template <typename T, ReduceOp OP, int NMAX>
+template <typename T, ReduceOp OP>
 FASTPAR_HD void two_shot_reduce(const TwoShotArgs& a, int64_t k, int b, int t, int nt) {
   const int n = a.phase.size, r = a.phase.rank;
   const TwoShotSlice s = two_shot_slice<T>(a, k, r, b);
   const int64_t off = s.lo - s.chunk_begin;
-  const T* src[NMAX];
+  const T* src[kMaxIpcRanks];
   FASTPAR_FUSED_UNROLL
-  for (int q = 0; q < NMAX; ++q)
+  for (int q = 0; q < kMaxIpcRanks; ++q)
     src[q] = q >= n ? nullptr : q == r ? static_cast<const T*>(a.in) + s.lo : two_shot_slot_ptr<const T>(a, q, k) + off;
   T* const dst[2] = {two_shot_slot_ptr<T>(a, r, k) + off, static_cast<T*>(a.out) + s.lo};
-  FusedReduce<T, OP, NMAX>::template run<kFusedReduceUnroll<NMAX>, 2>(src, n, dst, 2, s.hi - s.lo,
+  FusedReduce<T, OP>::template run<1, 2>(src, n, dst, 2, s.hi - s.lo,
                                                                           a.contributions, t, nt);
 }
 
@@ -228,9 +228,8 @@ FASTPAR_HD void two_shot_reduce(const TwoShotArgs& a, int64_t k, int b, int t, i
 // On the GPU (gpu_block.cuh) the first synchronization orders the block's
 // writes before thread 0's release, the last the waits' acquires before the
 // block's reads.
-template <class Mem, typename T, ReduceOp OP, int NMAX, class Blk>
+template <class Mem, typename T, ReduceOp OP, class Blk>
 FASTPAR_HD void two_shot_block(const TwoShotArgs& a, int b, Blk& blk) {
-  static_assert(NMAX == 4 || NMAX == kMaxIpcRanks, "fused_rank_bound's values");
   // An earlier call failed here: write nothing (block 0 tells the peers).
   if (blk.leader([&] { return fused_prior_failure<Mem>(a.phase, b) != 0; })) return;
   blk.threads([&](int t, int nt) { two_shot_publish<T>(a, 0, b, t, nt); });
@@ -238,7 +237,7 @@ FASTPAR_HD void two_shot_block(const TwoShotArgs& a, int b, Blk& blk) {
     if (blk.barrier(block_phase<Mem>(a.phase, a.self_blocks, a.peer_blocks, b, k))) return;
     blk.threads([&](int t, int nt) {
       if (k > 0) two_shot_copy_out<T>(a, k - 1, b, t, nt);
-      two_shot_reduce<T, OP, NMAX>(a, k, b, t, nt);
+      two_shot_reduce<T, OP>(a, k, b, t, nt);
       if (k + 1 < a.chunks) two_shot_publish<T>(a, k + 1, b, t, nt);
     });
   }

@@ -7,7 +7,7 @@
 namespace fastpar {
 namespace cuda_ipc {
 
-__global__ void p2p_step_kernel(P2PArgs a) { p2p_step<DeviceMemory>(a); }
+__global__ void p2p_step_kernel(const __grid_constant__ P2PArgs a) { p2p_step<DeviceMemory>(a); }
 
 cudaError_t preload_p2p_kernel() {
   cudaFuncAttributes attr;

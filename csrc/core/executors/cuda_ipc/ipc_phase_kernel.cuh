@@ -12,7 +12,7 @@
 namespace fastpar {
 namespace cuda_ipc {
 
-__global__ void phase_kernel(PhaseArgs a) { phase_step<DeviceMemory>(a); }
+__global__ void phase_kernel(const __grid_constant__ PhaseArgs a) { phase_step<DeviceMemory>(a); }
 
 }  // namespace cuda_ipc
 }  // namespace fastpar

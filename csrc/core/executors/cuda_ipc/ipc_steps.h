@@ -40,8 +40,6 @@ inline PhaseArgs phase_args_at(const IpcComm& c, const flags::OpDesc& d) {
   a.rank = c.rank;
   a.size = c.size;
   a.timeout_ns = c.timeout_ns;
-  a.one_gpu_scope = c.one_gpu_scope;
-  a.per_peer_waits = c.per_peer_waits;
   return a;
 }
 

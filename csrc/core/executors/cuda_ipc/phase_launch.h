@@ -24,13 +24,6 @@ struct PhaseArgs {
   int rank;
   int size;
   uint64_t timeout_ns;
-  // The one-kernel calls' flags at GPU scope (IpcComm::one_gpu_scope): their
-  // launches pick the kernels built over DeviceMemoryOneGpu.
-  bool one_gpu_scope;
-  // The one-kernel calls' barriers wait for each peer on a thread of its own
-  // (IpcComm::per_peer_waits; gpu_block.cuh), not on thread 0 one peer after
-  // another.
-  bool per_peer_waits;
 };
 
 // Enqueues on `stream` (a stream of the current device): if *status != 0,

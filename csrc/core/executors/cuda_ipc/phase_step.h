@@ -4,8 +4,7 @@
 // (tests/cpp/cuda_host_emulation) runs the very same code over host atomics.
 // Beyond flag_protocol.h's interface the policy has load_acquire_host (the
 // host abort word), load_u32 and cas_u32 (the status word), store_release_u32
-// (its host mirror) and trap(fmt, rank, cause)
-// (a captured kernel's failure, ipc_fused_one_shot.h): device_memory_order.cuh.
+// (its host mirror and the replays' failure word): device_memory_order.cuh.
 #pragma once
 
 #include <cstdint>
@@ -74,8 +73,11 @@ FASTPAR_HD flags::WaitStatus fused_wait_flag(const uint64_t* word, uint64_t seq,
       if (Mem::load_acquire(word) >= seq) return flags::WaitStatus::kOk;
       Mem::pause();
     }
-    const flags::WaitStatus s = poll();  // the host abort word and every peer's abort word
-    if (s != flags::WaitStatus::kOk) return s;
+    // The host abort word and every peer's abort word. As wait_posted: a peer
+    // may post its flag and then abort, so one more look at the flag after a
+    // bad report tells a peer that went after posting from one that never did.
+    const flags::WaitStatus s = poll();
+    if (s != flags::WaitStatus::kOk) return Mem::load_acquire(word) >= seq ? flags::WaitStatus::kOk : s;
     if (Mem::now_ns() > deadline) return Mem::load_acquire(word) >= seq ? flags::WaitStatus::kOk : flags::WaitStatus::kTimeout;
   }
 }
@@ -123,23 +125,20 @@ struct OwnStatusPoll {
 };
 
 // A one-kernel call's barrier: block b posts its flag, then waits for block b
-// of every peer. It is cut in two so that a block can wait for its peers at
-// once, one thread per peer (PhaseArgs::per_peer_waits; the block policy's
-// barrier(): gpu_block.cuh, and the host emulation's HostBlock), as well as
-// from thread 0 one peer after another: with k ranks the last flag to arrive
-// is then seen after one poll, not after up to k - 1 more remote loads. A
+// of every peer. It is cut in two so that a block waits for its peers at
+// once, one thread per peer (the block policy's barrier(): gpu_block.cuh, and
+// the host emulation's HostBlock): with k ranks the last flag to arrive is
+// then seen after one poll, not after up to k - 1 more remote loads. A
 // phase object has
-//   p            the call's PhaseArgs (size, rank, per_peer_waits);
+//   p            the call's PhaseArgs (size, rank);
 //   arrive()     run by thread 0 after the block's writes of the phase (the
 //                policy synchronizes the block first): the release of the
 //                flag. True when this rank has already failed: nothing is
 //                posted;
-//   deadline()   when the waits of this barrier give up (one per thread that
-//                waits, taken before its first wait: serial waits share the
-//                timeout, they do not get one each);
+//   deadline()   when the wait of a thread gives up (taken before it);
 //   wait(q, d)   the acquire of peer q's flag, q = barrier_peer(rank, size,
 //                t) for t = 1 .. size-1, by thread t at the same time as
-//                arrive() and the other waits, or by thread 0 in turn. True
+//                arrive() and the other waits. True
 //                on a failure, already recorded (record_failure: the first
 //                one of the rank stands, so waits that fail together do not
 //                bury each other).

@@ -10,7 +10,7 @@ namespace {
 constexpr int kRingThreads = 512;
 
 template <typename T, ReduceOp OP>
-__global__ void __launch_bounds__(kRingThreads) rotated_ring_kernel(RotatedRingArgs a) {
+__global__ void __launch_bounds__(kRingThreads) rotated_ring_kernel(const __grid_constant__ RotatedRingArgs a) {
   rotated_ring<T, OP>(a, int64_t(blockIdx.x) * blockDim.x + threadIdx.x, int64_t(gridDim.x) * blockDim.x);
 }
 

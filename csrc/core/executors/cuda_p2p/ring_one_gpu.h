@@ -31,15 +31,14 @@ struct RotatedRingArgs {
   bool vec;         // every entry 16-byte aligned and align * element size a multiple of 16
 };
 
-// Segment j of the window starting at wbegin: [*b, *e), split_range's cut.
-FASTPAR_HD void rotated_segment(const RotatedRingArgs& a, int64_t wbegin, int j, int64_t* b, int64_t* e) {
+// The segment length of the window starting at wbegin (split_range's cut):
+// segment j is [wbegin + per * j, wbegin + per * (j + 1)), clamped to the
+// window's end `*wend`.
+FASTPAR_HD int64_t rotated_per(const RotatedRingArgs& a, int64_t wbegin, int64_t* wend) {
   const int64_t window = a.segment * a.n;
-  const int64_t wend = wbegin + window < a.count ? wbegin + window : a.count;
-  int64_t per = (wend - wbegin + a.n - 1) / a.n;
-  per = (per + a.align - 1) / a.align * a.align;
-  const int64_t lo = wbegin + per * j;
-  *b = lo < wend ? lo : wend;
-  *e = lo + per < wend ? lo + per : wend;
+  *wend = wbegin + window < a.count ? wbegin + window : a.count;
+  const int64_t per = (*wend - wbegin + a.n - 1) / a.n;
+  return (per + a.align - 1) / a.align * a.align;
 }
 
 #if defined(__CUDA_ARCH__)
@@ -48,9 +47,11 @@ FASTPAR_HD void rotated_segment(const RotatedRingArgs& a, int64_t wbegin, int j,
 #define FASTPAR_RR_UNROLL
 #endif
 
-// Thread `t` of `nt` in the whole grid: every segment of every window, the
-// segment's packs (or elements) grid-strided. The rotated sources are set
-// once per segment, so the inner loop indexes them with compile-time indices.
+// Thread `t` of `nt` in the whole grid: the packs (or elements) of each
+// window, grid-strided over the whole window rather than segment by segment,
+// so a small segment does not leave most threads idle. Each pack finds its
+// segment j and folds the entries from j onwards; a pack never straddles two
+// segments (the header's alignment), and the scalar tail lies in the last one.
 template <typename T, ReduceOp OP>
 FASTPAR_HD void rotated_ring(const RotatedRingArgs& a, int64_t t, int64_t nt) {
   using A = acc_t<T>;
@@ -63,55 +64,55 @@ FASTPAR_HD void rotated_ring(const RotatedRingArgs& a, int64_t t, int64_t nt) {
   const int n = a.n;
   const int64_t window = a.segment * n;
   for (int64_t wbegin = 0; wbegin < a.count; wbegin += window) {
-    for (int j = 0; j < n; ++j) {
-      int64_t b, e;
-      rotated_segment(a, wbegin, j, &b, &e);
-      if (b >= e) continue;
-      T* src[NMAX];
+    int64_t wend = 0;
+    const int64_t per = rotated_per(a, wbegin, &wend);
+    const int64_t len = wend - wbegin;
+    int64_t tail = 0;
+    if (a.vec) {
+      const int64_t packs = len / V;
+      for (int64_t v = t; v < packs; v += nt) {
+        const int64_t pos = wbegin + v * V;
+        const int j = int(v * V / per);
+        Pack x[NMAX];
+        FASTPAR_RR_UNROLL
+        for (int s = 0; s < NMAX; ++s) {
+          int q = j + s;
+          if (q >= n) q -= n;
+          if (s < n) x[s].w = *reinterpret_cast<const uint4*>(static_cast<const T*>(a.data[q]) + pos);
+        }
+        Pack y;
+        FASTPAR_RR_UNROLL
+        for (int k = 0; k < V; ++k) {
+          A acc = load_acc(x[0].e[k]);
+          FASTPAR_RR_UNROLL
+          for (int s = 1; s < NMAX; ++s)
+            if (s < n) acc = combine<OP>(acc, load_acc(x[s].e[k]));
+          y.e[k] = store_acc<T>(finalize<OP>(acc, n));
+        }
+        FASTPAR_RR_UNROLL
+        for (int s = 0; s < NMAX; ++s)
+          if (s < n) *reinterpret_cast<uint4*>(static_cast<T*>(a.data[s]) + pos) = y.w;
+      }
+      tail = packs * V;
+    }
+    for (int64_t i = tail + t; i < len; i += nt) {
+      const int64_t pos = wbegin + i;
+      const int j = int(i / per);
+      T x[NMAX];
       FASTPAR_RR_UNROLL
       for (int s = 0; s < NMAX; ++s) {
         int q = j + s;
         if (q >= n) q -= n;
-        src[s] = s < n ? static_cast<T*>(a.data[q]) + b : nullptr;
+        if (s < n) x[s] = static_cast<const T*>(a.data[q])[pos];
       }
-      const int64_t len = e - b;
-      int64_t tail = 0;
-      if (a.vec) {
-        const int64_t packs = len / V;
-        for (int64_t v = t; v < packs; v += nt) {
-          Pack x[NMAX];
-          FASTPAR_RR_UNROLL
-          for (int s = 0; s < NMAX; ++s)
-            if (s < n) x[s].w = reinterpret_cast<const uint4*>(src[s])[v];
-          Pack y;
-          FASTPAR_RR_UNROLL
-          for (int k = 0; k < V; ++k) {
-            A acc = load_acc(x[0].e[k]);
-            FASTPAR_RR_UNROLL
-            for (int s = 1; s < NMAX; ++s)
-              if (s < n) acc = combine<OP>(acc, load_acc(x[s].e[k]));
-            y.e[k] = store_acc<T>(finalize<OP>(acc, n));
-          }
-          FASTPAR_RR_UNROLL
-          for (int s = 0; s < NMAX; ++s)
-            if (s < n) reinterpret_cast<uint4*>(src[s])[v] = y.w;
-        }
-        tail = packs * V;
-      }
-      for (int64_t i = tail + t; i < len; i += nt) {
-        T x[NMAX];
-        FASTPAR_RR_UNROLL
-        for (int s = 0; s < NMAX; ++s)
-          if (s < n) x[s] = src[s][i];
-        A acc = load_acc(x[0]);
-        FASTPAR_RR_UNROLL
-        for (int s = 1; s < NMAX; ++s)
-          if (s < n) acc = combine<OP>(acc, load_acc(x[s]));
-        const T y = store_acc<T>(finalize<OP>(acc, n));
-        FASTPAR_RR_UNROLL
-        for (int s = 0; s < NMAX; ++s)
-          if (s < n) src[s][i] = y;
-      }
+      A acc = load_acc(x[0]);
+      FASTPAR_RR_UNROLL
+      for (int s = 1; s < NMAX; ++s)
+        if (s < n) acc = combine<OP>(acc, load_acc(x[s]));
+      const T y = store_acc<T>(finalize<OP>(acc, n));
+      FASTPAR_RR_UNROLL
+      for (int s = 0; s < NMAX; ++s)
+        if (s < n) static_cast<T*>(a.data[s])[pos] = y;
     }
   }
 }

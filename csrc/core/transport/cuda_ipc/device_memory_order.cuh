@@ -1,38 +1,27 @@
 // The memory-ordering policy of core/transport/flag_protocol.h for GPU code: the
 // device side of the one protocol the CPU shared-memory transport also runs.
 //
-// Scope. DeviceMemory (.sys): the flag and the data it publishes are read by
-// kernels on other GPUs (over NVLink / PCIe through IPC mappings), so .gpu
-// scope would not order them for those readers. DeviceMemoryOneGpu (.gpu):
-// every rank of the group runs on this one GPU (processes sharing it), so
-// the device's own coherence point orders every reader, without the
-// system-scope release's wait for the writes to reach the system. Either
-// way the host abort word (pinned host memory the host writes) is read at
-// .sys scope: load_acquire_host. st.release / ld.acquire need sm_70+; we
-// build for sm_80 and sm_90.
+// Scope: .sys for every flag. The flag and the data it publishes are read by
+// kernels of other processes, on other GPUs (over NVLink / PCIe through IPC
+// mappings) or on this one; PTX defines .gpu scope over the threads of one
+// program only, so .sys is the scope between processes (as NCCL and vLLM).
+// The host abort word (pinned host memory the host writes) is read at .sys
+// scope too. st.release / ld.acquire need sm_70+; we build for sm_80 and sm_90.
 #pragma once
 
 #include <cstdint>
-#include <cstdio>
 
 namespace fastpar {
 namespace cuda_ipc {
 
-template <bool kOneGpu>
-struct DeviceMemoryAt {
+struct DeviceMemory {
   __device__ static uint64_t load_acquire(const uint64_t* p) {
     uint64_t v;
-    if constexpr (kOneGpu)
-      asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-    else
-      asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
     return v;
   }
   __device__ static void store_release(uint64_t* p, uint64_t v) {
-    if constexpr (kOneGpu)
-      asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-    else
-      asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+    asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
   }
   // The host abort word (phase_step.h): written by the host.
   __device__ static uint64_t load_acquire_host(const uint64_t* p) {
@@ -41,8 +30,7 @@ struct DeviceMemoryAt {
     return v;
   }
   // A word the host reads (the mismatch record's last word, phase_step.h):
-  // at system scope whatever the flags' scope, so the host that acquires it
-  // also reads the record written before it.
+  // released, so the host that acquires it also reads the record written before it.
   __device__ static void store_release_host(uint64_t* p, uint64_t v) {
     asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
   }
@@ -69,20 +57,7 @@ struct DeviceMemoryAt {
   __device__ static void store_release_u32(uint32_t* p, uint32_t v) {
     asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
   }
-  // A captured kernel's failure (ipc_fused_one_shot.h, graph_trap): its replays
-  // never return to the host, so the line and the trap are how the failure
-  // surfaces: the next synchronize raises a CUDA error, as after a
-  // device-side assert. The fence first, so the status, mirror and abort word
-  // written before are out to the host and the peers when the context dies.
-  __device__ static void trap(const char* fmt, int rank, const char* cause) {
-    __threadfence_system();
-    printf(fmt, rank, cause);
-    __trap();
-  }
 };
-
-using DeviceMemory = DeviceMemoryAt<false>;
-using DeviceMemoryOneGpu = DeviceMemoryAt<true>;
 
 }  // namespace cuda_ipc
 }  // namespace fastpar

@@ -53,6 +53,11 @@ struct IpcComm {
   // Optional device pointer to the host-mapped mismatch record
   // (phase_launch.h): both calls, for the host's error message. Null: none.
   MismatchRecord* host_mismatch = nullptr;
+  // Optional device pointer to the host-mapped failure word of CUDA graph
+  // replays (ipc_fused_one_shot.h, graph_failed): the status of a replay that
+  // failed or found an earlier failure, for the host's next call to raise
+  // naming it (a replay cannot). Null: none.
+  uint32_t* host_replay_failure = nullptr;
   // Host address of the host abort word (host_abort is its device view), for
   // the host itself to raise when a call cannot be enqueued (ipc_steps.h,
   // fail_enqueue). Null: none.
@@ -68,24 +73,15 @@ struct IpcComm {
   // descriptor mismatch); the unfused path stays for comparison and tests.
   bool fused_one_shot = true;
   // Two-shot calls run as one fused kernel, every size (ipc_fused_two_shot.h);
-  // false: the step-by-step schedule (2mn + 1 stream operations for m chunks).
-  // Equal on every rank, as fused_one_shot (a mix fails with a mismatch).
-  bool fused_two_shot = true;
+  // false (the default, the form that has run on a GPU): the step-by-step
+  // schedule (2mn + 1 stream operations for m chunks). Equal on every rank,
+  // as fused_one_shot (a mix fails with a mismatch).
+  bool fused_two_shot = false;
   // broadcast, gather, scatter, all_to_all, reduce and reduce_scatter run as
   // one fused kernel per call (executors/cuda_ipc/ipc_fused_collectives.h);
-  // false: the step-by-step schedules. Equal on every rank (a mix fails with
-  // a mismatch naming schedule=fused).
-  bool fused_collectives = true;
-  // Every rank of the group is on this GPU and the one-kernel calls may
-  // order their flags at GPU scope instead of system scope
-  // (device_memory_order.cuh: DeviceMemoryOneGpu). Need not be equal on every
-  // rank: on one GPU a system-scope release is seen by a GPU-scope acquire.
-  bool one_gpu_scope = false;
-  // The one-kernel calls' barriers: a thread per peer waits for it (true), or
-  // thread 0 waits for the peers one after the other (false, the form that
-  // ran on a GPU first). Need not be equal on every rank: it is only how a
-  // rank waits.
-  bool per_peer_waits = false;
+  // false (the default, as fused_two_shot): the step-by-step schedules. Equal
+  // on every rank (a mix fails with a mismatch naming schedule=fused).
+  bool fused_collectives = false;
   // Bytes per block of the fused kernel (ipc_fused_one_shot.h; equal on every
   // rank; the host emulation lowers it so that small calls get many blocks).
   int64_t fused_bytes_per_block = 16 * 1024;
@@ -103,20 +99,23 @@ struct IpcComm {
 // resident (their __launch_bounds__ minimum, which their .cu files assert).
 constexpr int kFusedGridBlocksPerSm = 1;
 
+// SMs of each GPU the fused grids leave to other work: a stray kernel (the
+// caller's, another process's) then finds an SM free instead of delaying a
+// block of the grid by a whole wave while that block's peers spin.
+constexpr int kFusedSpareSms = 2;
+
 // IpcComm::fused_grid_blocks of a group whose GPUs have at least `sms` SMs
 // (0: unknown) and at most `sharers` ranks on one GPU. Block b of every rank
 // waits for block b of the others, so the grids of all ranks on a GPU must be
-// resident together: they share its SMs at kFusedGridBlocksPerSm (an A100's
-// 108, not kTwoShotMaxBlocks), never past the arena's kTwoShotMaxBlocks flags.
+// resident together: they share its SMs but kFusedSpareSms, at
+// kFusedGridBlocksPerSm (an A100's 106, not kTwoShotMaxBlocks), never past
+// the arena's kTwoShotMaxBlocks flags.
 inline int fused_grid_blocks(int sms, int sharers) {
   if (sharers < 1) sharers = 1;
-  int total = sms > 0 ? sms * kFusedGridBlocksPerSm : kTwoShotMaxBlocks;
+  int total = sms > 0 ? (sms - kFusedSpareSms) * kFusedGridBlocksPerSm : kTwoShotMaxBlocks;
   if (total > kTwoShotMaxBlocks) total = kTwoShotMaxBlocks;
   return total / sharers < 1 ? 1 : total / sharers;
 }
-
-// Every rank of `c` is on this rank's GPU: the condition of one_gpu_scope.
-inline bool all_on_one_gpu(const IpcComm& c) { return c.size > 1 && c.gpu_sharers == c.size; }
 
 // The grid cap of `c`'s fused two-shot and collectives calls.
 inline int fused_grid_cap(const IpcComm& c) {

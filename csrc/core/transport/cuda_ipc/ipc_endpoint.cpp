@@ -10,8 +10,10 @@ namespace fastpar {
 namespace cuda_ipc {
 namespace {
 // The pinned, host-mapped words: the status mirror at 0, the host abort
-// word at 8, the mismatch record at 64 (its own cache line).
+// word at 8, the replays' failure word at 16, the mismatch record at 64 (its
+// own cache line).
 constexpr size_t kHostAbortOffset = 8;
+constexpr size_t kHostReplayFailureOffset = 16;
 constexpr size_t kHostMismatchOffset = 64;
 constexpr size_t kHostWordsBytes = kHostMismatchOffset + sizeof(MismatchRecord);
 }  // namespace
@@ -61,6 +63,7 @@ cudaError_t IpcEndpoint::create(int rank, int size, int device, size_t slot_byte
   host_status_ = static_cast<uint32_t*>(host);
   host_abort_ = reinterpret_cast<uint64_t*>(static_cast<char*>(host) + kHostAbortOffset);
   host_mismatch_ = reinterpret_cast<MismatchRecord*>(static_cast<char*>(host) + kHostMismatchOffset);
+  host_replay_failure_ = reinterpret_cast<uint32_t*>(static_cast<char*>(host) + kHostReplayFailureOffset);
   c_ = IpcComm{};
   c_.rank = rank;
   c_.size = size;
@@ -72,6 +75,7 @@ cudaError_t IpcEndpoint::create(int rank, int size, int device, size_t slot_byte
   c_.host_abort = reinterpret_cast<const uint64_t*>(static_cast<char*>(dev_view) + kHostAbortOffset);
   c_.host_abort_host = host_abort_;
   c_.host_mismatch = reinterpret_cast<MismatchRecord*>(static_cast<char*>(dev_view) + kHostMismatchOffset);
+  c_.host_replay_failure = reinterpret_cast<uint32_t*>(static_cast<char*>(dev_view) + kHostReplayFailureOffset);
   return cudaSuccess;
 }
 
@@ -152,6 +156,10 @@ uint64_t IpcEndpoint::host_abort() const { return host_abort_ ? __atomic_load_n(
 
 uint32_t IpcEndpoint::host_status() const {
   return host_status_ ? __atomic_load_n(host_status_, __ATOMIC_ACQUIRE) : 0u;
+}
+
+uint32_t IpcEndpoint::replay_failure() const {
+  return host_replay_failure_ ? __atomic_load_n(host_replay_failure_, __ATOMIC_ACQUIRE) : 0u;
 }
 
 bool IpcEndpoint::mismatch(int* peer, flags::OpDesc* mine, flags::OpDesc* theirs) const {

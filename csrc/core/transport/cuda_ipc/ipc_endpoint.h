@@ -70,6 +70,9 @@ class IpcEndpoint {
   // The failure a phase kernel recorded (0: none), read without synchronizing:
   // it lags the device by the kernels still queued.
   uint32_t host_status() const;
+  // The failure a CUDA graph replay of this rank found (0: none), read as
+  // host_status.
+  uint32_t replay_failure() const;
   // The first mismatched call a phase kernel of this rank recorded (the
   // peer, both descriptors); false when none.
   bool mismatch(int* peer, flags::OpDesc* mine, flags::OpDesc* theirs) const;
@@ -82,11 +85,13 @@ class IpcEndpoint {
 
  private:
   IpcComm c_;
-  // One pinned, host-mapped allocation: the status mirror and the mismatch
-  // record (device -> host) and the host abort word (host -> device).
+  // One pinned, host-mapped allocation: the status mirror, the replays'
+  // failure word and the mismatch record (device -> host) and the host abort
+  // word (host -> device).
   uint32_t* host_status_ = nullptr;         // host address of c_.host_status
   uint64_t* host_abort_ = nullptr;          // host address of c_.host_abort
   MismatchRecord* host_mismatch_ = nullptr;  // host address of c_.host_mismatch
+  uint32_t* host_replay_failure_ = nullptr;  // host address of c_.host_replay_failure
   bool connected_ = false;
   bool exported_ = false;  // a handle to the arena left this process
   // The device was synchronized after our last kernel (free_arena, or an

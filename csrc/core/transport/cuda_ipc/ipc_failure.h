@@ -37,6 +37,8 @@ struct FailureFacts {
   // (-1: none recorded) and both descriptors.
   int mismatch_peer = -1;
   flags::OpDesc mine{}, theirs{};
+  // The failure a CUDA graph replay of all_reduce found (its status), or 0.
+  uint32_t replay_status = 0;
 };
 
 // True when the communicator can no longer be used.
@@ -58,6 +60,10 @@ inline std::string failure_message(const char* op, int rank, const FailureFacts&
             std::to_string(f.mismatch_peer) + " called " + describe(f.theirs);
   } else {
     cause = wait_status_text(f.status);
+  }
+  if (f.replay_status != 0) {
+    cause += std::string("; a CUDA graph replay of all_reduce found it (") + wait_status_text(f.replay_status) +
+             ") and returned without reducing: the outputs of that replay and the later ones are not reduced";
   }
   return std::string("fastpar: ") + op + " over CUDA IPC failed on rank " + std::to_string(rank) + ": " + cause +
          " (flag-wait timeout " + std::to_string(timeout_ms) +

@@ -37,6 +37,11 @@ typedef struct CUevent_st* cudaEvent_t;
 struct uint4 {
   unsigned x, y, z, w;
 };
+struct uint2 {
+  unsigned x, y;
+};
+// The fused loops count which loop ran (executors/cuda_ipc/fused_loops.h).
+#define FASTPAR_COUNT_FUSED_LOOPS 1
 struct dim3 {
   unsigned x = 1, y = 1, z = 1;
 };
