@@ -253,7 +253,7 @@ def placement(group=None) -> dict:
     and size class (a power of two of bytes) from paired trials of both forms
     on that class's first calls: at least 8 pairs, more (up to 32) until a
     sign test tells the forms apart or shows them within 10%; a decision that
-    ran out of pairs (a noisy machine) is measured again later, and every
+    ran out of pairs (a noisy machine) is measured again later, and a
     class is measured again when its calls' rate drifts. "near" / "far" force
     one (the measured classes stay for auto's return).
 

@@ -43,7 +43,7 @@ bool Placement::choose(ShmComm& c, int64_t bytes, bool registered) {
   current_ = -1;
   current_trial_ = false;
   if (mode_ != PlacementMode::kAuto || c.size() < 2) return current_far_ = mode_ == PlacementMode::kFar;
-  if (large_calls_ % kCheckEvery == 0 && agree_drift(c)) reset();
+  if (large_calls_ % kCheckEvery == 0) agree_drift(c);
   current_ = std::min(kSizes - 1, class_of(bytes)) + (registered ? kSizes : 0);
   bytes_ = bytes;
   Class& k = classes_[current_];
@@ -51,9 +51,7 @@ bool Placement::choose(ShmComm& c, int64_t bytes, bool registered) {
   if (k.decided && !k.settled && k.calls >= k.revisit_at) {
     // A decision taken under noise: measured again (every rank at the same call).
     const int64_t every = k.revisit_every;
-    const int64_t calls = k.calls;
-    k = Class{};
-    k.calls = calls;
+    remeasure(k);
     k.revisit_every = every;
     ++revisits_;
   }
@@ -157,12 +155,37 @@ void Placement::test(Class& k) {
   ++decisions_;
 }
 
+// Every rank's drifted classes to every rank (a bit per class); each class
+// any rank saw drift in is measured again, on every rank alike.
 bool Placement::agree_drift(ShmComm& c) {
   ++checks_;
-  const int64_t mine = drifted_ ? 1 : 0;
-  for (int64_t d : allgather_value(c, kExchange, mine))
-    if (d != 0) return true;
-  return false;
+  struct Mask {
+    uint64_t bits[(kClasses + 63) / 64];
+  };
+  Mask mine{};
+  for (int i = 0; i < kClasses; ++i)
+    if (classes_[i].drifted) mine.bits[i / 64] |= uint64_t(1) << (i % 64);
+  Mask any{};
+  for (const Mask& m : allgather_value(c, kExchange, mine))
+    for (size_t w = 0; w < sizeof(any.bits) / sizeof(any.bits[0]); ++w) any.bits[w] |= m.bits[w];
+  bool some = false;
+  for (int i = 0; i < kClasses; ++i)
+    if (any.bits[i / 64] >> (i % 64) & 1) {
+      remeasure(classes_[i]);
+      some = true;
+    }
+  return some;
+}
+
+void Placement::remeasure(Class& k) {
+  const int64_t calls = k.calls;
+  k = Class{};
+  k.calls = calls;
+}
+
+void Placement::mark_drifted() {
+  for (Class& k : classes_)
+    if (k.calls > 0) k.drifted = true;
 }
 
 void Placement::set_test_hooks(double near_us, double far_us, double noise_us, int64_t revisit_calls) {
@@ -200,12 +223,11 @@ void Placement::record(uint64_t ns) {
   k.recent[k.watched++ % kWatchCalls] = rate;
   if (k.watched < kWatchCalls) return;
   const double now = median_of(k.recent, kWatchCalls);
-  if (now > kDrift * k.ref || now * kDrift < k.ref) drifted_ = true;
+  if (now > kDrift * k.ref || now * kDrift < k.ref) k.drifted = true;
 }
 
 void Placement::reset() {
   for (Class& k : classes_) k = Class{};
-  drifted_ = false;
 }
 
 void Placement::set_mode(PlacementMode m) { mode_ = m; }

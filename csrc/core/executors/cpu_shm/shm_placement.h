@@ -35,9 +35,10 @@
 //   - afterwards each rank watches the median rate of the class's last calls
 //     against the median of its first calls after the decision; every kCheckEvery calls
 //     of the two-shot family the ranks compare notes (one 8-byte allgather)
-//     and, if any rank's rate moved kDrift either way (the placement changed
-//     under the group: the host moved the CPUs, a rank was migrated), every
-//     class is measured again.
+//     and every class whose rate moved kDrift either way on any rank (the
+//     placement changed under the group: the host moved the CPUs, a rank was
+//     migrated) is measured again; a class the move did not reach keeps its
+//     decision, so a busy moment costs no trials of the other classes.
 // FASTPAR_SHM_PLACEMENT=near|far forces a form (no trials), auto measures;
 // forcing a form at run time keeps what auto measured, for when it returns.
 #pragma once
@@ -99,9 +100,9 @@ class Placement {
   bool choose(ShmComm& c, int64_t bytes, bool registered = false);
   // After the call: its duration, for the trials and the drift watch.
   void record(uint64_t ns);
-  // Tests: this rank saw drift (as record() would); every class is measured
-  // again after the next check.
-  void mark_drifted() { drifted_ = true; }
+  // Tests: this rank saw drift in every class it has run (as record() would);
+  // they are measured again after the next check.
+  void mark_drifted();
   // Tests: make a form measurably slower, or the measurement noisy: record()
   // spins near_us / far_us after each call of that form, and noise_us after
   // every other call of either form (counted from this setting), and counts
@@ -136,6 +137,7 @@ class Placement {
     int pairs = 0;  // agreed pairs
     double near_us[kMaxPairs], far_us[kMaxPairs];  // each at its fastest rank's time
     bool decided = false, far = false, settled = false;
+    bool drifted = false;  // this rank saw its rate move since the last check
     int64_t calls = 0;
     int64_t revisit_at = 0;     // unsettled: the call count at which it is measured again
     int64_t revisit_every = 0;  // the interval of the next unsettled decision (0: kRevisitCalls)
@@ -153,6 +155,7 @@ class Placement {
   void agree(ShmComm& c, Class& k);
   void test(Class& k);
   bool agree_drift(ShmComm& c);
+  void remeasure(Class& k);
   void reset();
   void spin_for_test(uint64_t& ns);
 
@@ -161,7 +164,6 @@ class Placement {
   int current_ = -1;        // the class of the call between choose() and record()
   bool current_far_ = false;
   bool current_trial_ = false;
-  bool drifted_ = false;
   int64_t bytes_ = 0;
   int64_t decisions_ = 0, revisits_ = 0, checks_ = 0, large_calls_ = 0;
   double test_delay_us_[2] = {0, 0}, test_noise_us_ = 0;
