@@ -47,6 +47,11 @@ os.environ["TORCH_CUDA_ARCH_LIST"] = cuda_archs.normalize_arch_list(
 import torch  # noqa: E402  (after CUDA_HOME is set: cpp_extension reads it at import)
 from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension  # noqa: E402
 
+if "pip-build-env" in torch.__file__:
+    print(f"fastpar: WARNING: building against torch {torch.__version__} from pip's isolated build environment "
+          f"({os.path.dirname(torch.__file__)}); importing fastpar with any other torch fails. "
+          "Install with `pip install --no-build-isolation .` to build against the torch you run.")
+
 TORCH_RUNTIME = toolchain_guard.torch_runtime()
 # torch's C++ ABI, stated on every compile line (last, so it wins over CXXFLAGS
 # or a compiler default); torch >= 2.7 no longer passes it itself.
@@ -114,6 +119,23 @@ def _extension():
     )
 
 
+def _write_build_record(so_path):
+    """fastpar/_build_info.py beside `so_path`: the torch this extension was
+    compiled against, and the extension's name and size (a record whose size
+    differs from the extension's describes another build and is ignored)."""
+    path = os.path.join(os.path.dirname(so_path), "_build_info.py")
+    text = ("# Written by setup.py at build time: the torch fastpar._C was compiled against.\n"
+            f"TORCH_VERSION = {str(torch.__version__)!r}\n"
+            f"CXX11_ABI = {TORCH_RUNTIME['abi']}\n"
+            f"EXTENSION = {os.path.basename(so_path)!r}\n"
+            f"EXTENSION_BYTES = {os.path.getsize(so_path)}\n")
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+    print(f"fastpar: build record {path}: torch {torch.__version__}, _GLIBCXX_USE_CXX11_ABI={TORCH_RUNTIME['abi']}")
+
+
 class GuardedBuildExtension(BuildExtension.with_options(use_ninja=True)):
     """torch's BuildExtension, refusing a toolchain that does not share torch's
     C++ runtime: a probe before compiling, the linked extension after."""
@@ -131,6 +153,23 @@ class GuardedBuildExtension(BuildExtension.with_options(use_ninja=True)):
         print(f"fastpar: toolchain check passed ({toolchain_guard.describe(compilers)}: links {TORCH_RUNTIME['library']} "
               f"dynamically, _GLIBCXX_USE_CXX11_ABI={TORCH_RUNTIME['abi']} as torch)")
         super().build_extensions()
+
+    def run(self):
+        super().run()
+        # The build record fastpar/__init__.py reads before loading the
+        # extension (fastpar/_build_check.py): beside the extension in the build
+        # directory (what a wheel installs) and, for --inplace and editable
+        # installs, beside the copy in the source tree.
+        build_py = self.get_finalized_command("build_py")
+        for ext in self.extensions:
+            filename = self.get_ext_filename(self.get_ext_fullname(ext.name))
+            built = os.path.join(self.build_lib, filename)
+            places = [built]
+            if self.inplace:
+                places.append(os.path.join(build_py.get_package_dir("fastpar"), os.path.basename(filename)))
+            for so in places:
+                if os.path.exists(so):
+                    _write_build_record(so)
 
     def build_extension(self, ext):
         super().build_extension(ext)

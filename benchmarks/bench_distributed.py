@@ -25,6 +25,13 @@ of large messages"); the targets (fastpar <= 0.8x Open MPI in every group at
 1 and 64 MiB; its spread <= Open MPI's + 0.2), a CSV per point and per group,
 and a plot per size.
 
+Every size also times all ranks copying a tensor of that size at once (the
+copy rate of the cores the ranks run on, interleaved with the allreduce runs)
+and prints each fastpar time as a fraction of its schedule's traffic floor at
+that rate ("ceil"; the floors in docs/algorithms.md, "The traffic floor of a
+CPU allreduce"). Each size's placement (shm_placement.h) is decided before it
+is timed, as in a job's steady state; the CSV keeps the calls that took.
+
 time is per call (the slowest rank's mean), algbw = bytes / time,
 busbw = algbw * 2(n-1)/n (the bytes each rank's link must carry in any
 allreduce, so numbers compare across rank counts). Ratios are fastpar / gloo
@@ -70,6 +77,46 @@ def sizes(lo: int, hi: int, quick: bool, listed: str | None = None) -> list[int]
         out.append(s)
         s *= 4
     return out
+
+
+# ------------------------------------------------------------------ traffic floor
+
+def _knob_bytes(name: str, default: int) -> int:
+    v = os.environ.get(name, "").strip()
+    return int(v) if v and int(v) >= 0 else default
+
+
+def schedule_of(kind: str, nbytes: int, n: int) -> str:
+    """The shared-memory schedule fastpar's `kind` runs for an allreduce of
+    `nbytes` on `n` ranks of one host, by the rules and knobs of
+    docs/knobs.md: "one_shot", "two_shot" or "registered"."""
+    slot = _knob_bytes("FASTPAR_SHM_SLOT_BYTES", 1 << 20)
+    one_shot_max = _knob_bytes("FASTPAR_SHM_ONESHOT_MAX_BYTES", 256 << 10 if n <= 2 else 32 << 10)
+    if kind == "fastpar_one_shot":
+        return "one_shot" if nbytes <= slot else "two_shot"
+    if kind == "fastpar_two_shot":
+        return "two_shot"
+    if kind == "fastpar_registered" and nbytes >= _knob_bytes("FASTPAR_SHM_REGISTERED_MIN_BYTES", 16 << 20):
+        return "registered"
+    return "one_shot" if nbytes <= min(one_shot_max, slot) else "two_shot"
+
+
+def traffic_per_rank(schedule: str, n: int, nbytes: int) -> float:
+    """Bytes one rank reads plus writes in one allreduce of `nbytes` (the
+    tables of docs/algorithms.md): the floor of the call's memory traffic."""
+    return {"one_shot": (n + 3) * nbytes, "two_shot": (5 * n - 2) / n * nbytes,
+            "registered": (3 * n - 1) / n * nbytes}[schedule]
+
+
+def floor_seconds(kind: str, nbytes: int, n: int, copy_s: float) -> float:
+    """The time `kind`'s schedule needs at the copy rate of the ranks' cores:
+    a copy of nbytes moves 2 * nbytes (read and write) in copy_s, measured
+    with every rank copying at once."""
+    return traffic_per_rank(schedule_of(kind, nbytes, n), n, nbytes) * copy_s / (2 * nbytes)
+
+
+FASTPAR_KINDS = ("fastpar", "fastpar_registered", "fastpar_one_shot", "fastpar_two_shot", "fastpar_near",
+                 "fastpar_far")
 
 
 # ------------------------------------------------------------------ worker
@@ -138,6 +185,27 @@ def worker(args) -> None:
         return dt.item()
 
     be = fd.get_fastpar_backend()
+
+    def placement_class(nb: int):
+        """The copying schedule's placement class of an allreduce of nb bytes (None: not seen)."""
+        return next((k for k in fd.placement()["classes"]
+                     if not k["registered"] and k["min_bytes"] <= nb < 2 * k["min_bytes"]), None)
+
+    def settle_placement(fn, nb: int, mode: str) -> int:
+        """Calls fn until nb's placement class is decided (at most 200: a
+        one-shot size has none); the calls it took (0 when forced or one-shot).
+        The class state is agreed, so every rank stops at the same call."""
+        if mode != "auto":
+            return 0
+        for i in range(200):
+            k = placement_class(nb)
+            if k is None and i > 0:
+                return 0
+            if k is not None and k["schedule"] != "measuring":
+                return i
+            fn()
+        return 200
+
     before = sched_stats()
     cpus = set()
     default_one_shot = int(os.environ.get("FASTPAR_SHM_ONESHOT_MAX_BYTES", -1))
@@ -152,28 +220,33 @@ def worker(args) -> None:
         # (name, call, group, schedule): schedule forces fastpar's allreduce
         # algorithm for that entry (0 = auto), to place the auto threshold, or
         # its placement ("near" / "far").
-        kinds = [("fastpar", lambda: dist.all_reduce(plain), None, 0),
+        def fastpar_plain():
+            dist.all_reduce(plain)
+
+        kinds = [("fastpar", fastpar_plain, None, 0),
                  ("fastpar_registered", lambda: dist.all_reduce(reg), None, 0)]
         if not args.no_gloo:
             kinds.insert(0, ("gloo", lambda: dist.all_reduce(plain, group=gloo), gloo, 0))
-        if args.json:
-            # --groups: every rank copies its own tensor at once, interleaved
-            # with the others: the memory system's rate in this group's
-            # minutes, to tell a slow machine from a slow path between cores.
-            scratch = torch.empty_like(plain)
-            kinds.append(("local_copy", lambda: scratch.copy_(plain), None, 0))
+        # Every rank copies its own tensor at once, interleaved with the
+        # others: the copy rate of the cores the ranks run on, in this run's
+        # minutes, from which each size's traffic floor follows (floor_seconds).
+        scratch = torch.empty_like(plain)
+        kinds.append(("local_copy", lambda: scratch.copy_(plain), None, 0))
         if args.schedules:
-            kinds += [("fastpar_one_shot", kinds[1][1], None, 1), ("fastpar_two_shot", kinds[1][1], None, 2)]
+            kinds += [("fastpar_one_shot", fastpar_plain, None, 1), ("fastpar_two_shot", fastpar_plain, None, 2)]
         if args.placements or args.json:
             # The two-shot family's near and far schedules forced (shm_placement.h),
             # beside "fastpar", which runs what the group measured.
-            kinds += [("fastpar_near", kinds[1][1], None, "near"), ("fastpar_far", kinds[1][1], None, "far")]
+            kinds += [("fastpar_near", fastpar_plain, None, "near"), ("fastpar_far", fastpar_plain, None, "far")]
         if nccl is not None:
             g = torch.ones(count, dtype=torch.float32, device=f"cuda:{rank}")
             kinds.append(("nccl", lambda: dist.all_reduce(g, group=nccl), nccl, 0))
         # Repeats are interleaved (every kind once, then again): a noisy
         # neighbour then slows all kinds alike instead of one of them.
         row = {"bytes": count * dtype.itemsize}
+        # A job's steady state: the size's placement decided before timing
+        # (shm_placement.h; its trials run both forms), the calls it took kept.
+        row["decided_after_calls"] = settle_placement(fastpar_plain, row["bytes"], default_placement)
         for _ in range(args.repeats):
             for name, fn, group, algo in kinds:
                 if isinstance(algo, str):
@@ -182,13 +255,12 @@ def worker(args) -> None:
                     be._set_allreduce_tuning(1 << 62, algo)
                 t = measure_once(fn, group)
                 if isinstance(algo, str):
-                    be._set_shm_placement(default_placement)  # auto measures again at the next large call
+                    be._set_shm_placement(default_placement)  # auto resumes the classes it measured
                 elif algo:
                     be._set_allreduce_tuning(default_one_shot, 0)
                 if name == "fastpar":  # the form this size's class chose, and its trials' times
                     nb = count * dtype.itemsize
-                    k = next((k for k in fd.placement()["classes"] if k["min_bytes"] <= nb < 2 * k["min_bytes"]),
-                             {"schedule": "-", "near_us": 0.0, "far_us": 0.0})
+                    k = placement_class(nb) or {"schedule": "-", "near_us": 0.0, "far_us": 0.0}
                     row["placement"], row["trial_near_us"], row["trial_far_us"] = k["schedule"], k["near_us"], k["far_us"]
                 row[name] = min(row.get(name, float("inf")), t)
                 cpus.add(sched_stats()["cpu"])
@@ -223,16 +295,18 @@ def write_csv(path: str, records: list) -> None:
 
 def report(rows, n: int, args) -> None:
     kinds = [k for k in ("gloo", "fastpar", "fastpar_registered", "fastpar_one_shot", "fastpar_two_shot",
-                         "fastpar_near", "fastpar_far", "nccl") if k in rows[0]]
+                         "fastpar_near", "fastpar_far", "local_copy", "nccl") if k in rows[0]]
     factor = 2 * (n - 1) / n
+    ceil_kinds = [k for k in kinds if k in FASTPAR_KINDS]
     head = f"{'size':>9} " + " ".join(f"{k + ' us':>20} {'busbw GB/s':>10}" for k in kinds)
     head += (f" {'fastpar/gloo':>12}" if "gloo" in kinds else "") + f" {'reg/plain':>9}"
+    head += f" {'copy GB/s':>9} " + " ".join(f"{k + ' ceil':>{max(9, len(k) + 5)}}" for k in ceil_kinds)
     print(f"\nallreduce {args.dtype} SUM, {n} ranks, {os.cpu_count()} CPUs; time = slowest rank's mean per call, "
           f"best of {args.repeats}")
     print(head)
     out = []
     for r in rows:
-        rec = {"bytes": r["bytes"], "ranks": n}
+        rec = {"bytes": r["bytes"], "ranks": n, "placement_decided_after_calls": r.get("decided_after_calls", 0)}
         line = f"{human(r['bytes']):>9} "
         for k in kinds:
             t = r[k]
@@ -245,8 +319,22 @@ def report(rows, n: int, args) -> None:
             line += f"{rec['fastpar_over_gloo']:>12.2f} "
         rec["registered_over_plain"] = r["fastpar"] / r["fastpar_registered"]
         line += f"{rec['registered_over_plain']:>9.2f}"
+        # The copy rate of the ranks' cores (bytes read + written per second,
+        # every rank copying at once) and each fastpar time as a fraction of
+        # its schedule's traffic floor at that rate (1.0: the floor).
+        rec["copy_GBps"] = 2 * r["bytes"] / r["local_copy"] / 1e9
+        line += f" {rec['copy_GBps']:>9.2f} "
+        for k in ceil_kinds:
+            rec[f"{k}_schedule"] = schedule_of(k, r["bytes"], n)
+            rec[f"{k}_floor_us"] = floor_seconds(k, r["bytes"], n, r["local_copy"]) * 1e6
+            rec[f"{k}_of_ceiling"] = rec[f"{k}_floor_us"] / rec[f"{k}_us"]
+            line += f"{rec[f'{k}_of_ceiling']:>{max(9, len(k) + 5)}.2f} "
         print(line)
         out.append(rec)
+    print(f"copy GB/s: bytes read + written per second by each rank copying a tensor of the size, all ranks at "
+          f"once, measured between the allreduce runs. ceil: the schedule's traffic floor at that rate "
+          f"(bytes per rank, docs/algorithms.md: one-shot (n+3)B, two-shot (5n-2)/n B, registered "
+          f"(3n-1)/n B) over the measured time; 1.0 = as fast as copying the same bytes.")
     if args.csv:
         write_csv(args.csv, out)
     if args.plot:
@@ -261,7 +349,8 @@ def report(rows, n: int, args) -> None:
         fig, ax = plt.subplots(figsize=(8, 5))
         xs = [r["bytes"] for r in out]
         for k in kinds:
-            ax.plot(xs, [r[f"{k}_busbw"] for r in out], marker="o", label=k)
+            if k != "local_copy":
+                ax.plot(xs, [r[f"{k}_busbw"] for r in out], marker="o", label=k)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("message size (bytes)")
@@ -303,14 +392,17 @@ def report_groups(groups: list, n: int, args) -> None:
     print("\nper group: fastpar's time over Open MPI's [the form its size class chose: its trials' best near / far "
           "us, the slowest rank's], and over a local copy of the same tensor "
           "(every rank at once, measured between the allreduce runs: "
-          "a group whose allreduce slows while its copy does not has a slow path between its cores)")
+          "a group whose allreduce slows while its copy does not has a slow path between its cores), "
+          "and its schedule's traffic floor at that copy rate over its time (docs/algorithms.md)")
     per_group = []
     for g_i, g in enumerate(groups):
         cells = []
         for r in g["rows"]:
             rec = {"group": g_i, "bytes": r["bytes"], "placement": r.get("placement", "-"),
                    "trial_near_us": r.get("trial_near_us", 0), "trial_far_us": r.get("trial_far_us", 0),
-                   "fastpar_over_copy": r["fastpar"] / r["local_copy"]}
+                   "fastpar_over_copy": r["fastpar"] / r["local_copy"],
+                   "copy_GBps": 2 * r["bytes"] / r["local_copy"] / 1e9,
+                   "fastpar_of_ceiling": floor_seconds("fastpar", r["bytes"], n, r["local_copy"]) / r["fastpar"]}
             for k in kinds:
                 rec[f"{k}_us"] = r[k] * 1e6
             if "mpi" in kinds:
@@ -318,6 +410,7 @@ def report_groups(groups: list, n: int, args) -> None:
             per_group.append(rec)
             ratio = f" {rec['fastpar_over_mpi']:.2f}x MPI" if "mpi" in kinds else ""
             cells.append(f"{human(r['bytes'])} {r['fastpar'] * 1e6:.0f} us{ratio} {rec['fastpar_over_copy']:.2f}x copy "
+                         f"{rec['fastpar_of_ceiling']:.2f} of ceiling "
                          f"[{rec['placement']} {rec['trial_near_us']:.0f}/{rec['trial_far_us']:.0f}]")
         print(f"  group {g_i:>2}: " + "; ".join(cells))
         print("            " + "  ".join(f"r{r}: cpus {s['cpus']} mig {s['migrations']} invol {s['nonvol_switches']} "

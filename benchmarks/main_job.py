@@ -27,6 +27,9 @@ The table's columns (printed under it too):
 Optional: if benchmarks/bench_distributed.py (the collective sweep) exists in
 this checkout, it is run afterwards to produce its PNG plot in --out; when it
 is missing, or matplotlib is not installed, that step is skipped with a note.
+The sweep prints beside every size the copy rate of the ranks' cores, measured
+in the same run, and each time as a fraction of its schedule's traffic floor at
+that rate (docs/algorithms.md, "The traffic floor of a CPU allreduce").
 """
 from __future__ import annotations
 

@@ -248,16 +248,25 @@ def placement(group=None) -> dict:
     Large all_reduce calls (the two-shot schedules) run "near" (slots written
     with ordinary stores, read from the writer's cache) or "far" (streaming
     stores: read from memory; for ranks on different dies or sockets). With
-    FASTPAR_SHM_PLACEMENT=auto (the default) the group times both forms on
-    the first calls of each size class (a power of two of bytes) and keeps the
-    faster, and measures again when its calls' rate drifts; "near" / "far"
-    force one. Keys: mode (the knob), schedule (the form of the latest large
-    call), classes (per size class seen: min_bytes, schedule "near" / "far" /
-    "measuring", near_us / far_us: the best trial of each form, the slowest
-    rank's once decided, this rank's while measuring), decisions, checks
-    (drift agreements), large_calls, and binding: this rank's
-    binding_report() (its CPUs and the L3 domains, packages and NUMA nodes
-    they touch). Not collective; decided classes read the same on every rank.
+    FASTPAR_SHM_PLACEMENT=auto (the default) the group decides per schedule
+    and size class (a power of two of bytes) from paired trials of both forms
+    on that class's first calls: at least 8 pairs, more (up to 32) until a
+    sign test tells the forms apart or shows them within 10%; a decision that
+    ran out of pairs (a noisy machine) is measured again later, and a
+    class is measured again when its calls' rate drifts. "near" / "far" force
+    one (the measured classes stay for auto's return).
+
+    Keys: mode (the knob), schedule (the form of the latest large call),
+    classes (every class the group's calls used: min_bytes, registered (the
+    registered-buffer schedule), schedule "near" / "far" / "measuring",
+    settled (the test decided; False: decided under noise, to be measured
+    again), pairs, calls, near_us / far_us (each form's median over the pairs,
+    every call at its fastest rank's time; this rank's best trial before the
+    first agreement), far_over_near (the median ratio)), decisions, revisits
+    (unsettled decisions measured again), checks (drift agreements),
+    large_calls, and binding: this rank's binding_report() (its CPUs and the
+    L3 domains, packages and NUMA nodes they touch). Not collective; decided
+    classes read the same on every rank.
     """
     d = get_fastpar_backend(group)._shm_placement()
     d["binding"] = binding_report()

@@ -88,3 +88,5 @@ def test_main_job_smoke(tmp_path):
     with open(tmp_path / "collective_sweep.csv") as f:
         sweep = list(csv.DictReader(f))
     assert sweep, "the collective sweep wrote no rows"
+    # beside every time, the copy rate of the same run and the fraction of the traffic floor
+    assert all(float(r["copy_GBps"]) > 0 and float(r["fastpar_of_ceiling"]) > 0 for r in sweep), sweep

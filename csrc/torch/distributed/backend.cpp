@@ -667,13 +667,19 @@ and its engines for each group.)")
              for (const cpu_shm::PlacementClass& k : r.classes) {
                py::dict e;
                e["min_bytes"] = k.min_bytes;
+               e["registered"] = k.registered;
                e["schedule"] = !k.decided ? "measuring" : k.far ? "far" : "near";
+               e["settled"] = k.settled;
+               e["pairs"] = k.pairs;
+               e["calls"] = k.calls;
                e["near_us"] = k.near_us;
                e["far_us"] = k.far_us;
+               e["far_over_near"] = k.ratio;
                classes.append(e);
              }
              d["classes"] = classes;
              d["decisions"] = r.decisions;
+             d["revisits"] = r.revisits;
              d["checks"] = r.checks;
              d["large_calls"] = r.large_calls;
              return d;
@@ -689,6 +695,11 @@ and its engines for each group.)")
           },
           py::arg("mode"))
       .def("_mark_shm_placement_drifted", [](Backend& b) { b.shm().mark_placement_drifted(); })
+      .def("_set_shm_placement_test_hooks",
+           [](Backend& b, double near_us, double far_us, double noise_us, int64_t revisit_calls) {
+             b.shm().set_placement_test_hooks(near_us, far_us, noise_us, revisit_calls);
+           },
+           py::arg("near_us"), py::arg("far_us"), py::arg("noise_us") = 0.0, py::arg("revisit_calls") = 0)
       .def_property_readonly("hierarchical", &Backend::hierarchical)
       .def_property_readonly("local_size", &Backend::local_size)
       .def_property_readonly("hierarchical_calls", &Backend::hierarchical_calls)

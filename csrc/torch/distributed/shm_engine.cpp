@@ -307,6 +307,11 @@ void ShmEngine::mark_placement_drifted() {
   placement_.mark_drifted();
 }
 
+void ShmEngine::set_placement_test_hooks(double near_us, double far_us, double noise_us, int64_t revisit_calls) {
+  std::lock_guard<std::mutex> g(mu_);
+  placement_.set_test_hooks(near_us, far_us, noise_us, revisit_calls);
+}
+
 void register_shm_engine(pybind11::module& m) {
   namespace py = pybind11;
   py::class_<ShmEngine, Engine, c10::intrusive_ptr<ShmEngine>>(m, "ShmEngine", R"(

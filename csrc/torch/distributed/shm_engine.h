@@ -58,10 +58,12 @@ class ShmEngine : public Engine {
   void set_allreduce_tuning(int64_t one_shot_max_bytes, int algo);
   // The placement the two-shot allreduce measured and runs for (shm_placement.h);
   // set_placement forces or releases it (every rank the same), mark_drifted is
-  // the tests' way to make this rank report drift.
+  // the tests' way to make this rank report drift, set_placement_test_hooks
+  // theirs to make a form slower or the measurement noisy (Placement::set_test_hooks).
   cpu_shm::PlacementReport placement() const;
   void set_placement(cpu_shm::PlacementMode mode);
   void mark_placement_drifted();
+  void set_placement_test_hooks(double near_us, double far_us, double noise_us, int64_t revisit_calls);
 
  private:
   // Serializes calls and sets the call's timeout on the communicator.

@@ -94,7 +94,7 @@ void allreduce(ShmComm& c, const ShmTuning& t, Placement& placement, const void*
     return;
   }
   // The two-shot family: near or far (collective: may agree on the placement first).
-  const bool far = placement.choose(c, bytes);
+  const bool far = placement.choose(c, bytes, reg >= 0);
   StreamingSlots streaming(c);
   const uint64_t t0 = HostMemory::now_ns();
   with_reducer(

@@ -15,20 +15,32 @@
 // Measured on a VM whose host sometimes places its two vCPUs apart: streaming
 // stores were 1.6x faster there and 1.4x slower in the normal placement, and
 // which one wins also depends on the size (whether a call's data stays in the
-// caches). So the choice is made by measuring the calls themselves, per group
-// and per size class (a power of two of bytes), never imposed:
-//   - the first kTrials calls of a class alternate near, far, near, far; each
-//     rank keeps its best time of each form; at the class's next call every
-//     rank's times go to every rank (one 16-byte allgather) and all take the
-//     same decision from the slowest rank's: far only when near is more than
-//     kFarMargin slower;
-//   - afterwards each rank watches the rate of the class's calls against the
-//     median of its first calls after the decision; every kCheckEvery calls
+// caches) and on the schedule (the registered-buffer one reads its peers'
+// tensors). So the choice is made by measuring the calls themselves, per group,
+// per schedule and per size class (a power of two of bytes), never imposed:
+//   - a class's first calls are paired trials: near then far, far then near,
+//     alternating (a trend of the machine cancels within a pair). Every
+//     kBatchPairs pairs, at the class's next call, every rank's times go to
+//     every rank (one allgather of the batch) and each call counts at its
+//     fastest rank's time (the rank that arrived last: the call's own
+//     duration, without the wait for a late peer);
+//   - from kMinPairs pairs on, all ranks apply the same test to the same
+//     numbers: the log of far/near per pair, its median and the sign test's
+//     90% interval of the median. Decided, "settled", when the interval lies
+//     on one side of 1 (that form) or inside [1/kEquivalent, kEquivalent] (the
+//     forms are within 10%: the median's form). Otherwise more pairs, up to
+//     kMaxPairs: then the median's form, unsettled (taken under noise), and
+//     the class is measured again after kRevisitCalls of its calls, twice as
+//     many after each further unsettled decision;
+//   - afterwards each rank watches the median rate of the class's last calls
+//     against the median of its first calls after the decision; every kCheckEvery calls
 //     of the two-shot family the ranks compare notes (one 8-byte allgather)
-//     and, if any rank's rate moved kDrift either way (the placement changed
-//     under the group: the host moved the CPUs, a rank was migrated), every
-//     class is measured again.
-// FASTPAR_SHM_PLACEMENT=near|far forces a form (no trials), auto measures.
+//     and every class whose rate moved kDrift either way on any rank (the
+//     placement changed under the group: the host moved the CPUs, a rank was
+//     migrated) is measured again; a class the move did not reach keeps its
+//     decision, so a busy moment costs no trials of the other classes.
+// FASTPAR_SHM_PLACEMENT=near|far forces a form (no trials), auto measures;
+// forcing a form at run time keeps what auto measured, for when it returns.
 #pragma once
 
 #include <cstdint>
@@ -48,20 +60,28 @@ enum class PlacementMode : int { kAuto = 0, kNear = 1, kFar = 2 };
 PlacementMode parse_placement_mode(const std::string& s, const char* what);
 const char* placement_mode_name(PlacementMode m);
 
-// One size class as measured: the slowest rank's best call of each form.
+// One size class of one schedule as measured.
 struct PlacementClass {
-  int64_t min_bytes = 0;  // the class: calls of [min_bytes, 2 * min_bytes)
+  int64_t min_bytes = 0;    // the class: calls of [min_bytes, 2 * min_bytes)
+  bool registered = false;  // the registered-buffer schedule (else the copying two-shot)
   bool decided = false;
   bool far = false;
+  bool settled = false;  // decided by the test (else at kMaxPairs, under noise: measured again later)
+  int pairs = 0;         // agreed paired trials behind near_us / far_us / ratio
+  int64_t calls = 0;     // calls of this class
+  // The medians over the agreed pairs (each call at its fastest rank's time);
+  // before the first agreement, this rank's own best of each form (0: none yet).
   double near_us = 0, far_us = 0;
+  double ratio = 0;  // the median of far / near over the pairs (0: no pair yet)
 };
 
 // What a group's allreduce runs and why (fastpar.distributed.placement()).
 struct PlacementReport {
   PlacementMode mode = PlacementMode::kAuto;
   bool far = false;  // the form the latest large call ran
-  std::vector<PlacementClass> classes;  // auto: the classes seen, smallest first
+  std::vector<PlacementClass> classes;  // auto: the classes seen, copying then registered, smallest first
   int64_t decisions = 0;  // decisions taken (a class measured again counts again)
+  int64_t revisits = 0;   // unsettled decisions measured again
   int64_t checks = 0;     // drift agreements held
   int64_t large_calls = 0;
 };
@@ -69,59 +89,86 @@ struct PlacementReport {
 // Per communicator: the choice and the drift watch. Not thread-safe (the
 // engine serializes calls). Every rank must call choose() and record() for the
 // same calls: those of the two-shot family, which every rank runs for the same
-// sizes (the descriptor check enforces it).
+// sizes and schedule (the descriptor check enforces it).
 class Placement {
  public:
   explicit Placement(PlacementMode mode = PlacementMode::kAuto) : mode_(mode) {}
 
   // Collective (inside an allreduce of `bytes`, after ShmComm::begin): whether
   // this call runs the far form. May exchange a few bytes with the peers (a
-  // decision, a drift check) before the call's own phases.
-  bool choose(ShmComm& c, int64_t bytes);
+  // batch of trials, a drift check) before the call's own phases.
+  bool choose(ShmComm& c, int64_t bytes, bool registered = false);
   // After the call: its duration, for the trials and the drift watch.
   void record(uint64_t ns);
-  // Tests: this rank saw drift (as record() would); every class is measured
-  // again after the next check.
-  void mark_drifted() { drifted_ = true; }
+  // Tests: this rank saw drift in every class it has run (as record() would);
+  // they are measured again after the next check.
+  void mark_drifted();
+  // Tests: make a form measurably slower, or the measurement noisy: record()
+  // spins near_us / far_us after each call of that form, and noise_us after
+  // every other call of either form (counted from this setting), and counts
+  // the spin in the call's time; revisit_calls > 0 replaces kRevisitCalls.
+  // Every rank must set the same, or a late rank shifts its wait onto its
+  // peers' next call.
+  void set_test_hooks(double near_us, double far_us, double noise_us, int64_t revisit_calls);
 
   // Benchmarks and tests force or release the choice at run time (every rank
-  // must set the same); auto measures every class again.
+  // must set the same); the classes auto measured stay for its return.
   void set_mode(PlacementMode m);
   PlacementReport report() const;
 
-  static constexpr int kTrials = 4;         // near, far, near, far
-  static constexpr double kFarMargin = 1.1;  // far only when near is this much slower
+  static constexpr int kBatchPairs = 4;   // pairs per agreement
+  static constexpr int kMinPairs = 8;     // the first test (the sign test's 90% interval needs >= 6)
+  static constexpr int kMaxPairs = 32;
+  static constexpr double kEquivalent = 1.1;  // forms within 10%: either will do
+  static constexpr int64_t kRevisitCalls = 256;
   static constexpr int64_t kCheckEvery = 32;
   // A class's rate that moves this far (either way) from its reference counts
   // as drift: a placement change moved it 1.9-5x where it was measured.
   static constexpr double kDrift = 1.8;
 
  private:
-  static constexpr int kClasses = 48;
+  static constexpr int kSizes = 48;
+  static constexpr int kClasses = 2 * kSizes;  // copying, then registered
   static constexpr int kRefCalls = 5;
+  static constexpr int kWatchCalls = 8;
   struct Class {
-    int trials = 0;  // calls run so far in the trials (kTrials: waiting for the decision)
-    bool decided = false, far = false;
-    double best_us[2] = {0, 0};  // this rank's best call per form during the trials (0: none)
-    double agreed_us[2] = {0, 0};  // the slowest rank's, at the decision
+    int batch = 0;  // trial calls run in the current batch (2 * kBatchPairs: waiting for the agreement)
+    double mine[2 * kBatchPairs];  // this rank's time of each, us
+    int pairs = 0;  // agreed pairs
+    double near_us[kMaxPairs], far_us[kMaxPairs];  // each at its fastest rank's time
+    bool decided = false, far = false, settled = false;
+    bool drifted = false;  // this rank saw its rate move since the last check
+    int64_t calls = 0;
+    int64_t revisit_at = 0;     // unsettled: the call count at which it is measured again
+    int64_t revisit_every = 0;  // the interval of the next unsettled decision (0: kRevisitCalls)
     // The drift watch: the median rate (ns per byte) of the first kRefCalls
-    // calls after the decision, and a running mean since.
+    // calls after the decision, and the rates of the last kWatchCalls since
+    // (their median moves only when most of them do: one call that a busy
+    // machine held up is no drift).
     double first[kRefCalls];
     int n = 0;
-    double ref = 0, mean = 0;
+    double ref = 0;
+    double recent[kWatchCalls];
+    int64_t watched = 0;
   };
-  void decide(ShmComm& c, Class& k);
+  bool trial_form(const Class& k) const;
+  void agree(ShmComm& c, Class& k);
+  void test(Class& k);
   bool agree_drift(ShmComm& c);
+  void remeasure(Class& k);
   void reset();
+  void spin_for_test(uint64_t& ns);
 
   PlacementMode mode_;
   Class classes_[kClasses];
   int current_ = -1;        // the class of the call between choose() and record()
   bool current_far_ = false;
   bool current_trial_ = false;
-  bool drifted_ = false;
   int64_t bytes_ = 0;
-  int64_t decisions_ = 0, checks_ = 0, large_calls_ = 0;
+  int64_t decisions_ = 0, revisits_ = 0, checks_ = 0, large_calls_ = 0;
+  double test_delay_us_[2] = {0, 0}, test_noise_us_ = 0;
+  int64_t revisit_calls_ = kRevisitCalls;
+  int64_t test_calls_ = 0;
 };
 
 // The slot transport of the far form: the communicator, with every publish
