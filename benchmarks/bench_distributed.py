@@ -150,6 +150,7 @@ def worker(args) -> None:
     import torch.distributed as dist
 
     import fastpar  # noqa: F401
+    from fastpar._C import _testing
     import fastpar.distributed as fd
 
     rank, n = args.rank, args.ranks
@@ -250,14 +251,14 @@ def worker(args) -> None:
         for _ in range(args.repeats):
             for name, fn, group, algo in kinds:
                 if isinstance(algo, str):
-                    be._set_shm_placement(algo)
+                    _testing.set_shm_placement(be, algo)
                 elif algo:
-                    be._set_allreduce_tuning(1 << 62, algo)
+                    _testing.set_shm_allreduce(be, 1 << 62, algo)
                 t = measure_once(fn, group)
                 if isinstance(algo, str):
-                    be._set_shm_placement(default_placement)  # auto resumes the classes it measured
+                    _testing.set_shm_placement(be, default_placement)  # auto resumes the classes it measured
                 elif algo:
-                    be._set_allreduce_tuning(default_one_shot, 0)
+                    _testing.set_shm_allreduce(be, default_one_shot, 0)
                 if name == "fastpar":  # the form this size's class chose, and its trials' times
                     nb = count * dtype.itemsize
                     k = placement_class(nb) or {"schedule": "-", "near_us": 0.0, "far_us": 0.0}

@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 import fastpar
 import fastpar.distributed as fd
+from fastpar._C import _testing
 from batched_scenarios import REGISTERED, InBatch, assert_scenario_ok, batched, scenario_result, shapes
 from dist_harness import assert_ok, scenario
 from reference import DTYPES, FLOATS, INT_AVG_CASES, bitwise_fold, exact_data, in_rank_order, random_data, reference
@@ -43,7 +44,7 @@ def sc_allreduce_forced():
     """CPU all_reduce with the schedule ARGS[0] ("one_shot" or "two_shot")
     forced for the sizes that allow it."""
     init()
-    fd.get_fastpar_backend()._set_allreduce_tuning(-1, {"one_shot": 1, "two_shot": 2}[ARGS[0]])
+    _testing.set_shm_allreduce(fd.get_fastpar_backend(), -1, {"one_shot": 1, "two_shot": 2}[ARGS[0]])
     _check_allreduce_cpu(sizes=(0, 1, 33, 999))
     finish()
 

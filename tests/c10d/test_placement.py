@@ -6,6 +6,7 @@ import torch
 import torch.distributed as dist
 
 import fastpar.distributed as fd
+from fastpar._C import _testing
 from batched_scenarios import InBatch, batched, scenario_result, shapes
 from dist_harness import assert_ok, scenario
 from reference import DTYPES, exact_data, random_data, reference
@@ -22,7 +23,7 @@ def _run_all(mode: str) -> dict:
     """Every dtype x op x size, plain and registered, under placement `mode`:
     results by case, each checked against the reference."""
     b = fd.get_fastpar_backend()
-    b._set_shm_placement(mode)
+    _testing.set_shm_placement(b, mode)
     out = {}
     seed = 0
     for dtype in DTYPES:
@@ -50,7 +51,7 @@ def sc_placement_modes():
     says what ran."""
     init()
     b = fd.get_fastpar_backend()
-    b._set_allreduce_tuning(-1, 2)  # two-shot at every size
+    _testing.set_shm_allreduce(b, -1, 2)  # two-shot at every size
     results = {m: _run_all(m) for m in ("near", "far", "auto")}
     for case, t in results["near"].items():
         for m in ("far", "auto"):
@@ -67,7 +68,7 @@ def sc_placement_modes():
     dist.all_gather_object(got, (decided, p["decisions"], p["checks"], p["large_calls"]))
     assert all(g == got[0] for g in got), got
     for m in ("near", "far"):
-        b._set_shm_placement(m)
+        _testing.set_shm_placement(b, m)
         assert fd.placement()["schedule"] == m and fd.placement()["mode"] == m
     finish()
 
@@ -99,9 +100,9 @@ def sc_placement_drift():
     and all take the same decision."""
     init()
     b = fd.get_fastpar_backend()
-    b._set_allreduce_tuning(-1, 2)
-    b._set_shm_placement("auto")
-    b._set_shm_placement_test_hooks(0.0, DELAY_US)  # far slower: decided at the first test
+    _testing.set_shm_allreduce(b, -1, 2)
+    _testing.set_shm_placement(b, "auto")
+    _testing.set_shm_placement_delays(b, 0.0, DELAY_US)  # far slower: decided at the first test
     t = torch.ones(5000)
 
     def call():
@@ -117,7 +118,7 @@ def sc_placement_drift():
     assert (k["min_bytes"], k["schedule"], k["settled"], k["pairs"]) == (16384, "near", True, 8), p
     assert k["far_us"] > k["near_us"] + 0.8 * DELAY_US and k["far_over_near"] > 2, p
     if RANK == int(ARGS[0]):
-        b._mark_shm_placement_drifted()
+        _testing.mark_shm_placement_drifted(b)
     for _ in range(31):  # the 32nd large call holds the check: trials again, decided at the 48th
         call()
     # The forced drift made every rank measure again (and any rank's own
@@ -132,10 +133,10 @@ def sc_placement_drift():
     assert p["checks"] == 2, p
     _same_everywhere(p)
     # Small calls (one-shot) neither count nor measure.
-    b._set_allreduce_tuning(-1, 0)
+    _testing.set_shm_allreduce(b, -1, 0)
     dist.all_reduce(torch.ones(4))
     assert fd.placement()["large_calls"] == 64
-    b._set_shm_placement_test_hooks(0.0, 0.0)
+    _testing.set_shm_placement_delays(b, 0.0, 0.0)
     finish()
 
 
@@ -156,8 +157,8 @@ def sc_placement_slower_form_loses():
     drifts, every class is measured again and each picks the other form."""
     init()
     b = fd.get_fastpar_backend()
-    b._set_allreduce_tuning(-1, 2)
-    b._set_shm_placement("auto")
+    _testing.set_shm_allreduce(b, -1, 2)
+    _testing.set_shm_placement(b, "auto")
     ts = [torch.empty(n) for n in CLASS_SIZES]
 
     def rounds(count, until):
@@ -173,7 +174,7 @@ def sc_placement_slower_form_loses():
                 return p
         return fd.placement()
 
-    b._set_shm_placement_test_hooks(0.0, DELAY_US)
+    _testing.set_shm_placement_delays(b, 0.0, DELAY_US)
     # 17 calls decide each class; 5 more give the drift watch its reference.
     p = rounds(60, lambda k: k["schedule"] == "near" and k["settled"])
     assert sorted(k["min_bytes"] for k in p["classes"]) == [4 * n for n in CLASS_SIZES], p
@@ -183,14 +184,14 @@ def sc_placement_slower_form_loses():
     _same_everywhere(p)
     before = p["decisions"]
 
-    b._set_shm_placement_test_hooks(DELAY_US, 0.0)
+    _testing.set_shm_placement_delays(b, DELAY_US, 0.0)
     p = rounds(80, lambda k: k["schedule"] == "far" and k["settled"])
     for k in p["classes"]:
         assert k["schedule"] == "far" and k["settled"], p
         assert k["near_us"] > k["far_us"] + 0.8 * DELAY_US, p
     assert p["checks"] >= 1 and p["decisions"] >= before + len(ts), p
     _same_everywhere(p)
-    b._set_shm_placement_test_hooks(0.0, 0.0)
+    _testing.set_shm_placement_delays(b, 0.0, 0.0)
     finish()
 
 
@@ -207,8 +208,8 @@ def sc_placement_noise_is_revisited():
     then settles on the form that is faster."""
     init()
     b = fd.get_fastpar_backend()
-    b._set_allreduce_tuning(-1, 2)
-    b._set_shm_placement("auto")
+    _testing.set_shm_allreduce(b, -1, 2)
+    _testing.set_shm_placement(b, "auto")
     t = torch.ones(5000)
 
     def calls(n, until=lambda k: False):
@@ -223,7 +224,7 @@ def sc_placement_noise_is_revisited():
 
     # Measured again 8 calls after an unsettled decision (not 256), before a
     # drift check could measure it again for its own reason on a busy machine.
-    b._set_shm_placement_test_hooks(0.0, 0.0, DELAY_US, revisit_calls=8)
+    _testing.set_shm_placement_delays(b, 0.0, 0.0, DELAY_US, revisit_calls=8)
     p = calls(200, lambda k: k["schedule"] != "measuring")
     k = p["classes"][0]
     assert k["schedule"] in ("near", "far") and not k["settled"] and k["pairs"] == 32, p
@@ -232,14 +233,14 @@ def sc_placement_noise_is_revisited():
     # The noise is gone and the form not chosen is slower: the revisit (not
     # a drift: the chosen form's rate is unchanged) settles on the chosen one.
     noisy_choice = k["schedule"]
-    b._set_shm_placement_test_hooks(*((0.0, DELAY_US) if noisy_choice == "near" else (DELAY_US, 0.0)),
+    _testing.set_shm_placement_delays(b, *((0.0, DELAY_US) if noisy_choice == "near" else (DELAY_US, 0.0)),
                                     revisit_calls=8)
     p = calls(100, lambda k: k["settled"])
     k = p["classes"][0]
     assert p["revisits"] == 1 and p["decisions"] >= 2, p
     assert (k["schedule"], k["settled"]) == (noisy_choice, True) and k["pairs"] >= 8, p
     _same_everywhere(p)
-    b._set_shm_placement_test_hooks(0.0, 0.0)
+    _testing.set_shm_placement_delays(b, 0.0, 0.0)
     finish()
 
 
@@ -262,6 +263,6 @@ def test_placement_knob_is_checked_and_forces_the_schedule(monkeypatch):
         p = fd.placement()
         assert (p["mode"], p["schedule"], p["classes"], p["decisions"]) == ("far", "far", [], 0), p
         with pytest.raises(ValueError, match="mode is 'sideways' but must be 'auto', 'near' or 'far'"):
-            fd.get_fastpar_backend()._set_shm_placement("sideways")
+            _testing.set_shm_placement(fd.get_fastpar_backend(), "sideways")
     finally:
         dist.destroy_process_group()

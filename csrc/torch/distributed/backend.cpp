@@ -655,8 +655,6 @@ and its engines for each group.)")
            py::call_guard<py::gil_scoped_release>())
       .def("_direct_all_gather_into_tensor", &Backend::direct_all_gather_into_tensor, py::arg("output"),
            py::arg("input"), py::call_guard<py::gil_scoped_release>())
-      .def("_set_allreduce_tuning", &Backend::set_allreduce_tuning, py::arg("one_shot_max_bytes"),
-           py::arg("algo"))
       .def("_shm_placement",
            [](Backend& b) {
              const cpu_shm::PlacementReport r = b.shm().placement();
@@ -684,22 +682,6 @@ and its engines for each group.)")
              d["large_calls"] = r.large_calls;
              return d;
            })
-      .def(
-          "_set_shm_placement",
-          [](Backend& b, const std::string& mode) {
-            try {
-              b.shm().set_placement(cpu_shm::parse_placement_mode(mode, "mode"));
-            } catch (const std::invalid_argument& e) {
-              TORCH_CHECK_VALUE(false, e.what());
-            }
-          },
-          py::arg("mode"))
-      .def("_mark_shm_placement_drifted", [](Backend& b) { b.shm().mark_placement_drifted(); })
-      .def("_set_shm_placement_test_hooks",
-           [](Backend& b, double near_us, double far_us, double noise_us, int64_t revisit_calls) {
-             b.shm().set_placement_test_hooks(near_us, far_us, noise_us, revisit_calls);
-           },
-           py::arg("near_us"), py::arg("far_us"), py::arg("noise_us") = 0.0, py::arg("revisit_calls") = 0)
       .def_property_readonly("hierarchical", &Backend::hierarchical)
       .def_property_readonly("local_size", &Backend::local_size)
       .def_property_readonly("hierarchical_calls", &Backend::hierarchical_calls)
@@ -710,6 +692,31 @@ and its engines for each group.)")
         if (!b.cuda_engine()) return py::none();
         return py::cast(b.cuda_engine());
       });
+  // Test hooks (fastpar._C._testing): the CPU schedules a group runs, set
+  // on every rank between the same calls.
+  py::module_ testing = m.attr("_testing");
+  testing.def("set_shm_allreduce", &Backend::set_allreduce_tuning, py::arg("backend"), py::arg("one_shot_max_bytes"),
+              py::arg("algo"), "FASTPAR_SHM_ONESHOT_MAX_BYTES (-1: the default) and FASTPAR_SHM_ALLREDUCE (0 auto, "
+              "1 one_shot, 2 two_shot) of a group, from its next call.");
+  testing.def(
+      "set_shm_placement",
+      [](Backend& b, const std::string& mode) {
+        try {
+          b.shm().set_placement(cpu_shm::parse_placement_mode(mode, "mode"));
+        } catch (const std::invalid_argument& e) {
+          TORCH_CHECK_VALUE(false, e.what());
+        }
+      },
+      py::arg("backend"), py::arg("mode"), "FASTPAR_SHM_PLACEMENT of a group, from its next call.");
+  testing.def("mark_shm_placement_drifted", [](Backend& b) { b.shm().mark_placement_drifted(); }, py::arg("backend"),
+              "This rank reports drift at the group's next check.");
+  testing.def(
+      "set_shm_placement_delays",
+      [](Backend& b, double near_us, double far_us, double noise_us, int64_t revisit_calls) {
+        b.shm().set_placement_test_hooks(near_us, far_us, noise_us, revisit_calls);
+      },
+      py::arg("backend"), py::arg("near_us"), py::arg("far_us"), py::arg("noise_us") = 0.0,
+      py::arg("revisit_calls") = 0, "Slows a placement form, or adds noise, in the group's trials.");
   register_shm_engine(m);
   register_hierarchical_engine(m);
   m.attr("SHM_SEGMENT_PREFIX") = cpu_shm::kSegmentPrefix;
