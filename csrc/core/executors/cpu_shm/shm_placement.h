@@ -12,9 +12,8 @@
 //         byte a peer reads (the input shards published into the slots, the
 //         reduced shards): peers read them from memory, and no line moves
 //         between the two caches.
-// Measured on a VM whose host sometimes places its two vCPUs apart: streaming
-// stores were 1.6x faster there and 1.4x slower in the normal placement, and
-// which one wins also depends on the size (whether a call's data stays in the
+// Which form wins depends on where the host placed the ranks' cores (on a VM
+// it changes while a job runs; docs/measurements.md), and also on the size (whether a call's data stays in the
 // caches) and on the schedule (the registered-buffer one reads its peers'
 // tensors). So the choice is made by measuring the calls themselves, per group,
 // per schedule and per size class (a power of two of bytes), never imposed:
@@ -123,7 +122,7 @@ class Placement {
   static constexpr int64_t kRevisitCalls = 256;
   static constexpr int64_t kCheckEvery = 32;
   // A class's rate that moves this far (either way) from its reference counts
-  // as drift: a placement change moved it 1.9-5x where it was measured.
+  // as drift: well beyond a busy moment, well below a placement change.
   static constexpr double kDrift = 1.8;
 
  private:

@@ -27,8 +27,7 @@ namespace cuda_ipc {
 // more, latency decides up to a few hundred KiB (vLLM's custom allreduce:
 // 512 KiB for up to 4 GPUs, 256 KiB for 8). Yet the one-kernel one-shot has
 // at most kFusedMaxBlocks blocks, so from a few MiB its bandwidth falls
-// behind: 2 ranks sharing an H100 took 22 us one-shot against two-shot's
-// 41 us at 1 MiB, but 75 against 41 us at 8 MiB (docs/measurements.md).
+// behind two-shot's (docs/measurements.md has the H100's figures).
 inline int64_t default_one_shot_max_bytes(int ranks) {
   return ranks <= 2 ? 2 * 1024 * 1024 : ranks <= 4 ? 512 * 1024 : 256 * 1024;
 }

@@ -41,8 +41,8 @@ namespace fastpar {
 namespace cuda_ipc {
 
 // Slot size of an arena: messages larger than a slot go through
-// it in chunks. 8 MiB keeps the per-chunk phase overhead (a few microseconds)
-// under ~1% of the transfer time at NVLink speeds; the arena is three slots,
+// it in chunks. 8 MiB keeps the per-chunk phase overhead small against the
+// transfer time at NVLink speeds; the arena is three slots,
 // the two graph slots, the p2p rings (4 MiB) and headers: 44 MiB of device
 // memory per rank.
 constexpr int64_t kDefaultSlotBytes = int64_t(8) << 20;
