@@ -13,9 +13,9 @@
 //         reduced shards): peers read them from memory, and no line moves
 //         between the two caches.
 // Which form wins depends on where the host placed the ranks' cores (on a VM
-// it changes while a job runs; docs/measurements.md), and also on the size (whether a call's data stays in the
-// caches) and on the schedule (the registered-buffer one reads its peers'
-// tensors). So the choice is made by measuring the calls themselves, per group,
+// it changes while a job runs; docs/measurements.md), on the size (whether a
+// call's data stays in the caches) and on the schedule (the registered-buffer
+// one reads its peers' tensors). So the choice is made by measuring the calls themselves, per group,
 // per schedule and per size class (a power of two of bytes), never imposed:
 //   - a class's first calls are paired trials: near then far, far then near,
 //     alternating (a trend of the machine cancels within a pair). Every
