@@ -116,6 +116,15 @@ def test_surface(device, world):
                   timeout=120))
 
 
+def test_surface_across_fake_hosts():
+    """The same surface on 4 ranks over 2 fake hosts (FASTPAR_HOST_ID): the
+    hierarchical engine under the front's forms (coalesced, gather into one
+    tensor, sparse, mixed point to point) and gloo's monitored barrier over
+    every rank."""
+    host = lambda r: {"FASTPAR_HOST_ID": "nodeA" if r < 2 else "nodeB"}  # noqa: E731
+    assert_ok(run(sc_surface, 4, per_rank_env=host, env={"FASTPAR_TEST_DEVICE": "cpu"}, timeout=180))
+
+
 @scenario
 def sc_monitored_barrier_timeout():
     """A rank that comes late: rank 0 names it, as gloo does."""
