@@ -78,11 +78,7 @@ FEATURES = ("bad input refused", "DataParallel", "DistributedDataParallel", "sto
 UNTESTED: Dict[str, Dict[str, str]] = {
     "list-cpu": {"reduce_add_coalesced": "tested on CUDA tensors only (list_ops/test_cuda.py)"},
     "cuda": {"allreduce_sparse": "tested on CPU tensors only (c10d/test_surface.py)"},
-    # c10d/test_surface.py's scenario run across fake hosts passes up to
-    # monitored_barrier, which fails there ("Tag must be nonnegative" from gloo).
-    "hierarchical": {name: "no test runs it across hosts" for name in (
-        "allgather_coalesced", "allgather_into_tensor_coalesced", "allreduce_sparse", "gather_into_tensor",
-        "monitoredBarrier", "recvAnysource", "reduce_scatter_tensor_coalesced")},
+    "hierarchical": {"recvAnysource": "no test runs it across hosts"},
     "list-cuda": {name: "tested on CPU tensors; on CUDA tensors only the ops it is made of" for name in
                   ("allreduce_coalesced", "broadcast_coalesced")},
 }
@@ -116,6 +112,7 @@ QUICK: Dict[str, dict] = {
     "c10d/test_hierarchical.py::test_every_dtype_crosses_between_hosts": {
         "hierarchical": {"alltoall_base", "send", "recv", "broadcast", "allgather", "gather", "scatter", "reduce",
                          "reduce_scatter", "barrier"}},
+    "c10d/test_surface.py::test_surface_across_fake_hosts": {"hierarchical": SURFACE},
     "c10d/test_random_sequences.py::test_random_sequence[3-hosts-AAB-leaders-seed5]": {
         "hierarchical": {"allreduce_coalesced"}, "features": ["random call sequence", "direct calls"]},
     # --- CUDA tensors: the CUDA engine (these shapes skip without a GPU) and its plumbing (runs anywhere)
