@@ -54,7 +54,7 @@
 // Reductions: AVG runs as SUM and is divided once by the group size, where
 // the final value is formed (integers: truncated toward zero). What crosses
 // between hosts crosses as bytes where the step copies, and complex sums as
-// real and imaginary parts (inter_host_backend.h), so every dtype the local
+// real and imaginary parts (c10d_engine.h), so every dtype the local
 // engine takes goes through.
 #pragma once
 
