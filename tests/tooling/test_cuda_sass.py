@@ -1,6 +1,6 @@
 """What nvcc makes of the one-kernel collectives: the fused one-shot all_reduce
 and the one CUDA graphs capture (csrc/core/executors/cuda_ipc/ipc_fused_one_shot.cu),
-the fused two-shot all_reduce
+the fused two-shot all_reduce and the one CUDA graphs capture
 (csrc/core/executors/cuda_ipc/ipc_fused_two_shot.cu) and the fused broadcast,
 gather, scatter, all_to_all, reduce and reduce_scatter
 (csrc/core/executors/cuda_ipc/ipc_fused_collectives.cu), read from their
@@ -37,6 +37,7 @@ KERNELS = {
     "one_shot": ("ipc_fused_one_shot.cu", "fused_one_shot_kernel", "kFusedThreads", "kFusedMinBlocksPerSm"),
     "graph": ("ipc_fused_one_shot.cu", "fused_graph_kernel", "kFusedThreads", "kFusedMinBlocksPerSm"),
     "two_shot": ("ipc_fused_two_shot.cu", "fused_two_shot_kernel", "kTwoShotThreads", "kTwoShotMinBlocksPerSm"),
+    "graph_two_shot": ("ipc_fused_two_shot.cu", "graph_two_shot_kernel", "kTwoShotThreads", "kTwoShotMinBlocksPerSm"),
     "collectives": ("ipc_fused_collectives.cu", "fused_collective_kernel", "kFusedCollThreads",
                     "kFusedCollMinBlocksPerSm"),
 }

@@ -35,7 +35,7 @@ cudaError_t allreduce_one_shot(IpcComm& c, DType dt, ReduceOp op, const void* in
       a.out = out;
       a.count = count;
       a.contributions = n;
-      a.nblocks = fused_blocks(count * es, c.fused_bytes_per_block);
+      a.nblocks = fused_one_shot_blocks(count * es, c.fused_bytes_per_block, fused_grid_cap(c));
       const cudaError_t e = launch_fused_one_shot(dt, op, a, stream);
       if (e != cudaSuccess) throw EnqueueFailed{e};
     });
@@ -147,7 +147,7 @@ cudaError_t allreduce_graphed(IpcComm& c, DType dt, ReduceOp op, const void* in,
       a.f.out = out;
       a.f.count = count;
       a.f.contributions = n;
-      a.f.nblocks = fused_blocks(count * es, c.fused_bytes_per_block);
+      a.f.nblocks = fused_one_shot_blocks(count * es, c.fused_bytes_per_block, fused_grid_cap(c));
       const cudaError_t e = launch_fused_graph(dt, op, a, stream);
       if (e != cudaSuccess) throw EnqueueFailed{e};
     });

@@ -75,6 +75,14 @@ FASTPAR_HD int fused_blocks(int64_t bytes, int64_t per_block) {
   return int(b < 1 ? 1 : (b > kFusedMaxBlocks ? kFusedMaxBlocks : b));
 }
 
+// The grid of a fused one-shot call (eager or graphed): fused_blocks, at
+// most `cap` (fused_grid_cap, ipc_comm.h: every rank's grid on a GPU
+// resident at once at one block per SM), at least 1. Equal on every rank.
+FASTPAR_HD int fused_one_shot_blocks(int64_t bytes, int64_t per_block, int cap) {
+  const int b = fused_blocks(bytes, per_block);
+  return b < cap ? b : (cap < 1 ? 1 : cap);
+}
+
 // Block b's element range [*begin, *end) of count elements cut in nblocks,
 // each start a multiple of `align` elements (16 bytes: the slot's alignment).
 FASTPAR_HD void fused_range(int64_t count, int nblocks, int b, int64_t align, int64_t* begin, int64_t* end) {
@@ -118,7 +126,7 @@ FASTPAR_HD void fused_copy_in(const FusedArgs& a, int b, int t, int nt, int64_t 
 // math, reduce_ops.h: identical bits), thread `t` of `nt`. Every source is a
 // slot, this rank's own too (the block's copy-in, ordered before by the
 // barrier). FusedReduce (fused_loops.h).
-template <typename T, ReduceOp OP, int U = kFusedReduceUnroll>
+template <typename T, ReduceOp OP, int U = kFusedReduceUnroll<T>>
 FASTPAR_HD void fused_reduce(const FusedArgs& a, int b, int t, int nt, int64_t slot_off = 0) {
   int64_t lo, hi;
   fused_block_range<T>(a, b, &lo, &hi);
