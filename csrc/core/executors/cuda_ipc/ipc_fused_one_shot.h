@@ -30,8 +30,8 @@
 // failed (the output is then undefined, as with any failed call), but they
 // only read within this rank's own count of a peer's slot, and the call
 // still fails on every rank. Where the desynced ranks cut their data into
-// different block ranges (the graphed kernel below, or a peer in the fused
-// two-shot), such a read may meet the peer's copy-in: a race whose only effect
+// different block ranges (counts that the grid cuts otherwise, or a peer in
+// a two-shot), such a read may meet the peer's copy-in: a race whose only effect
 // is that undefined output (the host emulation's ThreadSanitizer build leaves
 // these desyncs out).
 //
