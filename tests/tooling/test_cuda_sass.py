@@ -1,6 +1,6 @@
 """What nvcc makes of the one-kernel collectives: the fused one-shot all_reduce
 and the one CUDA graphs capture (csrc/core/executors/cuda_ipc/ipc_fused_one_shot.cu),
-the fused two-shot all_reduce
+the fused two-shot all_reduce and the one CUDA graphs capture
 (csrc/core/executors/cuda_ipc/ipc_fused_two_shot.cu) and the fused broadcast,
 gather, scatter, all_to_all, reduce and reduce_scatter
 (csrc/core/executors/cuda_ipc/ipc_fused_collectives.cu), read from their
@@ -37,6 +37,7 @@ KERNELS = {
     "one_shot": ("ipc_fused_one_shot.cu", "fused_one_shot_kernel", "kFusedThreads", "kFusedMinBlocksPerSm"),
     "graph": ("ipc_fused_one_shot.cu", "fused_graph_kernel", "kFusedThreads", "kFusedMinBlocksPerSm"),
     "two_shot": ("ipc_fused_two_shot.cu", "fused_two_shot_kernel", "kTwoShotThreads", "kTwoShotMinBlocksPerSm"),
+    "graph_two_shot": ("ipc_fused_two_shot.cu", "graph_two_shot_kernel", "kTwoShotThreads", "kTwoShotMinBlocksPerSm"),
     "collectives": ("ipc_fused_collectives.cu", "fused_collective_kernel", "kFusedCollThreads",
                     "kFusedCollMinBlocksPerSm"),
 }
@@ -139,15 +140,21 @@ def test_loops_keep_four_16_byte_loads_in_flight(cubin):
 
 def test_flags_are_ordered_at_system_scope(cubin):
     """The flags are read and written by kernels of other processes: every
-    strong load and store is at system scope. The one GPU-scope operation is
-    the status word's compare-and-swap (only this rank's kernels touch it)."""
+    strong load and store is at system scope. The GPU-scope operations are
+    on words only this rank's kernels touch: the status word's
+    compare-and-swap, and in the graphed kernels the count of finished blocks
+    (ipc_graph.h, graph_finish: a 64-bit add)."""
     (_, kernel, _, _), _, sass = cubin
     kernels = {k: "\n".join(v) for k, v in _functions(sass, "Function").items() if kernel in k}
     assert len(kernels) == 2, list(kernels)
+    local = r"\bATOMG?\.E\.(CAS|ADD\.64)\b" if "graph" in kernel else r"\bATOMG?\.E\.CAS\b"
     for name, body in kernels.items():
         assert re.search(r"\.STRONG\.SYS\b", body), f"{name}: no system-scope operation"
         gpu = [l.strip() for l in body.splitlines() if re.search(r"\.STRONG\.GPU\b", l)]
-        assert all(re.search(r"\bATOMG?\.E\.CAS\b", l) for l in gpu), f"{name}: GPU scope in {gpu[:3]}"
+        assert all(re.search(local, l) for l in gpu), f"{name}: GPU scope in {gpu[:3]}"
+        if "graph" in kernel:
+            adds = [l for l in gpu if "ADD.64" in l]
+            assert len(adds) == 1, f"{name}: the count of finished blocks is added once, not {adds}"
 
 
 def test_wait_loops_stay_loops(cubin):

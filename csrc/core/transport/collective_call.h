@@ -65,6 +65,8 @@ constexpr int64_t kAuxFusedCollective = kAuxOneShot + 7;
 // The same collectives step by step over CUDA IPC (ipc_collectives.cpp): named
 // too, since a descriptor without aux (-1) matches any schedule.
 constexpr int64_t kAuxStepCollective = kAuxOneShot + 8;
+// The two-shot form of the graphed all_reduce (kAuxGraphed is its one-shot).
+constexpr int64_t kAuxGraphedTwoShot = kAuxOneShot + 9;
 
 // A registered all_reduce's aux is its arena offset; its one-kernel form
 // (the push, ipc_fused_collectives.h) sets this bit on it, so a peer in the
@@ -108,6 +110,7 @@ inline std::string describe(const flags::OpDesc& d) {
   else if (d.aux == kAuxTwoShot) s += ", schedule=two_shot";
   else if (d.aux == kAuxFused) s += ", schedule=fused_one_shot";
   else if (d.aux == kAuxGraphed) s += ", schedule=graphed";
+  else if (d.aux == kAuxGraphedTwoShot) s += ", schedule=graphed_two_shot";
   else if (d.aux == kAuxFusedTwoShot) s += ", schedule=fused_two_shot";
   else if (d.aux == kAuxNoFit) s += ", registered arena full";
   else if (d.aux == kAuxPlacement) s += ", placement exchange";

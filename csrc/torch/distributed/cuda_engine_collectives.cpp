@@ -86,14 +86,15 @@ void CudaEngine::launch_allreduce(IpcComm& c, const Stream& stream, const RouteQ
                                   ReduceOp rop) {
   const DType dt = *maybe_dtype(t.scalar_type());
   if (call_captured_) {
-    // The kernel a replay can repeat (core/executors/cuda_ipc/ipc_fused_one_shot.h,
-    // "the all_reduce a CUDA graph can capture"): its own flags and
-    // slot, no host counter.
+    // The kernels a replay can repeat (core/executors/cuda_ipc/ipc_graph.h):
+    // their own flags and slots, no host counter; the eager call's schedule
+    // and grid for the size.
     TORCH_CHECK_VALUE(q.nbytes <= slot_bytes_, "fastpar.all_reduce: a CUDA graph can capture an all_reduce "
                       "over CUDA IPC of at most FASTPAR_CUDA_IPC_SLOT_BYTES = ", slot_bytes_,
                       " bytes, but tensors[0] has ", q.nbytes, " bytes");
     if (t.numel() > 0)
-      C10_CUDA_CHECK(cuda_ipc::allreduce_graphed(c, dt, rop, t.const_data_ptr(), t.data_ptr(), t.numel(), stream));
+      C10_CUDA_CHECK(cuda_ipc::allreduce_graphed(c, dt, rop, t.const_data_ptr(), t.data_ptr(), t.numel(), stream,
+                                                 one_shot_max_bytes()));
   } else if (t.numel() > 0 && size() > 1) {
     const int64_t reg = registered_offset(t);
     if (cuda_ipc::prefer_one_shot(q.nbytes, c, one_shot_max_bytes())) {

@@ -45,6 +45,7 @@ struct HostMemory {
     return expected;  // what the word held: `expected` on success
   }
   static void store_release_u32(uint32_t* p, uint32_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+  static uint64_t fetch_add(uint64_t* p, uint64_t v) { return __atomic_fetch_add(p, v, __ATOMIC_ACQ_REL); }
 };
 
 cudaError_t launch_phase(const PhaseArgs& a, cudaStream_t) {
@@ -106,12 +107,24 @@ struct HostBlock {
   }
 };
 
+// The schedule and grid of the last one-kernel all_reduce this thread (the
+// rank's, in these programs) launched, eager or graphed: a replay must run
+// the eager call's of its size.
+enum class AllreduceKernel { kNone, kOneShot, kTwoShot };
+struct AllreduceShape {
+  AllreduceKernel kernel = AllreduceKernel::kNone;
+  int nblocks = 0;
+  bool graphed = false;
+};
+inline thread_local AllreduceShape g_last_allreduce;
+
 // The fused one-shot kernel (ipc_fused_one_shot.cu): one_shot_block itself,
 // every block on a thread of its own.
 cudaError_t launch_fused_one_shot(DType dt, ReduceOp op, const FusedArgs& a, cudaStream_t) {
   if (a.nblocks < 1 || a.nblocks > kFusedMaxBlocks) return cudaErrorInvalidValue;
   if (fake_cuda::launch_refused()) return cudaGetLastError();
   ++g_fused_launches;
+  g_last_allreduce = {AllreduceKernel::kOneShot, a.nblocks, false};
   // Copy-in (read + write), then n slots read and the output written.
   fake_cuda::stream_ops.bytes += a.count * dtype_size(dt) * (2 + a.contributions + 1);
   FASTPAR_DISPATCH_DTYPE(dt, [&] {
@@ -133,6 +146,7 @@ cudaError_t launch_fused_graph(DType dt, ReduceOp op, const GraphArgs& a, cudaSt
   if (a.f.nblocks < 1 || a.f.nblocks > kFusedMaxBlocks) return cudaErrorInvalidValue;
   if (fake_cuda::launch_refused()) return cudaGetLastError();
   ++g_graph_launches;
+  g_last_allreduce = {AllreduceKernel::kOneShot, a.f.nblocks, true};
   fake_cuda::stream_ops.bytes += a.f.count * dtype_size(dt) * (2 + a.f.contributions + 1);
   FASTPAR_DISPATCH_DTYPE(dt, [&] {
     FASTPAR_DISPATCH_OP(op, [&] {
@@ -174,12 +188,34 @@ cudaError_t launch_fused_two_shot(DType dt, ReduceOp op, const TwoShotArgs& a, c
     return cudaErrorInvalidValue;
   if (fake_cuda::launch_refused()) return cudaGetLastError();
   ++g_two_shot_launches;
+  g_last_allreduce = {AllreduceKernel::kTwoShot, a.nblocks, false};
   FASTPAR_DISPATCH_DTYPE(dt, [&] {
     fake_cuda::stream_ops.bytes += two_shot_bytes<scalar_t>(a);
     FASTPAR_DISPATCH_OP(op, [&] {
       run_blocks(a.nblocks, [&](int b) {
         HostBlock blk;
         two_shot_block<HostMemory, scalar_t, kOp>(a, b, blk);
+      });
+    });
+  });
+  return cudaGetLastError();  // as the real launcher: a stale error too
+}
+
+// The graphed two-shot kernel (ipc_fused_two_shot.cu's graph_two_shot_kernel):
+// graph_two_shot_block itself, emulated the same way; counted with the
+// graphed one-shot's launches.
+cudaError_t launch_graph_two_shot(DType dt, ReduceOp op, const GraphTwoShotArgs& a, cudaStream_t) {
+  if (a.t.nblocks < 1 || a.t.nblocks > kTwoShotMaxBlocks || a.t.phase.size > kMaxIpcRanks || a.t.chunks != 1)
+    return cudaErrorInvalidValue;
+  if (fake_cuda::launch_refused()) return cudaGetLastError();
+  ++g_graph_launches;
+  g_last_allreduce = {AllreduceKernel::kTwoShot, a.t.nblocks, true};
+  FASTPAR_DISPATCH_DTYPE(dt, [&] {
+    fake_cuda::stream_ops.bytes += two_shot_bytes<scalar_t>(a.t);
+    FASTPAR_DISPATCH_OP(op, [&] {
+      run_blocks(a.t.nblocks, [&](int b) {
+        HostBlock blk;
+        graph_two_shot_block<HostMemory, scalar_t, kOp>(a, b, blk);
       });
     });
   });

@@ -1,5 +1,5 @@
-// The fused one-shot and the graphed all_reduce (transport/cuda_ipc/
-// ipc_fused_one_shot.h) on the host: one thread per rank, one per block of each
+// The fused one-shot and the graphed all_reduce (executors/cuda_ipc/
+// ipc_fused_one_shot.h, ipc_graph.h) on the host: one thread per rank, one per block of each
 // launch (emulated_ipc.h: blocks at once, block 0 often last). Checked:
 //   * bit for bit against the in-order reduction for float32, bfloat16 and
 //     int8 with 2-4 ranks, on 16-byte aligned buffers (the pack path) and on
@@ -16,6 +16,11 @@
 //     replay after any failure (graphed or eager) leaves the earlier status
 //     there and writes nothing, the next eager call fails without writing,
 //     and replays that succeed leave the word at 0;
+//   * a replay runs the eager call's schedule and grid at every size (the
+//     one-shot up to the one-shot limit, the two-shot above it, an 8 MiB
+//     slot's worth on the grid of ranks sharing an H100), both bit for bit
+//     against the in-order reduction; ranks whose one-shot limits differ
+//     fail a replay with kMismatch naming both graphed schedules;
 //   * graphed and eager calls in another order on each rank fail on both
 //     (timeout or abort) without writing, rather than hang;
 //   * a peer that never comes among several (4 ranks, rank 3 absent): with
@@ -184,11 +189,9 @@ int check_desync_outcome(const std::vector<Outcome>& o, const std::vector<int64_
 // never posts and give up when a peer aborts, racing their own block 0's
 // descriptor check. Then every rank replays a graphed call: it leaves the
 // status in the failure word and its output alone; then an eager call: it
-// fails at once and leaves its output alone. A graphed call always runs
-// kFusedMaxBlocks blocks, so 40 and 200 floats cut into different ranges
-// there (1 and 4 packs a block); under ThreadSanitizer rank 0 calls with 196
-// (4 packs a block, the last one short), a desync that keeps the cut
-// (emulated_checks.h).
+// fails at once and leaves its output alone. Eager or graphed, the grid is
+// fused_blocks', and 40 and 200 floats cut into the same ranges (4 packs a
+// block), so the desync keeps the cut (emulated_checks.h).
 void check_desync(int n, bool graphed) {
   Arenas arenas(n, kSlot);
   std::vector<Outcome> o(static_cast<size_t>(n));
@@ -197,7 +200,7 @@ void check_desync(int n, bool graphed) {
   std::vector<int> untouched(size_t(n), 0), eager_untouched(size_t(n), 0);
   std::vector<uint32_t> word(size_t(n), 0), word_failed(size_t(n), 0);
   for (int r = 0; r < n; ++r) {
-    count[size_t(r)] = r != 0 ? 200 : graphed && kThreadSanitizer ? 196 : 40;
+    count[size_t(r)] = r != 0 ? 200 : 40;
     comms.push_back(comm_for(arenas, r, kSlot));
     comms.back().timeout_ns = 20ull * 1000 * 1000 * 1000;  // never reached: the first to compare fails everyone
     comms.back().host_status = &o[size_t(r)].mirror;
@@ -335,7 +338,7 @@ void check_missing_peer(bool graphed) {
       c.timeout_ns = 300ull * 1000 * 1000;
       c.host_status = &mirror[r];
       c.host_replay_failure = &word[r];
-      std::vector<float> in(1000, 1.0f);  // kFusedMaxBlocks blocks (comm_for: 64 bytes a block)
+      std::vector<float> in(1000, 1.0f);  // kFusedMaxBlocks blocks, eager or graphed (comm_for: 64 bytes a block)
       if (graphed) cuda_ipc::allreduce_graphed(c, DType::F32, ReduceOp::SUM, in.data(), in.data(), 1000, nullptr);
       else cuda_ipc::allreduce_one_shot(c, DType::F32, ReduceOp::SUM, in.data(), in.data(), 1000, nullptr);
       cuda_ipc::read_status(c, nullptr, &status[r]);
@@ -357,9 +360,150 @@ void check_missing_peer(bool graphed) {
   expect(timeouts >= 1, what);
 }
 
+// A replay runs the schedule and grid of the eager call of its size
+// (allreduce_graphed, ipc_graph.h): the one-shot up to the one-shot limit,
+// the fused two-shot above it, up to a full 8 MiB slot, on the grid of ranks
+// sharing an H100 at the default 16 KiB a block. Every rank runs, per size
+// (both sides of the limit, an odd size, the full slot), the eager call
+// (the fused forms) and then the graphed one on the same input, the ranks
+// drifting apart by up to a call; each call's kernel and grid are recorded
+// (emulated_ipc.h, cuda_ipc::g_last_allreduce) and compared, and both outputs
+// bit for bit against the in-order reduction, in and out of place, aligned
+// and at an odd element offset.
+template <typename T>
+void check_graph_shapes(int n) {
+  constexpr size_t kBigSlot = size_t(8) << 20;
+  const int64_t es = int64_t(sizeof(T)), limit = cuda_ipc::default_one_shot_max_bytes(n) / es;
+  const int64_t full = int64_t(kBigSlot) / es;
+  const int64_t counts[] = {1, 1000, limit, limit + 1, full / 3 + 5, full, full - 1, limit - 3};
+  constexpr int kCalls = int(sizeof(counts) / sizeof(counts[0]));
+  Arenas arenas(n, kBigSlot);
+  struct Got {
+    cuda_ipc::AllreduceShape eager, graphed;
+    std::vector<T> eager_out, graphed_out;
+  };
+  std::vector<std::vector<Got>> got(static_cast<size_t>(n), std::vector<Got>(size_t(kCalls)));
+  std::vector<uint32_t> status(size_t(n), 0), word(size_t(n), 0);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      cuda_ipc::IpcComm c = comm_for(arenas, r, kBigSlot);
+      c.fused_bytes_per_block = 16 * 1024;                         // IpcComm's default
+      c.fused_grid_blocks = cuda_ipc::fused_grid_blocks(132, n);  // the ranks share an H100
+      c.host_replay_failure = &word[size_t(r)];
+      std::vector<uint4> in_store(size_t(full) * sizeof(T) / 16 + 2), out_store(in_store.size());
+      for (int k = 0; k < kCalls; ++k) {
+        const int64_t count = counts[k];
+        const bool in_place = k % 2 == 1;
+        const int64_t off = k % 3 == 2 ? 1 : 0;
+        T* in = reinterpret_cast<T*>(in_store.data()) + off;
+        T* out = in_place ? in : reinterpret_cast<T*>(out_store.data()) + off;
+        Got& g = got[size_t(r)][size_t(k)];
+        for (int graphed = 0; graphed < 2; ++graphed) {
+          std::this_thread::sleep_for(std::chrono::microseconds(300 * ((k + r + graphed) % 3)));
+          for (int64_t i = 0; i < count; ++i) in[i] = value<T>(r, k, i);
+          cuda_ipc::g_last_allreduce = {};
+          const ReduceOp op = ReduceOp(k % 5);
+          const cudaError_t err =
+              graphed ? cuda_ipc::allreduce_graphed(c, dtype_of<T>(), op, in, out, count, nullptr)
+              : cuda_ipc::prefer_one_shot(count * es, c)
+                  ? cuda_ipc::allreduce_one_shot(c, dtype_of<T>(), op, in, out, count, nullptr)
+                  : cuda_ipc::allreduce_two_shot(c, dtype_of<T>(), op, in, out, count, nullptr);
+          expect(err == cudaSuccess, "graph shapes: the call was enqueued");
+          (graphed ? g.graphed : g.eager) = cuda_ipc::g_last_allreduce;
+          (graphed ? g.graphed_out : g.eager_out).assign(out, out + count);
+        }
+      }
+      cuda_ipc::read_status(c, nullptr, &status[size_t(r)]);
+    });
+  }
+  for (auto& t : threads) t.join();
+  char what[240];
+  using K = cuda_ipc::AllreduceKernel;
+  auto name = [](K k) { return k == K::kOneShot ? "one-shot" : k == K::kTwoShot ? "two-shot" : "none"; };
+  for (int r = 0; r < n; ++r) {
+    std::snprintf(what, sizeof(what), "graph shapes %s n=%d: rank %d status %u, failure word %u",
+                  dtype_name(dtype_of<T>()), n, r, status[size_t(r)], word[size_t(r)]);
+    expect(status[size_t(r)] == 0 && word[size_t(r)] == 0, what);
+    for (int k = 0; k < kCalls; ++k) {
+      const Got& g = got[size_t(r)][size_t(k)];
+      const int64_t count = counts[k];
+      const K want = count * es <= cuda_ipc::default_one_shot_max_bytes(n) ? K::kOneShot : K::kTwoShot;
+      std::snprintf(what, sizeof(what),
+                    "graph shapes %s n=%d rank %d count %ld: eager %s x %d blocks, replay %s%s x %d blocks, want %s",
+                    dtype_name(dtype_of<T>()), n, r, long(count), name(g.eager.kernel), g.eager.nblocks,
+                    g.graphed.graphed ? "" : "(not graphed) ", name(g.graphed.kernel), g.graphed.nblocks, name(want));
+      expect(g.eager.kernel == want && !g.eager.graphed && g.graphed.graphed && g.graphed.kernel == g.eager.kernel &&
+                 g.graphed.nblocks == g.eager.nblocks,
+             what);
+      const std::vector<T> e = expected<T>(n, ReduceOp(k % 5), k, count);
+      std::snprintf(what, sizeof(what), "graph shapes %s n=%d rank %d count %ld op %s: eager %s, replay %s",
+                    dtype_name(dtype_of<T>()), n, r, long(count), op_name(ReduceOp(k % 5)),
+                    std::memcmp(g.eager_out.data(), e.data(), e.size() * sizeof(T)) == 0 ? "equal" : "DIFFERS",
+                    std::memcmp(g.graphed_out.data(), e.data(), e.size() * sizeof(T)) == 0 ? "equal" : "DIFFERS");
+      expect(std::memcmp(g.eager_out.data(), e.data(), e.size() * sizeof(T)) == 0 &&
+                 std::memcmp(g.graphed_out.data(), e.data(), e.size() * sizeof(T)) == 0,
+             what);
+    }
+  }
+  // The target: a replay of 8 MiB runs the eager call's two-shot grid.
+  std::snprintf(what, sizeof(what), "graph shapes %s n=%d: an 8 MiB replay runs the two-shot on %d blocks",
+                dtype_name(dtype_of<T>()), n, got[0][5].graphed.nblocks);
+  expect(got[0][5].graphed.kernel == K::kTwoShot && got[0][5].graphed.nblocks == got[0][5].eager.nblocks &&
+             got[0][5].graphed.nblocks > cuda_ipc::kFusedMaxBlocks,
+         what);
+}
+
+// Ranks whose one-shot limits differ replay one size in two schedules (rank
+// 0 the two-shot, the others the one-shot): every rank fails (kMismatch
+// naming the two graphed schedules, or kPeerAborted) instead of reducing
+// what the other schedule published, and its failure word holds the status.
+// Left out under ThreadSanitizer: the two schedules cut the data differently
+// (emulated_checks.h).
+void check_graph_schedule_desync(int n) {
+  Arenas arenas(n, kSlot);
+  std::vector<Outcome> o(static_cast<size_t>(n));
+  std::vector<uint32_t> word(size_t(n), 0);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      cuda_ipc::IpcComm c = comm_for(arenas, r, kSlot);
+      c.host_status = &o[size_t(r)].mirror;
+      c.host_mismatch = &o[size_t(r)].record;
+      c.host_replay_failure = &word[size_t(r)];
+      std::vector<float> in(600, 1.0f);
+      cuda_ipc::allreduce_graphed(c, DType::F32, ReduceOp::SUM, in.data(), in.data(), 600, nullptr,
+                                  r == 0 ? 0 : -1);
+      cuda_ipc::read_status(c, nullptr, &o[size_t(r)].status);
+    });
+  }
+  for (auto& t : threads) t.join();
+  char what[200];
+  int mismatched = 0;
+  for (int r = 0; r < n; ++r) {
+    const Outcome& x = o[size_t(r)];
+    std::snprintf(what, sizeof(what), "graph schedule desync n=%d: rank %d status %u, mirror %u, failure word %u", n,
+                  r, x.status, x.mirror, word[size_t(r)]);
+    expect((x.status == kMismatch || x.status == kAborted) && x.mirror == x.status && word[size_t(r)] == x.status,
+           what);
+    if (x.status != kMismatch) continue;
+    ++mismatched;
+    const int64_t mine = r == 0 ? kAuxGraphedTwoShot : kAuxGraphed;
+    const int64_t theirs = r == 0 ? kAuxGraphed : kAuxGraphedTwoShot;
+    std::snprintf(what, sizeof(what), "graph schedule desync n=%d: rank %d's record names the two schedules", n, r);
+    expect(x.record.mine.aux == mine && x.record.theirs.aux == theirs, what);
+  }
+  std::snprintf(what, sizeof(what), "graph schedule desync n=%d: no rank reports the mismatch", n);
+  expect(mismatched > 0, what);
+}
+
 }  // namespace
 
 int main() {
+  for (int n = 2; n <= 4; ++n) check_graph_shapes<float>(n);
+  check_graph_shapes<bf16>(2);
+  if (!kThreadSanitizer)
+    for (int n = 2; n <= 3; ++n) check_graph_schedule_desync(n);
   for (int n = 2; n <= 8; ++n) {
     check_layouts<float>(n);
     check_layouts<bf16>(n);

@@ -20,7 +20,8 @@
 //     it at once with its code; a
 //     later call on a failed communicator writes nothing; status word =
 //     host mirror;
-//   * the grid cap (ipc_comm.h, fused_grid_blocks) and the block counts it bounds.
+//   * the grid cap (ipc_comm.h, fused_grid_blocks) and the block counts it bounds
+//     (the two-shot's, the collectives', the one-shot's).
 // Exit status 0 = every check passed.
 #include <algorithm>
 #include <cstdio>
@@ -246,6 +247,12 @@ void check_grid_cap() {
   EXPECT(cuda_ipc::two_shot_blocks(int64_t(1) << 30, 4, 4, int64_t(1) << 21, 16 * 1024, cap) == 26);
   EXPECT(cuda_ipc::fused_coll_blocks(int64_t(1) << 30, int64_t(1) << 23, 16 * 1024, cap) == 26);
   EXPECT(cuda_ipc::two_shot_blocks(1000, 4, 4, int64_t(1) << 21, 16 * 1024, cap) == 1);  // small calls: unchanged
+  // The one-shot (one block per SM too): kFusedMaxBlocks unless the cap is lower.
+  EXPECT(cuda_ipc::fused_one_shot_blocks(int64_t(1) << 20, 16 * 1024, cap) == cuda_ipc::kFusedMaxBlocks);
+  EXPECT(cuda_ipc::fused_one_shot_blocks(int64_t(1) << 20, 16 * 1024, fused_grid_blocks(108, 8)) == 13);
+  EXPECT(cuda_ipc::fused_one_shot_blocks(int64_t(1) << 20, 16 * 1024, fused_grid_blocks(132, 8)) == 16);
+  EXPECT(cuda_ipc::fused_one_shot_blocks(40000, 16 * 1024, fused_grid_blocks(108, 8)) == 3);
+  EXPECT(cuda_ipc::fused_one_shot_blocks(1, 16 * 1024, 0) == 1);
 }
 #undef EXPECT
 

@@ -35,7 +35,7 @@ cudaError_t allreduce_one_shot(IpcComm& c, DType dt, ReduceOp op, const void* in
       a.out = out;
       a.count = count;
       a.contributions = n;
-      a.nblocks = fused_blocks(count * es, c.fused_bytes_per_block);
+      a.nblocks = fused_one_shot_blocks(count * es, c.fused_bytes_per_block, fused_grid_cap(c));
       const cudaError_t e = launch_fused_one_shot(dt, op, a, stream);
       if (e != cudaSuccess) throw EnqueueFailed{e};
     });
@@ -125,29 +125,52 @@ cudaError_t agree_registered_ipc(IpcComm& c, int64_t bytes, int64_t offset, cuda
 }
 
 cudaError_t allreduce_graphed(IpcComm& c, DType dt, ReduceOp op, const void* in, void* out, int64_t count,
-                              cudaStream_t stream) {
+                              cudaStream_t stream, int64_t one_shot_max_bytes) {
   const int64_t es = dtype_size(dt);
   if (count < 1 || count * es > int64_t(c.slot_bytes)) return cudaErrorInvalidValue;
+  const int n = c.size;
+  // The descriptor's seq is not used (each call's epoch is), and c.seq is
+  // not advanced: graphed calls are outside the eager phase numbering.
+  GraphRegion g{};
+  g.self = graph_control_of(c.bases[c.rank], c.slot_bytes);
+  for (int q = 0; q < n; ++q) g.peers[q] = graph_control_of(c.bases[q], c.slot_bytes);
+  g.parity_stride = int64_t(slot_stride(c.slot_bytes));
+  g.replay_failure = c.host_replay_failure;
+  if (prefer_one_shot(count * es, c, one_shot_max_bytes)) {
+    // The eager one-shot's schedule and grid (allreduce_one_shot).
+    return run_schedule(c, stream, [&](IpcSteps&) {
+      GraphArgs a{};
+      a.g = g;
+      a.f.phase = ipc_steps::phase_args_at(c, CollCall{Coll::kAllreduce, count, dt, -1, int(op), kAuxGraphed}.desc(0));
+      for (int q = 0; q < n; ++q) a.f.slots[q] = graph_slot_of(c.bases[q], c.slot_bytes, 0);
+      a.f.in = in;
+      a.f.out = out;
+      a.f.count = count;
+      a.f.contributions = n;
+      a.f.nblocks = fused_one_shot_blocks(count * es, c.fused_bytes_per_block, fused_grid_cap(c));
+      const cudaError_t e = launch_fused_graph(dt, op, a, stream);
+      if (e != cudaSuccess) throw EnqueueFailed{e};
+    });
+  }
+  // The eager fused two-shot's schedule, cut and grid (allreduce_two_shot):
+  // one chunk, since the call fits a slot.
   return run_schedule(c, stream, [&](IpcSteps&) {
-    GraphArgs a{};
-    // The descriptor's seq is not used (each block's epoch is), and c.seq is
-    // not advanced: graphed calls are outside the eager phase numbering.
-    a.f.phase = ipc_steps::phase_args_at(c, CollCall{Coll::kAllreduce, count, dt, -1, int(op), kAuxGraphed}.desc(0));
-    a.self = graph_control_of(c.bases[c.rank], c.slot_bytes);
-    for (int q = 0; q < c.size; ++q) {
-      a.peers[q] = graph_control_of(c.bases[q], c.slot_bytes);
-      a.f.slots[q] = graph_slot_of(c.bases[q], c.slot_bytes, 0);
-    }
-    a.parity_stride = int64_t(slot_stride(c.slot_bytes));
-    a.replay_failure = c.host_replay_failure;
-    a.f.in = in;
-    a.f.out = out;
-    a.f.count = count;
-    a.f.contributions = c.size;
-    // Every graphed call runs every block, whatever its size, so that all
-    // blocks of a rank count the same epochs (ipc_fused_one_shot.h).
-    a.f.nblocks = kFusedMaxBlocks;
-    const cudaError_t e = launch_fused_graph(dt, op, a, stream);
+    GraphTwoShotArgs a{};
+    a.g = g;
+    TwoShotArgs& t = a.t;
+    t.phase =
+        ipc_steps::phase_args_at(c, CollCall{Coll::kAllreduce, count, dt, -1, int(op), kAuxGraphedTwoShot}.desc(0));
+    for (int q = 0; q < n; ++q) t.slot0[q] = graph_slot_of(c.bases[q], c.slot_bytes, 0);
+    t.slot_stride = 0;  // one chunk: slot 0 (the parity is GraphRegion's)
+    t.first_slot = 0;
+    t.in = in;
+    t.out = out;
+    t.count = count;
+    t.chunk = std::max<int64_t>(1, int64_t(c.slot_bytes) / es);
+    t.chunks = 1;
+    t.contributions = n;
+    t.nblocks = two_shot_blocks(count, es, n, t.chunk, c.fused_bytes_per_block, fused_grid_cap(c));
+    const cudaError_t e = launch_graph_two_shot(dt, op, a, stream);
     if (e != cudaSuccess) throw EnqueueFailed{e};
   });
 }

@@ -55,14 +55,16 @@ cudaError_t allreduce_one_shot(IpcComm& c, DType dt, ReduceOp op, const void* in
 cudaError_t allreduce_two_shot(IpcComm& c, DType dt, ReduceOp op, const void* in, void* out, int64_t count,
                                cudaStream_t stream);
 
-// The one-kernel one-shot that CUDA graph capture can record and replay
-// (ipc_fused_one_shot.h, "the all_reduce a CUDA graph can capture"): no host
-// counter in its arguments, the arena's graph slot and flags. count * the
-// dtype's size must fit one slot (else cudaErrorInvalidValue, nothing
-// enqueued). Every rank must run the same sequence of graphed calls. `out`
-// may be `in`.
+// The all_reduce that CUDA graph capture can record and replay (ipc_graph.h):
+// no host counter in its arguments, the arena's graph slots and flags. It
+// runs the schedule and grid of the eager call of its size: the fused
+// one-shot where prefer_one_shot(bytes, c, one_shot_max_bytes) holds, else
+// the fused two-shot (whichever form the eager two-shot takes: the
+// step-by-step one cannot be replayed). count * the dtype's size must fit one
+// slot (else cudaErrorInvalidValue, nothing enqueued). Every rank must run
+// the same sequence of graphed calls. `out` may be `in`.
 cudaError_t allreduce_graphed(IpcComm& c, DType dt, ReduceOp op, const void* in, void* out, int64_t count,
-                              cudaStream_t stream);
+                              cudaStream_t stream, int64_t one_shot_max_bytes = -1);
 
 // The two-shot on a registered buffer: `count` elements at `offset` of every
 // rank's registered region (registered_of), reduced in place with no copy-in

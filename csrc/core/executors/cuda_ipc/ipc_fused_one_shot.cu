@@ -11,13 +11,17 @@ namespace cuda_ipc {
 namespace {
 
 constexpr int kFusedThreads = 512;
-// Two blocks per SM: caps registers at 64, which holds the packs in flight
-// of the reduction (fused_reduce: 2 of each of up to 4 ranks, then 4 ranks at
-// a time), and keeps block b of 8 ranks sharing one GPU resident at once
-// (8 x kFusedMaxBlocks blocks). Without the second bound ptxas picks its
-// own target and spills in the loop. tests/tooling/test_cuda_sass.py checks
-// the registers and the loads in flight.
-constexpr int kFusedMinBlocksPerSm = 2;
+// One block per SM, as the fused two-shot: up to 128 registers a thread, so
+// the packs in flight of the reduction (fused_reduce: 2 of each of up to 4
+// ranks, then 4 ranks at a time) and the graphed kernel's state stay in
+// registers (tests/tooling/test_cuda_resources.py: no stack frame). Block b
+// of every rank sharing a GPU stays resident at once because the grid is
+// capped as the two-shot's (fused_one_shot_blocks: fused_grid_cap, at most
+// (SMs - 2) / ranks per GPU). Without the bound ptxas picks its own target
+// and spills in the loop. tests/tooling/test_cuda_sass.py checks the
+// registers and the loads in flight.
+constexpr int kFusedMinBlocksPerSm = 1;
+static_assert(kFusedMinBlocksPerSm == kFusedGridBlocksPerSm, "the grid cap (ipc_comm.h) counts this many");
 
 static_assert(kFusedThreads >= kMaxIpcRanks, "the barrier waits for each peer on a thread of its own");
 

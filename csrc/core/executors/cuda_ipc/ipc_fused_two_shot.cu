@@ -1,5 +1,6 @@
-// The fused two-shot allreduce kernel (ipc_fused_two_shot.h): a whole call,
-// every chunk and phase, in one launch.
+// The fused two-shot allreduce kernels (ipc_fused_two_shot.h): a whole call,
+// every chunk and phase, in one launch; the eager one and the one CUDA graphs
+// can capture.
 #include "../../kernels/reduce_ops.h"
 #include "../../transport/cuda_ipc/device_memory_order.cuh"
 #include "gpu_block.cuh"
@@ -26,11 +27,20 @@ __global__ void __launch_bounds__(kTwoShotThreads, kTwoShotMinBlocksPerSm) fused
   two_shot_block<DeviceMemory, T, OP>(a, int(blockIdx.x), blk);
 }
 
+// The two-shot a CUDA graph can capture (ipc_graph.h): the same shape.
+template <typename T, ReduceOp OP>
+__global__ void __launch_bounds__(kTwoShotThreads, kTwoShotMinBlocksPerSm) graph_two_shot_kernel(const __grid_constant__ GraphTwoShotArgs a) {
+  __shared__ int shared;
+  GpuBlock blk{&shared};
+  graph_two_shot_block<DeviceMemory, T, OP>(a, int(blockIdx.x), blk);
+}
+
 template <typename T, ReduceOp OP>
 struct LoadTwoShot {
   static cudaError_t run() {
     cudaFuncAttributes attr;
-    return cudaFuncGetAttributes(&attr, fused_two_shot_kernel<T, OP>);
+    const cudaError_t e = cudaFuncGetAttributes(&attr, fused_two_shot_kernel<T, OP>);
+    return e != cudaSuccess ? e : cudaFuncGetAttributes(&attr, graph_two_shot_kernel<T, OP>);
   }
 };
 
@@ -38,6 +48,16 @@ template <typename T, ReduceOp OP>
 cudaError_t launch_instance(const TwoShotArgs& a, cudaStream_t stream) {
   fused_two_shot_kernel<T, OP><<<unsigned(a.nblocks), kTwoShotThreads, 0, stream>>>(a);
   return cudaGetLastError();
+}
+
+template <typename T, ReduceOp OP>
+cudaError_t launch_graph_instance(const GraphTwoShotArgs& a, cudaStream_t stream) {
+  graph_two_shot_kernel<T, OP><<<unsigned(a.t.nblocks), kTwoShotThreads, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+bool valid_launch(const TwoShotArgs& a) {
+  return a.nblocks >= 1 && a.nblocks <= kTwoShotMaxBlocks && a.phase.size <= kMaxIpcRanks && a.chunks >= 1;
 }
 
 }  // namespace
@@ -56,14 +76,29 @@ cudaError_t launch_fused_two_shot(DType dt, ReduceOp op, const TwoShotArgs& a, c
   if (dt == DType::BF16) return launch_instance<bf16, ReduceOp::SUM>(a, stream);
   return cudaErrorInvalidValue;
 }
+
+cudaError_t launch_graph_two_shot(DType dt, ReduceOp op, const GraphTwoShotArgs& a, cudaStream_t stream) {
+  if (op != ReduceOp::SUM) return cudaErrorInvalidValue;
+  if (dt == DType::F32) return launch_graph_instance<float, ReduceOp::SUM>(a, stream);
+  if (dt == DType::BF16) return launch_graph_instance<bf16, ReduceOp::SUM>(a, stream);
+  return cudaErrorInvalidValue;
+}
 #else
 cudaError_t preload_fused_two_shot_kernels() { return for_each_kernel<LoadTwoShot>(cudaSuccess); }
 
 cudaError_t launch_fused_two_shot(DType dt, ReduceOp op, const TwoShotArgs& a, cudaStream_t stream) {
-  if (a.nblocks < 1 || a.nblocks > kTwoShotMaxBlocks || a.phase.size > kMaxIpcRanks || a.chunks < 1)
-    return cudaErrorInvalidValue;
+  if (!valid_launch(a)) return cudaErrorInvalidValue;
   cudaError_t result = cudaErrorInvalidValue;  // stays so for an op without a kernel
   FASTPAR_DISPATCH_DTYPE(dt, [&] { FASTPAR_DISPATCH_OP(op, [&] { result = launch_instance<scalar_t, kOp>(a, stream); }); });
+  return result;
+}
+
+cudaError_t launch_graph_two_shot(DType dt, ReduceOp op, const GraphTwoShotArgs& a, cudaStream_t stream) {
+  if (!valid_launch(a.t) || a.t.chunks != 1) return cudaErrorInvalidValue;
+  cudaError_t result = cudaErrorInvalidValue;  // stays so for an op without a kernel
+  FASTPAR_DISPATCH_DTYPE(dt, [&] {
+    FASTPAR_DISPATCH_OP(op, [&] { result = launch_graph_instance<scalar_t, kOp>(a, stream); });
+  });
   return result;
 }
 #endif

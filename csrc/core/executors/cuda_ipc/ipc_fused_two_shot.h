@@ -76,6 +76,7 @@
 #include "../../transport/cuda_ipc/ipc_arena.h"
 #include "../../transport/flag_protocol.h"
 #include "fused_loops.h"
+#include "ipc_graph.h"
 #include "phase_step.h"
 
 namespace fastpar {
@@ -166,18 +167,19 @@ FASTPAR_HD TwoShotSlice two_shot_slice(const TwoShotArgs& a, int64_t k, int q, i
 FASTPAR_HD int two_shot_slot(const TwoShotArgs& a, int64_t k) { return int((a.first_slot + k) % flags::kSlots); }
 
 // Rank q's slot of chunk k (base + stride: no runtime index into a 2-D
-// parameter array, which would copy it to local memory).
+// parameter array, which would copy it to local memory). `off`: bytes past
+// it where this call's slot starts (the graphed kernel's parity; 0 otherwise).
 template <typename T>
-FASTPAR_HD T* two_shot_slot_ptr(const TwoShotArgs& a, int q, int64_t k) {
-  return reinterpret_cast<T*>(a.slot0[q] + two_shot_slot(a, k) * a.slot_stride);
+FASTPAR_HD T* two_shot_slot_ptr(const TwoShotArgs& a, int q, int64_t k, int64_t off = 0) {
+  return reinterpret_cast<T*>(a.slot0[q] + two_shot_slot(a, k) * a.slot_stride + off);
 }
 
 // Block b's publish of chunk k: slice b of the input's shards q != rank into
 // this rank's slot of chunk k.
 template <typename T>
-FASTPAR_HD void two_shot_publish(const TwoShotArgs& a, int64_t k, int b, int t, int nt) {
+FASTPAR_HD void two_shot_publish(const TwoShotArgs& a, int64_t k, int b, int t, int nt, int64_t off = 0) {
   const int r = a.phase.rank;
-  T* slot = two_shot_slot_ptr<T>(a, r, k);
+  T* slot = two_shot_slot_ptr<T>(a, r, k, off);
   const T* in = static_cast<const T*>(a.in);
   for (int q = 0; q < a.phase.size; ++q) {
     if (q == r) continue;
@@ -189,13 +191,13 @@ FASTPAR_HD void two_shot_publish(const TwoShotArgs& a, int64_t k, int b, int t, 
 // Block b's copy-out of chunk k: slice b of every other rank's reduced shard,
 // from that rank's slot of chunk k, into the output.
 template <typename T>
-FASTPAR_HD void two_shot_copy_out(const TwoShotArgs& a, int64_t k, int b, int t, int nt) {
+FASTPAR_HD void two_shot_copy_out(const TwoShotArgs& a, int64_t k, int b, int t, int nt, int64_t off = 0) {
   const int r = a.phase.rank;
   T* out = static_cast<T*>(a.out);
   for (int q = 0; q < a.phase.size; ++q) {
     if (q == r) continue;
     const TwoShotSlice s = two_shot_slice<T>(a, k, q, b);
-    fused_copy<T>(out + s.lo, two_shot_slot_ptr<const T>(a, q, k) + (s.lo - s.chunk_begin), s.hi - s.lo,
+    fused_copy<T>(out + s.lo, two_shot_slot_ptr<const T>(a, q, k, off) + (s.lo - s.chunk_begin), s.hi - s.lo,
                      t, nt);
   }
 }
@@ -204,15 +206,15 @@ FASTPAR_HD void two_shot_copy_out(const TwoShotArgs& a, int64_t k, int b, int t,
 // (this rank's input, the peers' slots) in rank order into this rank's slot
 // and the output (fused_loops.h: the reduce kernel's bits).
 template <typename T, ReduceOp OP>
-FASTPAR_HD void two_shot_reduce(const TwoShotArgs& a, int64_t k, int b, int t, int nt) {
+FASTPAR_HD void two_shot_reduce(const TwoShotArgs& a, int64_t k, int b, int t, int nt, int64_t slot_off = 0) {
   const int n = a.phase.size, r = a.phase.rank;
   const TwoShotSlice s = two_shot_slice<T>(a, k, r, b);
   const int64_t off = s.lo - s.chunk_begin;
   const T* src[kMaxIpcRanks];
   FASTPAR_FUSED_UNROLL
   for (int q = 0; q < kMaxIpcRanks; ++q)
-    src[q] = q >= n ? nullptr : q == r ? static_cast<const T*>(a.in) + s.lo : two_shot_slot_ptr<const T>(a, q, k) + off;
-  T* const dst[2] = {two_shot_slot_ptr<T>(a, r, k) + off, static_cast<T*>(a.out) + s.lo};
+    src[q] = q >= n ? nullptr : q == r ? static_cast<const T*>(a.in) + s.lo : two_shot_slot_ptr<const T>(a, q, k, slot_off) + off;
+  T* const dst[2] = {two_shot_slot_ptr<T>(a, r, k, slot_off) + off, static_cast<T*>(a.out) + s.lo};
   FusedReduce<T, OP>::template run<1, 2>(src, n, dst, 2, s.hi - s.lo,
                                                                           a.contributions, t, nt);
 }
@@ -247,6 +249,42 @@ FASTPAR_HD void two_shot_block(const TwoShotArgs& a, int b, Blk& blk) {
 
 // Enqueues the kernel (ipc_fused_two_shot.cu): a.nblocks blocks.
 cudaError_t launch_fused_two_shot(DType dt, ReduceOp op, const TwoShotArgs& a, cudaStream_t stream);
+
+// ---------------------------------------------------------------- the two-shot a CUDA graph can capture
+//
+// ipc_graph.h: the epoch, the flags 2e + j, the graph slot of the epoch's
+// parity, the descriptor, the failure word. A graphed call fits one slot, so
+// it is one chunk: publish, phase 0, reduce, phase 1, copy-out, on the eager
+// call's grid (two_shot_blocks) and cut (two_shot_cut), so the same bits.
+// Slot reuse needs no third phase: the next call to write graph slot e % 2
+// is e + 2 (ipc_graph.h).
+
+struct GraphTwoShotArgs {
+  TwoShotArgs t;  // chunks = 1, first_slot = 0, slot0 = every rank's graph slot 0; block flags unused
+  GraphRegion g;
+};
+
+template <class Mem, typename T, ReduceOp OP, class Blk>
+FASTPAR_HD void graph_two_shot_block(const GraphTwoShotArgs& a, int b, Blk& blk) {
+  if (!blk.leader([&] { return graph_prior_failure<Mem>(a.t.phase, a.g, b) != 0; })) {
+    blk.threads([&](int t, int nt) { two_shot_publish<T>(a.t, 0, b, t, nt, graph_slot_offset(a.g, graph_epoch(a.g))); });
+    if (!blk.barrier(GraphPhase<Mem>{a.t.phase, a.g, b, graph_epoch(a.g), 0})) {
+      blk.threads(
+          [&](int t, int nt) { two_shot_reduce<T, OP>(a.t, 0, b, t, nt, graph_slot_offset(a.g, graph_epoch(a.g))); });
+      if (!blk.barrier(GraphPhase<Mem>{a.t.phase, a.g, b, graph_epoch(a.g), 1}))
+        blk.threads([&](int t, int nt) {
+          two_shot_copy_out<T>(a.t, 0, b, t, nt, graph_slot_offset(a.g, graph_epoch(a.g)));
+        });
+    }
+  }
+  blk.leader([&] {
+    graph_finish<Mem>(a.g, a.t.nblocks);
+    return false;
+  });
+}
+
+// Enqueues the graphed kernel (ipc_fused_two_shot.cu): a.t.nblocks blocks.
+cudaError_t launch_graph_two_shot(DType dt, ReduceOp op, const GraphTwoShotArgs& a, cudaStream_t stream);
 
 // Loads every instance of the kernel now (preload_kernels.h).
 cudaError_t preload_fused_two_shot_kernels();

@@ -4,7 +4,8 @@
 // (tests/cpp/cuda_host_emulation) runs the very same code over host atomics.
 // Beyond flag_protocol.h's interface the policy has load_acquire_host (the
 // host abort word), load_u32 and cas_u32 (the status word), store_release_u32
-// (its host mirror and the replays' failure word): device_memory_order.cuh.
+// (its host mirror and the replays' failure word), and fetch_add (the graphed
+// calls' count of finished blocks, ipc_graph.h): device_memory_order.cuh.
 #pragma once
 
 #include <cstdint>

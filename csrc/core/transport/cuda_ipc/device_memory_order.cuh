@@ -52,6 +52,14 @@ struct DeviceMemory {
   __device__ static uint32_t cas_u32(uint32_t* p, uint32_t expected, uint32_t desired) {
     return atomicCAS(p, expected, desired);
   }
+  // The graphed calls' count of finished blocks (ipc_graph.h, graph_finish):
+  // this rank's kernels only, so device scope; acquire-release, so the last
+  // block's write of the epoch comes after every block's reads of it.
+  __device__ static uint64_t fetch_add(uint64_t* p, uint64_t v) {
+    uint64_t old;
+    asm volatile("atom.acq_rel.gpu.global.add.u64 %0, [%1], %2;" : "=l"(old) : "l"(p), "l"(v) : "memory");
+    return old;
+  }
   // The status word's host-mapped mirror: released after the mismatch record,
   // so a host that reads kMismatch there also reads the record.
   __device__ static void store_release_u32(uint32_t* p, uint32_t v) {

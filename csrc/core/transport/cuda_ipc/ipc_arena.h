@@ -16,7 +16,7 @@
 // The p2p region (send/recv, p2p_ring.h) is apart from the collective slots so
 // that point-to-point traffic on its own streams never touches a slot a
 // collective is using. The graph region (the all_reduce that CUDA graphs can
-// capture, ipc_fused_one_shot.h) is apart for the same reason: a replayed kernel's
+// capture, ipc_graph.h) is apart for the same reason: a replayed kernel's
 // pointers were fixed at capture, so it cannot take its turn in the eager
 // slots' rotation; it alternates two slots of its own by the replay's parity.
 //
@@ -127,13 +127,19 @@ FASTPAR_HD FlagLine* block_flags_of(void* base) {
   return reinterpret_cast<FlagLine*>(static_cast<char*>(base) + kBlockFlagsOffset);
 }
 
-// The graph region's control (owner-written): per block, the calls it has
-// completed (`epoch`, read only by the owner) and the epoch whose barrier it
-// has reached; block 0's descriptor of each call, in the entry of the call's
-// parity (a peer reads epoch e's while this rank may already write e + 1's).
+// The graph region's control (owner-written). Per block b, the barrier
+// phase block b of this rank's graphed calls has reached (`start`, spun on by
+// block b of every peer: phase j of epoch e posts 2e + j), for as many blocks
+// as any eager grid has, since a replay runs the grid of the eager call of its
+// size. The graphed calls this rank has completed (`epoch`) and the blocks of
+// the running one that have finished (`arrived`), both read and written by
+// this rank's kernels only (ipc_graph.h, graph_finish). Block 0's descriptor
+// of each call, in the entry of the call's parity (a peer reads epoch e's
+// while this rank may already write e + 1's).
 struct GraphControl {
-  FlagLine start[kFusedMaxBlocks];
-  FlagLine epoch[kFusedMaxBlocks];
+  FlagLine start[kTwoShotMaxBlocks];
+  FlagLine epoch;
+  FlagLine arrived;
   flags::OpDesc desc[2];
 };
 
