@@ -20,7 +20,8 @@ namespace distributed {
 class CallRange {
  public:
   // `name`: the op as fastpar's messages spell it ("all_reduce"); `input`:
-  // the call's tensor (may be undefined: barrier).
+  // the call's tensor (may be undefined: barrier), which must outlive this
+  // object (held by reference: no refcount on the call's path).
   CallRange(const char* name, const at::Tensor& input);
   ~CallRange();
   CallRange(const CallRange&) = delete;
@@ -37,7 +38,7 @@ class CallRange {
 
  private:
   std::shared_ptr<Range> range_;  // null: no profiler was recording
-  at::Tensor input_;
+  const at::Tensor& input_;
   bool nvtx_ = false;
 };
 
