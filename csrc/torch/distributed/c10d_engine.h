@@ -31,6 +31,7 @@
 
 #include "engine.h"
 #include "failure_notice.h"
+#include "forwarding_work.h"
 
 namespace fastpar {
 namespace distributed {
@@ -74,22 +75,17 @@ auto between_hosts(const char* op, int rank, const std::string& backend, F&& f) 
 // synchronize() raising as between_hosts does. `results`, when given, are the
 // caller's tensors where views of them crossed: result() and the future's
 // value give those.
-class InterHostWork : public c10d::Work {
+class InterHostWork : public ForwardingWork {
  public:
   // `notice`: the group's, or null.
   InterHostWork(c10::intrusive_ptr<c10d::Work> inner, const char* op, int rank, std::string backend, std::shared_ptr<FailureNotice> notice,
                 std::optional<std::vector<at::Tensor>> results = std::nullopt)
-      : c10d::Work(rank),
-        inner_(std::move(inner)),
+      : ForwardingWork(std::move(inner), rank),
         op_(op),
         rank_(rank),
         backend_(std::move(backend)),
         notice_(std::move(notice)),
         results_(std::move(results)) {}
-  bool isCompleted() override { return inner_->isCompleted(); }
-  bool isSuccess() const override { return inner_->isSuccess(); }
-  std::exception_ptr exception() const override { return inner_->exception(); }
-  int sourceRank() const override { return inner_->sourceRank(); }
   std::vector<at::Tensor> result() override { return results_ ? *results_ : inner_->result(); }
   void synchronize() override {
     posting([&] { between_hosts(op_, rank_, backend_, [&] { inner_->synchronize(); }); });
@@ -111,8 +107,6 @@ class InterHostWork : public c10d::Work {
     }
     return posting([&] { return between_hosts(op_, rank_, backend_, [&] { return inner_->wait(timeout); }); });
   }
-  void blockCurrentStream() override { inner_->blockCurrentStream(); }
-  void abort() override { inner_->abort(); }
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
     if (!results_) return inner_->getFuture();
     std::lock_guard<std::mutex> lock(future_mu_);
@@ -122,9 +116,6 @@ class InterHostWork : public c10d::Work {
     }
     return future_;
   }
-  c10::intrusive_ptr<c10::ivalue::Future> getFutureResult() override { return inner_->getFutureResult(); }
-  float getDuration() const override { return inner_->getDuration(); }
-  uint64_t getSequencenumber() const override { return inner_->getSequencenumber(); }
 
  private:
   // Runs `f`; where it fails because the call failed (not because the
@@ -139,7 +130,6 @@ class InterHostWork : public c10d::Work {
     }
   }
 
-  c10::intrusive_ptr<c10d::Work> inner_;
   const char* op_;
   int rank_;
   std::string backend_;

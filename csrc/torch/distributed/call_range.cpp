@@ -1,6 +1,9 @@
 #include "call_range.h"
 
+#include <mutex>
 #include <string>
+
+#include "forwarding_work.h"
 
 namespace fastpar {
 namespace distributed {
@@ -9,19 +12,15 @@ namespace {
 
 // A pending call's Work with its range: the range ends when the Work is first
 // seen complete (wait(), synchronize(), isCompleted()), or when it is dropped.
-class RangedWork : public c10d::Work {
+class RangedWork : public ForwardingWork {
  public:
   RangedWork(c10::intrusive_ptr<c10d::Work> inner, std::shared_ptr<CallRange::Range> range)
-      : c10d::Work(-1, inner->retrieveOpType()), inner_(std::move(inner)), range_(std::move(range)) {}
+      : ForwardingWork(std::move(inner), -1), range_(std::move(range)) {}
   bool isCompleted() override {
     const bool done = inner_->isCompleted();
     if (done) end();
     return done;
   }
-  bool isSuccess() const override { return inner_->isSuccess(); }
-  std::exception_ptr exception() const override { return inner_->exception(); }
-  int sourceRank() const override { return inner_->sourceRank(); }
-  std::vector<at::Tensor> result() override { return inner_->result(); }
   void synchronize() override {
     inner_->synchronize();
     end();
@@ -31,19 +30,12 @@ class RangedWork : public c10d::Work {
     end();
     return ok;
   }
-  void blockCurrentStream() override { inner_->blockCurrentStream(); }
-  void abort() override { inner_->abort(); }
-  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return inner_->getFuture(); }
-  c10::intrusive_ptr<c10::ivalue::Future> getFutureResult() override { return inner_->getFutureResult(); }
-  float getDuration() const override { return inner_->getDuration(); }
-  uint64_t getSequencenumber() const override { return inner_->getSequencenumber(); }
 
  private:
   void end() {
     std::lock_guard<std::mutex> g(mu_);
     range_.reset();
   }
-  c10::intrusive_ptr<c10d::Work> inner_;
   std::mutex mu_;
   std::shared_ptr<CallRange::Range> range_;
 };
