@@ -245,9 +245,10 @@ def binding_report() -> dict:
 def placement(group=None) -> dict:
     """How `group`'s CPU all_reduce moves data between its ranks on this host.
 
-    Large all_reduce calls (the two-shot schedules) run "near" (slots written
-    with ordinary stores, read from the writer's cache) or "far" (streaming
-    stores: read from memory; for ranks on different dies or sockets). With
+    Every all_reduce schedule (one-shot, two-shot, registered) runs "near"
+    (slots written with ordinary stores, read from the writer's cache) or
+    "far" (streaming stores: read from memory; for ranks on different dies
+    or sockets). With
     FASTPAR_SHM_PLACEMENT=auto (the default) the group decides per schedule
     and size class (a power of two of bytes) from paired trials of both forms
     on that class's first calls: at least 8 pairs, more (up to 32) until a
@@ -256,15 +257,16 @@ def placement(group=None) -> dict:
     class is measured again when its calls' rate drifts. "near" / "far" force
     one (the measured classes stay for auto's return).
 
-    Keys: mode (the knob), schedule (the form of the latest large call),
-    classes (every class the group's calls used: min_bytes, registered (the
-    registered-buffer schedule), schedule "near" / "far" / "measuring",
+    Keys: mode (the knob), schedule (the form of the latest call),
+    classes (every class the group's calls used: min_bytes, one_shot and
+    registered (its schedule: the one-shot, the registered-buffer two-shot,
+    or neither: the copying two-shot), schedule "near" / "far" / "measuring",
     settled (the test decided; False: decided under noise, to be measured
     again), pairs, calls, near_us / far_us (each form's median over the pairs,
     every call at its fastest rank's time; this rank's best trial before the
     first agreement), far_over_near (the median ratio)), decisions, revisits
     (unsettled decisions measured again), checks (drift agreements),
-    large_calls, and binding: this rank's binding_report() (its CPUs and the
+    calls (all_reduce calls), and binding: this rank's binding_report() (its CPUs and the
     L3 domains, packages and NUMA nodes they touch). Not collective; decided
     classes read the same on every rank.
     """

@@ -15,7 +15,8 @@ from worker_context import ARGS, RANK, WORLD, check, finish, init, ops_for, same
 pytestmark = pytest.mark.usefixtures("no_leftover_segments")
 
 # With the batch's 4 KiB slots every size here runs the two-shot family
-# (forced below) over 1 to 40 chunks.
+# over 1 to 40 chunks where it is forced, and the first two the one-shot
+# where the schedule is the default's.
 SIZES = (1, 1000, 40_003)
 
 
@@ -51,13 +52,15 @@ def sc_placement_modes():
     says what ran."""
     init()
     b = fd.get_fastpar_backend()
-    _testing.set_shm_allreduce(b, -1, 2)  # two-shot at every size
-    results = {m: _run_all(m) for m in ("near", "far", "auto")}
-    for case, t in results["near"].items():
-        for m in ("far", "auto"):
-            assert torch.equal(results[m][case], t), f"{case}: {m} differs from near"
-    same_bits_everywhere(torch.cat([t.view(torch.uint8).flatten() for t in results["far"].values()]), "far")
+    for algo in (2, 0):  # two-shot at every size; the default's schedules (one-shot up to a slot)
+        _testing.set_shm_allreduce(b, -1, algo)
+        results = {m: _run_all(m) for m in ("near", "far", "auto")}
+        for case, t in results["near"].items():
+            for m in ("far", "auto"):
+                assert torch.equal(results[m][case], t), f"{case}: {m} differs from near (algo {algo})"
+        same_bits_everywhere(torch.cat([t.view(torch.uint8).flatten() for t in results["far"].values()]), "far")
     p = fd.placement()
+    assert any(k["one_shot"] for k in p["classes"]) and any(not k["one_shot"] for k in p["classes"]), p
     assert p["mode"] == "auto" and p["classes"], p
     for k in p["classes"]:
         assert k["schedule"] in ("near", "far", "measuring") and k["near_us"] > 0 and k["calls"] > 0, p
@@ -65,7 +68,7 @@ def sc_placement_modes():
     # Every rank took the same decisions from the same numbers.
     got = [None] * WORLD
     decided = [k for k in p["classes"] if k["schedule"] != "measuring"]  # a trial's times are the rank's own
-    dist.all_gather_object(got, (decided, p["decisions"], p["checks"], p["large_calls"]))
+    dist.all_gather_object(got, (decided, p["decisions"], p["checks"], p["calls"]))
     assert all(g == got[0] for g in got), got
     for m in ("near", "far"):
         _testing.set_shm_placement(b, m)
@@ -82,7 +85,7 @@ def test_near_far_and_measured_give_the_same_bits(request, device, layout, world
 def _agreed(p):
     """What every rank must hold alike: the decided classes and the counts."""
     return ([k for k in p["classes"] if k["schedule"] != "measuring"], p["decisions"], p["revisits"], p["checks"],
-            p["large_calls"])
+            p["calls"])
 
 
 def _same_everywhere(p):
@@ -113,7 +116,7 @@ def sc_placement_drift():
     for _ in range(17):  # 8 pairs of trials (16 calls), then the decision
         call()
     p = fd.placement()
-    assert p["decisions"] == 1 and p["large_calls"] == 17 and len(p["classes"]) == 1, p
+    assert p["decisions"] == 1 and p["calls"] == 17 and len(p["classes"]) == 1, p
     k = p["classes"][0]
     assert (k["min_bytes"], k["schedule"], k["settled"], k["pairs"]) == (16384, "near", True, 8), p
     assert k["far_us"] > k["near_us"] + 0.8 * DELAY_US and k["far_over_near"] > 2, p
@@ -125,17 +128,18 @@ def sc_placement_drift():
     # drift, which a loaded machine can cause, would too): every rank the
     # same count and the same decision.
     p = fd.placement()
-    assert p["large_calls"] == 48 and p["checks"] == 1 and p["decisions"] >= 2, p
+    assert p["calls"] == 48 and p["checks"] == 1 and p["decisions"] >= 2, p
     assert p["classes"][0]["schedule"] == "near", p
     for _ in range(16):
         call()
     p = fd.placement()
     assert p["checks"] == 2, p
     _same_everywhere(p)
-    # Small calls (one-shot) neither count nor measure.
+    # A one-shot call is measured in a class of its own.
     _testing.set_shm_allreduce(b, -1, 0)
     dist.all_reduce(torch.ones(4))
-    assert fd.placement()["large_calls"] == 64
+    p = fd.placement()
+    assert p["calls"] == 65 and [(k["min_bytes"], k["one_shot"]) for k in p["classes"]] == [(16384, False), (16, True)], p
     _testing.set_shm_placement_delays(b, 0.0, 0.0)
     finish()
 
@@ -146,8 +150,9 @@ def test_one_ranks_drift_makes_every_rank_measure_again(request, device, layout,
     assert_ok(scenario_result(request))
 
 
-# float32 elements: 8 KiB .. 256 KiB, four size classes (2 to 64 chunks of the batch's slots).
-CLASS_SIZES = (2048, 8192, 32768, 65536)
+# float32 elements: 1 KiB and 4 KiB (one-shot: one slot), 8 KiB .. 256 KiB
+# (two-shot: 2 to 64 chunks of the batch's slots), six size classes.
+CLASS_SIZES = (256, 1024, 2048, 8192, 32768, 65536)
 
 
 @scenario
@@ -157,7 +162,7 @@ def sc_placement_slower_form_loses():
     drifts, every class is measured again and each picks the other form."""
     init()
     b = fd.get_fastpar_backend()
-    _testing.set_shm_allreduce(b, -1, 2)
+    _testing.set_shm_allreduce(b, -1, 0)
     _testing.set_shm_placement(b, "auto")
     ts = [torch.empty(n) for n in CLASS_SIZES]
 
@@ -178,6 +183,7 @@ def sc_placement_slower_form_loses():
     # 17 calls decide each class; 5 more give the drift watch its reference.
     p = rounds(60, lambda k: k["schedule"] == "near" and k["settled"])
     assert sorted(k["min_bytes"] for k in p["classes"]) == [4 * n for n in CLASS_SIZES], p
+    assert [k["one_shot"] for k in sorted(p["classes"], key=lambda k: k["min_bytes"])] == [True, True] + [False] * 4, p
     for k in p["classes"]:
         assert k["schedule"] == "near" and k["settled"] and k["pairs"] >= 8, p
         assert k["far_us"] > k["near_us"] + 0.8 * DELAY_US, p

@@ -666,6 +666,7 @@ and its engines for each group.)")
                py::dict e;
                e["min_bytes"] = k.min_bytes;
                e["registered"] = k.registered;
+               e["one_shot"] = k.one_shot;
                e["schedule"] = !k.decided ? "measuring" : k.far ? "far" : "near";
                e["settled"] = k.settled;
                e["pairs"] = k.pairs;
@@ -679,7 +680,7 @@ and its engines for each group.)")
              d["decisions"] = r.decisions;
              d["revisits"] = r.revisits;
              d["checks"] = r.checks;
-             d["large_calls"] = r.large_calls;
+             d["calls"] = r.calls;
              return d;
            })
       .def_property_readonly("hierarchical", &Backend::hierarchical)

@@ -89,18 +89,20 @@ void allreduce(ShmComm& c, const ShmTuning& t, Placement& placement, const void*
   c.begin(Coll::kAllreduce, c.timeout());
   const char* i = static_cast<const char*>(in);
   char* o = static_cast<char*>(out);
-  if (one_shot) {
-    with_reducer(dt, op, [&](auto reduce, int64_t es) { allreduce_one_shot(c, call, i, o, count, es, reduce); });
-    return;
-  }
-  // The two-shot family: near or far (collective: may agree on the placement first).
-  const bool far = placement.choose(c, bytes, reg >= 0);
+  // Near or far, as the group measured for this schedule and size
+  // (collective: may agree on the placement first).
+  const PlacedSchedule sched =
+      one_shot ? PlacedSchedule::kOneShot : reg >= 0 ? PlacedSchedule::kRegistered : PlacedSchedule::kTwoShot;
+  const bool far = placement.choose(c, bytes, sched);
   StreamingSlots streaming(c);
   const uint64_t t0 = HostMemory::now_ns();
   with_reducer(
       dt, op,
       [&](auto reduce, int64_t es) {
-        if (reg >= 0) {
+        if (one_shot) {
+          if (far) allreduce_one_shot(streaming, call, i, o, count, es, reduce);
+          else allreduce_one_shot(c, call, i, o, count, es, reduce);
+        } else if (reg >= 0) {
           registered_calls.fetch_add(1, std::memory_order_relaxed);
           if (far) allreduce_registered(streaming, call, reg, count, es, c.slot_bytes() / es, reduce);
           else allreduce_registered(c, call, reg, count, es, c.slot_bytes() / es, reduce);
@@ -110,7 +112,7 @@ void allreduce(ShmComm& c, const ShmTuning& t, Placement& placement, const void*
           allreduce_two_shot(c, call, i, o, count, es, reduce);
         }
       },
-      far);
+      far && !one_shot);  // the one-shot's results stay private: ordinary stores
   placement.record(HostMemory::now_ns() - t0);
 }
 

@@ -38,13 +38,19 @@ int class_of(int64_t bytes) { return bytes <= 1 ? 0 : 63 - __builtin_clzll(uint6
 
 }  // namespace
 
-bool Placement::choose(ShmComm& c, int64_t bytes, bool registered) {
-  ++large_calls_;
+bool Placement::choose(ShmComm& c, int64_t bytes, PlacedSchedule schedule) {
+  ++calls_;
   current_ = -1;
   current_trial_ = false;
   if (mode_ != PlacementMode::kAuto || c.size() < 2) return current_far_ = mode_ == PlacementMode::kFar;
-  if (large_calls_ % kCheckEvery == 0) agree_drift(c);
-  current_ = std::min(kSizes - 1, class_of(bytes)) + (registered ? kSizes : 0);
+  // Every rank counts the same calls and bytes: all hold the check at the same call.
+  ++calls_since_check_;
+  bytes_since_check_ += bytes;
+  if (calls_since_check_ >= kCheckMaxCalls || (calls_since_check_ >= kCheckEvery && bytes_since_check_ >= kCheckBytes)) {
+    calls_since_check_ = bytes_since_check_ = 0;
+    agree_drift(c);
+  }
+  current_ = std::min(kSizes - 1, class_of(bytes)) + int(schedule) * kSizes;
   bytes_ = bytes;
   Class& k = classes_[current_];
   ++k.calls;
@@ -221,7 +227,7 @@ void Placement::record(uint64_t ns) {
     return;
   }
   k.recent[k.watched++ % kWatchCalls] = rate;
-  if (k.watched < kWatchCalls) return;
+  if (k.watched % kWatchCalls != 0) return;  // a fresh window every kWatchCalls calls
   const double now = median_of(k.recent, kWatchCalls);
   if (now > kDrift * k.ref || now * kDrift < k.ref) k.drifted = true;
 }
@@ -241,7 +247,8 @@ PlacementReport Placement::report() const {
     if (k.calls == 0) continue;
     PlacementClass pc;
     pc.min_bytes = int64_t(1) << (i % kSizes);
-    pc.registered = i >= kSizes;
+    pc.registered = i / kSizes == int(PlacedSchedule::kRegistered);
+    pc.one_shot = i / kSizes == int(PlacedSchedule::kOneShot);
     pc.decided = k.decided;
     pc.far = k.far;
     pc.settled = k.settled;
@@ -264,7 +271,7 @@ PlacementReport Placement::report() const {
   r.decisions = decisions_;
   r.revisits = revisits_;
   r.checks = checks_;
-  r.large_calls = large_calls_;
+  r.calls = calls_;
   return r;
 }
 

@@ -4,12 +4,13 @@
 // different dies or sockets, where every line that crosses between two
 // caches is several times slower, docs/notes/cpu-slow-mode.md).
 //
-// The two allreduce forms this chooses between run the same schedule with
-// the same element math (so the same bits); they differ in how lines cross:
-//   near  the pipelined two-shot as it is: slots written with ordinary stores,
-//         peers read them from the writer's cache;
-//   far   the same schedule with streaming (non-temporal) stores for every
-//         byte a peer reads (the input shards published into the slots, the
+// The two forms of each allreduce schedule (one-shot, pipelined two-shot,
+// registered) this chooses between run the same steps with the same element
+// math (so the same bits); they differ in how lines cross:
+//   near  the schedule as it is: slots written with ordinary stores, peers
+//         read them from the writer's cache;
+//   far   the same steps with streaming (non-temporal) stores for every byte
+//         a peer reads (the inputs published into the slots, the two-shot's
 //         reduced shards): peers read them from memory, and no line moves
 //         between the two caches.
 // Which form wins depends on where the host placed the ranks' cores (on a VM
@@ -31,9 +32,10 @@
 //     kMaxPairs: then the median's form, unsettled (taken under noise), and
 //     the class is measured again after kRevisitCalls of its calls, twice as
 //     many after each further unsettled decision;
-//   - afterwards each rank watches the median rate of the class's last calls
-//     against the median of its first calls after the decision; every kCheckEvery calls
-//     of the two-shot family the ranks compare notes (one 8-byte allgather)
+//   - afterwards each rank watches the median rate of each window of the
+//     class's calls against the median of its first calls after the
+//     decision; every kCheckEvery calls or more (kCheckBytes of them, or
+//     kCheckMaxCalls) the ranks compare notes (one allgather of a bit mask)
 //     and every class whose rate moved kDrift either way on any rank (the
 //     placement changed under the group: the host moved the CPUs, a rank was
 //     migrated) is measured again; a class the move did not reach keeps its
@@ -62,7 +64,8 @@ const char* placement_mode_name(PlacementMode m);
 // One size class of one schedule as measured.
 struct PlacementClass {
   int64_t min_bytes = 0;    // the class: calls of [min_bytes, 2 * min_bytes)
-  bool registered = false;  // the registered-buffer schedule (else the copying two-shot)
+  bool registered = false;  // the registered-buffer schedule
+  bool one_shot = false;    // the one-shot (neither: the copying two-shot)
   bool decided = false;
   bool far = false;
   bool settled = false;  // decided by the test (else at kMaxPairs, under noise: measured again later)
@@ -77,18 +80,21 @@ struct PlacementClass {
 // What a group's allreduce runs and why (fastpar.distributed.placement()).
 struct PlacementReport {
   PlacementMode mode = PlacementMode::kAuto;
-  bool far = false;  // the form the latest large call ran
-  std::vector<PlacementClass> classes;  // auto: the classes seen, copying then registered, smallest first
+  bool far = false;  // the form the latest call ran
+  std::vector<PlacementClass> classes;  // auto: the classes seen, two-shot, registered, one-shot, smallest first
   int64_t decisions = 0;  // decisions taken (a class measured again counts again)
   int64_t revisits = 0;   // unsettled decisions measured again
   int64_t checks = 0;     // drift agreements held
-  int64_t large_calls = 0;
+  int64_t calls = 0;
 };
+
+// The schedules whose classes are measured apart.
+enum class PlacedSchedule : int { kTwoShot = 0, kRegistered = 1, kOneShot = 2 };
 
 // Per communicator: the choice and the drift watch. Not thread-safe (the
 // engine serializes calls). Every rank must call choose() and record() for the
-// same calls: those of the two-shot family, which every rank runs for the same
-// sizes and schedule (the descriptor check enforces it).
+// same calls: every allreduce, which every rank runs for the same sizes and
+// schedule (the descriptor check enforces it).
 class Placement {
  public:
   explicit Placement(PlacementMode mode = PlacementMode::kAuto) : mode_(mode) {}
@@ -96,7 +102,7 @@ class Placement {
   // Collective (inside an allreduce of `bytes`, after ShmComm::begin): whether
   // this call runs the far form. May exchange a few bytes with the peers (a
   // batch of trials, a drift check) before the call's own phases.
-  bool choose(ShmComm& c, int64_t bytes, bool registered = false);
+  bool choose(ShmComm& c, int64_t bytes, PlacedSchedule schedule = PlacedSchedule::kTwoShot);
   // After the call: its duration, for the trials and the drift watch.
   void record(uint64_t ns);
   // Tests: this rank saw drift in every class it has run (as record() would);
@@ -120,14 +126,18 @@ class Placement {
   static constexpr int kMaxPairs = 32;
   static constexpr double kEquivalent = 1.1;  // forms within 10%: either will do
   static constexpr int64_t kRevisitCalls = 256;
+  // A drift check after at least kCheckEvery calls and kCheckBytes of them,
+  // or kCheckMaxCalls calls: one allgather per ~1% of small calls' time.
   static constexpr int64_t kCheckEvery = 32;
+  static constexpr int64_t kCheckBytes = int64_t(512) << 10;
+  static constexpr int64_t kCheckMaxCalls = 4096;
   // A class's rate that moves this far (either way) from its reference counts
   // as drift: well beyond a busy moment, well below a placement change.
   static constexpr double kDrift = 1.8;
 
  private:
   static constexpr int kSizes = 48;
-  static constexpr int kClasses = 2 * kSizes;  // copying, then registered
+  static constexpr int kClasses = 3 * kSizes;  // PlacedSchedule's order
   static constexpr int kRefCalls = 5;
   static constexpr int kWatchCalls = 8;
   struct Class {
@@ -141,9 +151,9 @@ class Placement {
     int64_t revisit_at = 0;     // unsettled: the call count at which it is measured again
     int64_t revisit_every = 0;  // the interval of the next unsettled decision (0: kRevisitCalls)
     // The drift watch: the median rate (ns per byte) of the first kRefCalls
-    // calls after the decision, and the rates of the last kWatchCalls since
-    // (their median moves only when most of them do: one call that a busy
-    // machine held up is no drift).
+    // calls after the decision, and the rates of each window of kWatchCalls
+    // calls since (their median moves only when most of them do: one call
+    // that a busy machine held up is no drift).
     double first[kRefCalls];
     int n = 0;
     double ref = 0;
@@ -164,7 +174,8 @@ class Placement {
   bool current_far_ = false;
   bool current_trial_ = false;
   int64_t bytes_ = 0;
-  int64_t decisions_ = 0, revisits_ = 0, checks_ = 0, large_calls_ = 0;
+  int64_t decisions_ = 0, revisits_ = 0, checks_ = 0, calls_ = 0;
+  int64_t calls_since_check_ = 0, bytes_since_check_ = 0;
   double test_delay_us_[2] = {0, 0}, test_noise_us_ = 0;
   int64_t revisit_calls_ = kRevisitCalls;
   int64_t test_calls_ = 0;
