@@ -68,6 +68,39 @@ template <ReduceOp OP, typename A> FASTPAR_HD A combine(A a, A b) {
   }
 }
 
+// x / d, truncated, for d >= 1, in 32-bit divisions: a 64-bit division on the
+// GPU is a call into a subroutine, and registers held across that call cost
+// the kernels that reduce int64 a stack frame. Digits of 16 bits for d < 2^16
+// (every rank count), one bit at a time past that. The CPU runs the same code.
+FASTPAR_HD uint64_t udiv64_by_32(uint64_t x, uint32_t d) {
+  const uint32_t hi = uint32_t(x >> 32), lo = uint32_t(x);
+  const uint32_t qh = hi / d;
+  uint32_t r = hi - qh * d;  // < d
+  if (d < 0x10000u) {
+    const uint32_t n1 = (r << 16) | (lo >> 16);  // < d * 2^16: the quotient digit fits 16 bits
+    const uint32_t q1 = n1 / d;
+    const uint32_t n0 = ((n1 - q1 * d) << 16) | (lo & 0xffffu);
+    return (uint64_t(qh) << 32) | (uint64_t(q1) << 16) | uint64_t(n0 / d);
+  }
+  uint64_t rem = r;
+  uint32_t ql = 0;
+  for (int i = 31; i >= 0; --i) {
+    rem = (rem << 1) | ((lo >> i) & 1u);
+    if (rem >= d) {
+      rem -= d;
+      ql |= 1u << i;
+    }
+  }
+  return (uint64_t(qh) << 32) | ql;
+}
+
+// C++'s a / d (truncated toward zero) for a 64-bit a and d >= 1.
+FASTPAR_HD int64_t div_by_count(int64_t a, int d) {
+  const uint64_t m = a < 0 ? 0 - uint64_t(a) : uint64_t(a);
+  const uint64_t q = udiv64_by_32(m, uint32_t(d));
+  return a < 0 ? int64_t(0 - q) : int64_t(q);
+}
+
 // Applied once to the fully reduced accumulator: AVG divides by the number of
 // contributions (a division, not a multiply by 1/n, so integer-valued sums
 // divide exactly as torch's reference does). On integers this is NCCL's
@@ -77,6 +110,8 @@ template <ReduceOp OP, typename A> FASTPAR_HD A combine(A a, A b) {
 template <ReduceOp OP, typename A> FASTPAR_HD A finalize(A a, int contributions) {
   if constexpr (OP != ReduceOp::AVG) {
     return a;
+  } else if constexpr (std::is_integral_v<A> && sizeof(A) == 8) {
+    return A(div_by_count(int64_t(a), contributions));
   } else if constexpr (std::is_integral_v<A>) {
     return A(a / contributions);
   } else {
