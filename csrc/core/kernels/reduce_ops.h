@@ -101,6 +101,20 @@ FASTPAR_HD int64_t div_by_count(int64_t a, int d) {
   return a < 0 ? int64_t(0 - q) : int64_t(q);
 }
 
+// C++'s a / d (truncated toward zero) for |a| <= 255 and d >= 1, as a
+// multiply by m = ceil(2^32 / d): one 32-bit division, the same for every
+// element (a kernel computes it once, where the 16 divisions of a 16-byte
+// pack would hold registers enough to spill). Exact: with |a| = qd + s,
+// |a| m / 2^32 < q + (d - 1) / d + |a| / 2^32, below q + 1 when |a| d < 2^32
+// (d <= 2^24), and below 1 = q + 1 past that (|a| / d < 2^-16).
+FASTPAR_HD int div8_by_count(int a, int d) {
+  const uint64_t m = uint64_t(0xffffffffu / uint32_t(d)) + 1u;
+  const int sign = a < 0 ? -1 : 0;
+  const uint32_t x = uint32_t((a ^ sign) - sign);
+  const int q = int((uint64_t(x) * m) >> 32);
+  return (q ^ sign) - sign;
+}
+
 // Applied once to the fully reduced accumulator: AVG divides by the number of
 // contributions (a division, not a multiply by 1/n, so integer-valued sums
 // divide exactly as torch's reference does). On integers this is NCCL's
@@ -112,6 +126,8 @@ template <ReduceOp OP, typename A> FASTPAR_HD A finalize(A a, int contributions)
     return a;
   } else if constexpr (std::is_integral_v<A> && sizeof(A) == 8) {
     return A(div_by_count(int64_t(a), contributions));
+  } else if constexpr (std::is_integral_v<A> && sizeof(A) == 1) {
+    return A(div8_by_count(int(a), contributions));
   } else if constexpr (std::is_integral_v<A>) {
     return A(a / contributions);
   } else {
