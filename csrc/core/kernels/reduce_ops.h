@@ -120,7 +120,8 @@ FASTPAR_HD int div8_by_count(int a, int d) {
 // divide exactly as torch's reference does). On integers this is NCCL's
 // ncclAvg (its SumPostDiv): the wrapped sum divided by n, truncated toward
 // zero. The division is in int or wider (C++'s usual conversions), so a
-// uint8/int8 sum is not divided by n wrapped to 8 bits.
+// uint8/int8 sum is not divided by n wrapped to 8 bits; the 8- and 64-bit
+// quotients come from div8_by_count and div_by_count, which equal C++'s.
 template <ReduceOp OP, typename A> FASTPAR_HD A finalize(A a, int contributions) {
   if constexpr (OP != ReduceOp::AVG) {
     return a;
