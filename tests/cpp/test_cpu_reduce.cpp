@@ -4,6 +4,7 @@
 // misaligned destinations; stream_copy at every alignment.
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <vector>
 
@@ -110,6 +111,33 @@ int main() {
     int64_t* dsts64[] = {out64};
     cpu_reduce_range<int64_t, ReduceOp::AVG>(srcs64, 2, dsts64, 1, 0, 2, 2);
     CHECK(out64[0] == std::numeric_limits<int64_t>::max() / 2 && out64[1] == i64min / 2);
+  }
+  // The integer AVG's divisions are C++'s truncating one. 64-bit
+  // (div_by_count, in 32-bit divisions): both digit paths (divisors below
+  // 2^16 and above), signs, the extremes, and an LCG's spread of dividends.
+  {
+    const int64_t i64min = std::numeric_limits<int64_t>::min(), i64max = std::numeric_limits<int64_t>::max();
+    const int divisors[] = {1, 2, 3, 7, 8, 255, 65535, 65536, 65537, 1 << 20, 123456789, std::numeric_limits<int>::max()};
+    std::vector<int64_t> xs = {0, 1, -1, 2, -7, i64max, i64min, i64min + 1, int64_t(1) << 32, -(int64_t(1) << 32) - 1,
+                               (int64_t(1) << 48) - 1};
+    uint64_t lcg = 1;
+    for (int i = 0; i < 2000; ++i) {
+      lcg = lcg * 6364136223846793005ull + 1442695040888963407ull;
+      xs.push_back(int64_t(lcg) >> (i % 61));
+    }
+    int mismatches = 0;
+    for (int64_t x : xs)
+      for (int d : divisors) mismatches += div_by_count(x, d) != x / d;
+    CHECK(mismatches == 0);
+    // The 8-bit AVG's (div8_by_count, a multiply): every dividend an int8 or
+    // uint8 sum can be, every divisor up to 2^12, and past 2^24.
+    mismatches = 0;
+    for (int x = -128; x <= 255; ++x) {
+      for (int d = 1; d <= 4096; ++d) mismatches += div8_by_count(x, d) != x / d;
+      for (int d : {(1 << 24) - 1, 1 << 24, (1 << 24) + 1, std::numeric_limits<int>::max()})
+        mismatches += div8_by_count(x, d) != x / d;
+    }
+    CHECK(mismatches == 0);
   }
   // int32 SUM and PRODUCT wrap (two's complement, no signed overflow: UBSan runs this).
   {

@@ -68,15 +68,67 @@ template <ReduceOp OP, typename A> FASTPAR_HD A combine(A a, A b) {
   }
 }
 
+// x / d, truncated, for d >= 1, in 32-bit divisions: a 64-bit division on the
+// GPU is a call into a subroutine, and registers held across that call cost
+// the kernels that reduce int64 a stack frame. Digits of 16 bits for d < 2^16
+// (every rank count), one bit at a time past that. The CPU runs the same code.
+FASTPAR_HD uint64_t udiv64_by_32(uint64_t x, uint32_t d) {
+  const uint32_t hi = uint32_t(x >> 32), lo = uint32_t(x);
+  const uint32_t qh = hi / d;
+  uint32_t r = hi - qh * d;  // < d
+  if (d < 0x10000u) {
+    const uint32_t n1 = (r << 16) | (lo >> 16);  // < d * 2^16: the quotient digit fits 16 bits
+    const uint32_t q1 = n1 / d;
+    const uint32_t n0 = ((n1 - q1 * d) << 16) | (lo & 0xffffu);
+    return (uint64_t(qh) << 32) | (uint64_t(q1) << 16) | uint64_t(n0 / d);
+  }
+  uint64_t rem = r;
+  uint32_t ql = 0;
+  for (int i = 31; i >= 0; --i) {
+    rem = (rem << 1) | ((lo >> i) & 1u);
+    if (rem >= d) {
+      rem -= d;
+      ql |= 1u << i;
+    }
+  }
+  return (uint64_t(qh) << 32) | ql;
+}
+
+// C++'s a / d (truncated toward zero) for a 64-bit a and d >= 1.
+FASTPAR_HD int64_t div_by_count(int64_t a, int d) {
+  const uint64_t m = a < 0 ? 0 - uint64_t(a) : uint64_t(a);
+  const uint64_t q = udiv64_by_32(m, uint32_t(d));
+  return a < 0 ? int64_t(0 - q) : int64_t(q);
+}
+
+// C++'s a / d (truncated toward zero) for |a| <= 255 and d >= 1, as a
+// multiply by m = ceil(2^32 / d): one 32-bit division, the same for every
+// element (a kernel computes it once, where the 16 divisions of a 16-byte
+// pack would hold registers enough to spill). Exact: with |a| = qd + s,
+// |a| m / 2^32 < q + (d - 1) / d + |a| / 2^32, below q + 1 when |a| d < 2^32
+// (d <= 2^24), and below 1 = q + 1 past that (|a| / d < 2^-16).
+FASTPAR_HD int div8_by_count(int a, int d) {
+  const uint64_t m = uint64_t(0xffffffffu / uint32_t(d)) + 1u;
+  const int sign = a < 0 ? -1 : 0;
+  const uint32_t x = uint32_t((a ^ sign) - sign);
+  const int q = int((uint64_t(x) * m) >> 32);
+  return (q ^ sign) - sign;
+}
+
 // Applied once to the fully reduced accumulator: AVG divides by the number of
 // contributions (a division, not a multiply by 1/n, so integer-valued sums
 // divide exactly as torch's reference does). On integers this is NCCL's
 // ncclAvg (its SumPostDiv): the wrapped sum divided by n, truncated toward
 // zero. The division is in int or wider (C++'s usual conversions), so a
-// uint8/int8 sum is not divided by n wrapped to 8 bits.
+// uint8/int8 sum is not divided by n wrapped to 8 bits; the 8- and 64-bit
+// quotients come from div8_by_count and div_by_count, which equal C++'s.
 template <ReduceOp OP, typename A> FASTPAR_HD A finalize(A a, int contributions) {
   if constexpr (OP != ReduceOp::AVG) {
     return a;
+  } else if constexpr (std::is_integral_v<A> && sizeof(A) == 8) {
+    return A(div_by_count(int64_t(a), contributions));
+  } else if constexpr (std::is_integral_v<A> && sizeof(A) == 1) {
+    return A(div8_by_count(int(a), contributions));
   } else if constexpr (std::is_integral_v<A>) {
     return A(a / contributions);
   } else {

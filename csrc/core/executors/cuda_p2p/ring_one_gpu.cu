@@ -17,7 +17,8 @@ __global__ void __launch_bounds__(kRingThreads) rotated_ring_kernel(const __grid
 }  // namespace
 
 cudaError_t launch_rotated_ring(DType dt, ReduceOp op, const RotatedRingArgs& a, cudaStream_t stream) {
-  if (a.n < 1 || a.n > cuda_kernels::kMaxReducePtrs || a.count <= 0 || a.segment < 1 || a.align < 1)
+  if (a.n < 1 || a.n > cuda_kernels::kMaxReducePtrs || a.count <= 0 || a.segment < 1 || a.align < 1 ||
+      a.align > int64_t(UINT32_MAX))
     return cudaErrorInvalidValue;
   int device = 0, sms = 0;
   cudaError_t err = cudaGetDevice(&device);

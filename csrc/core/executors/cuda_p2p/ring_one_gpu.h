@@ -27,18 +27,19 @@ struct RotatedRingArgs {
   int n;
   int64_t count;    // elements per entry
   int64_t segment;  // RingOptions::segment_elems: a window is n segments
-  int64_t align;    // RingOptions::align
+  int64_t align;    // RingOptions::align, below 2^32
   bool vec;         // every entry 16-byte aligned and align * element size a multiple of 16
 };
 
 // The segment length of the window starting at wbegin (split_range's cut):
 // segment j is [wbegin + per * j, wbegin + per * (j + 1)), clamped to the
-// window's end `*wend`.
+// window's end `*wend`. In 32-bit divisions (reduce_ops.h's udiv64_by_32):
+// n and align fit 32 bits (the launcher checks).
 FASTPAR_HD int64_t rotated_per(const RotatedRingArgs& a, int64_t wbegin, int64_t* wend) {
   const int64_t window = a.segment * a.n;
   *wend = wbegin + window < a.count ? wbegin + window : a.count;
-  const int64_t per = (*wend - wbegin + a.n - 1) / a.n;
-  return (per + a.align - 1) / a.align * a.align;
+  const int64_t per = int64_t(udiv64_by_32(uint64_t(*wend - wbegin + a.n - 1), uint32_t(a.n)));
+  return int64_t(udiv64_by_32(uint64_t(per + a.align - 1), uint32_t(a.align))) * a.align;
 }
 
 #if defined(__CUDA_ARCH__)
@@ -46,6 +47,24 @@ FASTPAR_HD int64_t rotated_per(const RotatedRingArgs& a, int64_t wbegin, int64_t
 #else
 #define FASTPAR_RR_UNROLL
 #endif
+
+// The segment j of the window holding offset `off`, for offsets that only
+// grow (one thread's grid-stride walk over a window): the boundaries are
+// stepped over, not divided by (on the GPU a 64-bit division is a call into a
+// subroutine, and the registers held across it cost a stack frame).
+struct RotatedSegment {
+  int64_t per;
+  int last;  // n - 1
+  int j = 0;
+  int64_t next = per;  // where segment j + 1 starts
+  FASTPAR_HD int at(int64_t off) {
+    while (j < last && off >= next) {
+      ++j;
+      next += per;
+    }
+    return j;
+  }
+};
 
 // Thread `t` of `nt` in the whole grid: the packs (or elements) of each
 // window, grid-strided over the whole window rather than segment by segment,
@@ -70,9 +89,10 @@ FASTPAR_HD void rotated_ring(const RotatedRingArgs& a, int64_t t, int64_t nt) {
     int64_t tail = 0;
     if (a.vec) {
       const int64_t packs = len / V;
+      RotatedSegment seg{per, n - 1};
       for (int64_t v = t; v < packs; v += nt) {
         const int64_t pos = wbegin + v * V;
-        const int j = int(v * V / per);
+        const int j = seg.at(v * V);
         Pack x[NMAX];
         FASTPAR_RR_UNROLL
         for (int s = 0; s < NMAX; ++s) {
@@ -95,9 +115,10 @@ FASTPAR_HD void rotated_ring(const RotatedRingArgs& a, int64_t t, int64_t nt) {
       }
       tail = packs * V;
     }
+    RotatedSegment seg{per, n - 1};
     for (int64_t i = tail + t; i < len; i += nt) {
       const int64_t pos = wbegin + i;
-      const int j = int(i / per);
+      const int j = seg.at(i);
       T x[NMAX];
       FASTPAR_RR_UNROLL
       for (int s = 0; s < NMAX; ++s) {
