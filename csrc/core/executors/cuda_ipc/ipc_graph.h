@@ -67,7 +67,7 @@ namespace cuda_ipc {
 struct GraphRegion {
   int64_t parity_stride;  // bytes from graph slot 0 to graph slot 1
   GraphControl* self;
-  const GraphControl* peers[kMaxIpcRanks];
+  GraphControl* peers[kMaxIpcRanks];  // read, but for the kWaiterMemory form's inboxes
   uint32_t* replay_failure;  // IpcComm::host_replay_failure, or null
 };
 
@@ -99,7 +99,10 @@ FASTPAR_HD uint64_t graph_epoch(const GraphRegion& g) { return g.self->epoch.val
 // arrive (at phase 0, block 0 first writes the call's descriptor, seq = e,
 // in desc[e % 2], published by the release), and the wait for peer q, which
 // block 0 follows at phase 0 with the comparison of q's descriptor. A failure
-// is recorded, the failure word included (graph_failed).
+// is recorded, the failure word included (graph_failed). In the
+// kWaiterMemory form (p.flag_form) the arrival and block 0's descriptor go
+// into every peer's GraphControl::inbox as well (the descriptor by parity,
+// rewritten at e + 2 as desc[e % 2] is), and the waits poll this rank's.
 template <class Mem>
 struct GraphPhase {
   const PhaseArgs& p;
@@ -109,7 +112,7 @@ struct GraphPhase {
   int j;
 
   FASTPAR_HD flags::OpDesc mine() const {
-    flags::OpDesc d = p.desc;
+    flags::OpDesc d = marked_desc(p.desc, p.flag_form);
     d.seq = e;
     return d;
   }
@@ -124,6 +127,13 @@ struct GraphPhase {
       return true;
     }
     if (b == 0 && j == 0) g.self->desc[e & 1u] = mine();
+    if (p.flag_form == FlagForm::kWaiterMemory) {
+      const flags::OpDesc d = mine();
+      arrive_in_inboxes<Mem>(p, [this](int q) { return &g.peers[q]->inbox; }, b, flag(),
+                             b == 0 && j == 0 ? &d : nullptr);
+      Mem::store_after_fence(&g.self->start[b].value, flag());
+      return false;
+    }
     Mem::store_release(&g.self->start[b].value, flag());
     return false;
   }
@@ -132,15 +142,20 @@ struct GraphPhase {
 
   FASTPAR_HD bool wait(int q, uint64_t deadline) const {
     const OwnStatusPoll<Mem> poll{&p};
+    const flags::OpDesc me = mine();
     flags::OpDesc theirs{};
-    flags::WaitStatus s = fused_wait_flag<Mem>(&g.peers[q]->start[b].value, flag(), deadline, poll);
-    // The peer rewrites desc[e % 2] only at epoch e + 2, after its flags of e + 1.
-    if (s == flags::WaitStatus::kOk && b == 0 && j == 0) {
-      theirs = g.peers[q]->desc[e & 1u];
-      if (!flags::same_call(mine(), theirs)) s = flags::WaitStatus::kMismatch;
+    flags::WaitStatus s;
+    if (p.flag_form == FlagForm::kWaiterMemory) {
+      s = wait_in_inbox<Mem>(&g.self->inbox, b, q, flag(), me, b == 0 && j == 0, deadline, poll, &theirs);
+    } else {
+      s = fused_wait_flag<Mem>(&g.peers[q]->start[b].value, flag(), deadline, poll);
+      // The peer rewrites desc[e % 2] only at epoch e + 2, after its flags of e + 1.
+      if (s == flags::WaitStatus::kOk && b == 0 && j == 0) {
+        theirs = g.peers[q]->desc[e & 1u];
+        if (!flags::same_call(me, theirs)) s = flags::WaitStatus::kMismatch;
+      }
     }
     if (s == flags::WaitStatus::kOk) return false;
-    const flags::OpDesc me = mine();
     graph_failed<Mem>(g, record_failure<Mem>(p, s, q, &theirs, &me));
     return true;
   }

@@ -4,12 +4,15 @@
 // (tests/cpp/cuda_host_emulation) runs the very same code over host atomics.
 // Beyond flag_protocol.h's interface the policy has load_acquire_host (the
 // host abort word), load_u32 and cas_u32 (the status word), store_release_u32
-// (its host mirror and the replays' failure word), and fetch_add (the graphed
-// calls' count of finished blocks, ipc_graph.h): device_memory_order.cuh.
+// (its host mirror and the replays' failure word), fetch_add (the graphed
+// calls' count of finished blocks, ipc_graph.h), and load_relaxed,
+// release_fence and store_after_fence (the kWaiterMemory form of the block
+// barriers, below): device_memory_order.cuh.
 #pragma once
 
 #include <cstdint>
 
+#include "../../transport/collective_call.h"  // kAuxWaiterFlags
 #include "../../transport/flag_protocol.h"
 #include "../../transport/cuda_ipc/ipc_arena.h"
 #include "phase_launch.h"
@@ -63,15 +66,23 @@ struct PhasePoll {
 // after the record); losers raise the abort word only. Returns the status
 // that stands. `mine`: this rank's descriptor of the failed phase where it is
 // not a.desc (the fused two-shot's later phases), null otherwise.
-// A fused kernel's wait for one peer block's flag to reach `seq`: spins, then
+// A fused kernel's wait for one block's flag to reach `seq`: spins, then
 // asks `poll` (the host abort word, the peers' abort words, and whatever else
-// the kernel must stop for) between rounds, until the deadline.
+// the kernel must stop for) between rounds, until the deadline. `own`: the
+// word is in this rank's memory, written there by the peer (FlagForm's
+// kWaiterMemory): relaxed polls, then one acquire of the word, which orders
+// the reads after the wait as an acquiring poll would (flags only grow, so it
+// reads the phase too). Else a peer's word: every poll an acquire.
 template <class Mem, class Poll>
-FASTPAR_HD flags::WaitStatus fused_wait_flag(const uint64_t* word, uint64_t seq, uint64_t deadline, const Poll& poll) {
+FASTPAR_HD flags::WaitStatus fused_wait_flag(const uint64_t* word, uint64_t seq, uint64_t deadline, const Poll& poll,
+                                             bool own = false) {
   for (;;) {
     FASTPAR_SPIN_LOOP
     for (int i = 0; i < flags::kPollSpins; ++i) {
-      if (Mem::load_acquire(word) >= seq) return flags::WaitStatus::kOk;
+      if ((own ? Mem::load_relaxed(word) : Mem::load_acquire(word)) >= seq) {
+        if (own) Mem::load_acquire(word);
+        return flags::WaitStatus::kOk;
+      }
       Mem::pause();
     }
     // The host abort word and every peer's abort word. As wait_posted: a peer
@@ -152,24 +163,87 @@ struct OwnStatusPoll {
 // this rank once, and thread 0 free to arrive.
 FASTPAR_HD int barrier_peer(int rank, int n, int t) { return (rank + t) % n; }
 
+// The two forms of a block's arrival and wait (FlagForm, ipc_arena.h). In
+// kPollPeer, block b of each rank release-stores its own flag and the waiters
+// acquire-poll it in that rank's memory. In kWaiterMemory each rank's block b
+// writes its arrival into the inbox of every peer (Inbox::word[b][rank]),
+// block 0 its descriptor before it (Inbox::desc[rank][seq % 2], so the
+// waiter compares descriptors on arrival, from its own memory), and each
+// waiter polls its own inbox (fused_wait_flag's `own`). Either way a word
+// only grows (phase numbers, or the graphed calls' 2e + j) and waits test >=,
+// so a form's words left from earlier calls, of this form or the other, never
+// pass a wait. The arriving rank also stores its kPollPeer flags, after the
+// same fence: a peer in the other form (a misuse) then reaches its descriptor
+// check and fails with kMismatch (the kWaiterMemory descriptors carry
+// kAuxWaiterFlags) where it would wait for its deadline, and its abort word
+// stops this rank's waits.
+
+// A call's descriptor as the block barriers of form `f` post it.
+FASTPAR_HD flags::OpDesc marked_desc(flags::OpDesc d, FlagForm f) {
+  if (f == FlagForm::kWaiterMemory && d.aux >= 0) d.aux |= kAuxWaiterFlags;
+  return d;
+}
+
+// kWaiterMemory's arrival of block b (thread 0, after the block's writes):
+// block 0's descriptor `d` (null for other blocks) into every peer's inbox
+// (inbox_at(q)), one release fence, which publishes the block's writes, the
+// end of its reads (slot reuse) and whatever the caller wrote before, then
+// `word` as this rank's word of block b in every peer's inbox. The caller's
+// own flags follow with store_after_fence, published by the same fence.
+template <class Mem, class InboxAt>
+FASTPAR_HD void arrive_in_inboxes(const PhaseArgs& p, const InboxAt& inbox_at, int b, uint64_t word,
+                                  const flags::OpDesc* d) {
+  if (d != nullptr)
+    for (int q = 0; q < p.size; ++q)
+      if (q != p.rank) inbox_at(q)->desc[p.rank][flags::desc_of_phase(d->seq)] = *d;
+  Mem::release_fence();
+  for (int q = 0; q < p.size; ++q)
+    if (q != p.rank) Mem::store_after_fence(&inbox_at(q)->word[b][p.rank], word);
+}
+
+// kWaiterMemory's wait of block b for peer q's `word` in this rank's inbox
+// `in`; with `check` (block 0 where its form compares descriptors), the
+// comparison of the descriptor q wrote with it against `mine`: a peer in
+// another call fails the wait as soon as its arrival is seen.
+template <class Mem, class Poll>
+FASTPAR_HD flags::WaitStatus wait_in_inbox(const Inbox* in, int b, int q, uint64_t word, const flags::OpDesc& mine,
+                                           bool check, uint64_t deadline, const Poll& poll, flags::OpDesc* theirs) {
+  flags::WaitStatus s = fused_wait_flag<Mem>(&in->word[b][q], word, deadline, poll, true);
+  if (s == flags::WaitStatus::kOk && check) {
+    *theirs = in->desc[q][flags::desc_of_phase(mine.seq)];
+    if (!flags::same_call(mine, *theirs)) s = flags::WaitStatus::kMismatch;
+  }
+  return s;
+}
+
 // The eager one-kernel calls' phase (ipc_fused_one_shot.h,
 // ipc_fused_two_shot.h, ipc_fused_collectives.h): phase j of the call
-// (desc.seq + j) on block b's flag (ipc_arena.h, block_flags_of). Block 0 also
-// posts the control block's flag with the descriptor and checks every peer's
-// (flags::wait_and_check), so the descriptor check of every phase stays;
-// other blocks wait on their flag only.
+// (desc.seq + j) on block b's flag (ipc_arena.h, block_flags_of), or in
+// kWaiterMemory the inboxes (inbox_of). Block 0 also posts the control
+// block's flag with the descriptor and checks every peer's
+// (flags::wait_and_check, or the descriptor in its inbox), so the descriptor
+// check of every phase stays; other blocks wait on their flag only.
 template <class Mem>
 struct BlockPhase {
   const PhaseArgs& p;
   FlagLine* self_blocks;
   const FlagLine* const* peer_blocks;
   int b;
-  flags::OpDesc mine;  // the call's descriptor at this phase
+  flags::OpDesc mine;  // the call's descriptor at this phase (marked_desc)
 
   FASTPAR_HD bool arrive() const {
     // Another block of this rank failed: stop before posting a phase whose
     // data that block never wrote.
     if (Mem::load_u32(p.status) != 0) return true;
+    if (p.flag_form == FlagForm::kWaiterMemory) {
+      // flags::post's descriptor and flag, published by the inboxes' fence.
+      if (b == 0) p.self->desc[flags::desc_of_phase(mine.seq)] = mine;
+      arrive_in_inboxes<Mem>(p, [this](int q) { return inbox_of(p.peers[q]); }, b, mine.seq,
+                             b == 0 ? &mine : nullptr);
+      Mem::store_after_fence(&self_blocks[b].value, mine.seq);
+      if (b == 0) Mem::store_after_fence(&p.self->flag, mine.seq);
+      return false;
+    }
     Mem::store_release(&self_blocks[b].value, mine.seq);
     if (b == 0) flags::post<Mem>(p.self, mine);
     return false;
@@ -180,8 +254,11 @@ struct BlockPhase {
   FASTPAR_HD bool wait(int q, uint64_t deadline) const {
     const OwnStatusPoll<Mem> poll{&p};
     flags::OpDesc theirs{};
-    const flags::WaitStatus s = b == 0 ? flags::wait_and_check<Mem>(p.peers[q], mine, deadline, poll, &theirs)
-                                       : fused_wait_flag<Mem>(&peer_blocks[q][b].value, mine.seq, deadline, poll);
+    const flags::WaitStatus s =
+        p.flag_form == FlagForm::kWaiterMemory
+            ? wait_in_inbox<Mem>(inbox_of(p.self), b, q, mine.seq, mine, b == 0, deadline, poll, &theirs)
+        : b == 0 ? flags::wait_and_check<Mem>(p.peers[q], mine, deadline, poll, &theirs)
+                 : fused_wait_flag<Mem>(&peer_blocks[q][b].value, mine.seq, deadline, poll);
     if (s == flags::WaitStatus::kOk) return false;
     record_failure<Mem>(p, s, q, &theirs, &mine);
     return true;
@@ -191,7 +268,7 @@ struct BlockPhase {
 template <class Mem>
 FASTPAR_HD BlockPhase<Mem> block_phase(const PhaseArgs& p, FlagLine* self_blocks, const FlagLine* const* peer_blocks,
                                        int b, int64_t j) {
-  flags::OpDesc mine = p.desc;
+  flags::OpDesc mine = marked_desc(p.desc, p.flag_form);
   mine.seq = p.desc.seq + uint64_t(j);
   return BlockPhase<Mem>{p, self_blocks, peer_blocks, b, mine};
 }
