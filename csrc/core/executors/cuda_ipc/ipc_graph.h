@@ -128,9 +128,8 @@ struct GraphPhase {
     }
     if (b == 0 && j == 0) g.self->desc[e & 1u] = mine();
     if (p.flag_form == FlagForm::kWaiterMemory) {
-      const flags::OpDesc d = mine();
-      arrive_in_inboxes<Mem>(p, [this](int q) { return &g.peers[q]->inbox; }, b, flag(),
-                             b == 0 && j == 0 ? &d : nullptr);
+      arrive_in_inboxes<Mem>(p, [peers = g.peers](int q) { return &peers[q]->inbox; }, b, flag(), mine(),
+                             b == 0 && j == 0);
       Mem::store_after_fence(&g.self->start[b].value, flag());
       return false;
     }
@@ -144,17 +143,14 @@ struct GraphPhase {
     const OwnStatusPoll<Mem> poll{&p};
     const flags::OpDesc me = mine();
     flags::OpDesc theirs{};
-    flags::WaitStatus s;
-    if (p.flag_form == FlagForm::kWaiterMemory) {
-      s = wait_in_inbox<Mem>(&g.self->inbox, b, q, flag(), me, b == 0 && j == 0, deadline, poll, &theirs);
-    } else {
-      s = fused_wait_flag<Mem>(&g.peers[q]->start[b].value, flag(), deadline, poll);
-      // The peer rewrites desc[e % 2] only at epoch e + 2, after its flags of e + 1.
-      if (s == flags::WaitStatus::kOk && b == 0 && j == 0) {
-        theirs = g.peers[q]->desc[e & 1u];
-        if (!flags::same_call(me, theirs)) s = flags::WaitStatus::kMismatch;
-      }
-    }
+    const bool waiter = p.flag_form == FlagForm::kWaiterMemory;
+    // Block 0 at phase 0 compares the descriptors: the peer rewrites its
+    // desc[e % 2] (and its entry in this rank's inbox) only at epoch e + 2,
+    // after its flags of e + 1.
+    const flags::OpDesc* desc =
+        b != 0 || j != 0 ? nullptr : waiter ? &g.self->inbox.desc[q][e & 1u] : &g.peers[q]->desc[e & 1u];
+    const flags::WaitStatus s = wait_block<Mem>(waiter ? &g.self->inbox.word[b][q] : &g.peers[q]->start[b].value,
+                                                flag(), waiter, desc, me, deadline, poll, &theirs);
     if (s == flags::WaitStatus::kOk) return false;
     graph_failed<Mem>(g, record_failure<Mem>(p, s, q, &theirs, &me));
     return true;

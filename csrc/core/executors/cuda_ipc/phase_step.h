@@ -185,32 +185,39 @@ FASTPAR_HD flags::OpDesc marked_desc(flags::OpDesc d, FlagForm f) {
 }
 
 // kWaiterMemory's arrival of block b (thread 0, after the block's writes):
-// block 0's descriptor `d` (null for other blocks) into every peer's inbox
-// (inbox_at(q)), one release fence, which publishes the block's writes, the
-// end of its reads (slot reuse) and whatever the caller wrote before, then
-// `word` as this rank's word of block b in every peer's inbox. The caller's
-// own flags follow with store_after_fence, published by the same fence.
+// with `with_desc` (block 0 where its form compares descriptors), the
+// descriptor `d` into every peer's inbox (inbox_at(q)); one release fence,
+// which publishes the block's writes, the end of its reads (slot reuse) and
+// whatever the caller wrote before; then `word` as this rank's word of block
+// b in every peer's inbox. The caller's own flags follow with
+// store_after_fence, published by the same fence. (`d` by reference and a
+// flag, not a pointer that may be null: a local behind such a pointer stays
+// in memory, a stack frame in every kernel.)
 template <class Mem, class InboxAt>
-FASTPAR_HD void arrive_in_inboxes(const PhaseArgs& p, const InboxAt& inbox_at, int b, uint64_t word,
-                                  const flags::OpDesc* d) {
-  if (d != nullptr)
+FASTPAR_HD void arrive_in_inboxes(const PhaseArgs& p, InboxAt inbox_at, int b, uint64_t word,
+                                  const flags::OpDesc& d, bool with_desc) {
+  if (with_desc)
     for (int q = 0; q < p.size; ++q)
-      if (q != p.rank) inbox_at(q)->desc[p.rank][flags::desc_of_phase(d->seq)] = *d;
+      if (q != p.rank) inbox_at(q)->desc[p.rank][flags::desc_of_phase(d.seq)] = d;
   Mem::release_fence();
   for (int q = 0; q < p.size; ++q)
     if (q != p.rank) Mem::store_after_fence(&inbox_at(q)->word[b][p.rank], word);
 }
 
-// kWaiterMemory's wait of block b for peer q's `word` in this rank's inbox
-// `in`; with `check` (block 0 where its form compares descriptors), the
-// comparison of the descriptor q wrote with it against `mine`: a peer in
-// another call fails the wait as soon as its arrival is seen.
+// A block barrier's wait for one peer's `word` to reach `seq`, in either
+// form (`own`: the word is in this rank's inbox, fused_wait_flag); where the
+// block compares descriptors, `desc` is the peer's descriptor of the phase
+// (in this rank's inbox, or in the peer's memory), read after the wait and
+// compared with `mine` (into *theirs): a peer in another call fails the wait
+// as soon as its arrival is seen. One wait loop for both forms: every wait
+// inlined into a kernel is a copy of the loop.
 template <class Mem, class Poll>
-FASTPAR_HD flags::WaitStatus wait_in_inbox(const Inbox* in, int b, int q, uint64_t word, const flags::OpDesc& mine,
-                                           bool check, uint64_t deadline, const Poll& poll, flags::OpDesc* theirs) {
-  flags::WaitStatus s = fused_wait_flag<Mem>(&in->word[b][q], word, deadline, poll, true);
-  if (s == flags::WaitStatus::kOk && check) {
-    *theirs = in->desc[q][flags::desc_of_phase(mine.seq)];
+FASTPAR_HD flags::WaitStatus wait_block(const uint64_t* word, uint64_t seq, bool own, const flags::OpDesc* desc,
+                                        const flags::OpDesc& mine, uint64_t deadline, const Poll& poll,
+                                        flags::OpDesc* theirs) {
+  flags::WaitStatus s = fused_wait_flag<Mem>(word, seq, deadline, poll, own);
+  if (s == flags::WaitStatus::kOk && desc != nullptr) {
+    *theirs = *desc;
     if (!flags::same_call(mine, *theirs)) s = flags::WaitStatus::kMismatch;
   }
   return s;
@@ -238,8 +245,7 @@ struct BlockPhase {
     if (p.flag_form == FlagForm::kWaiterMemory) {
       // flags::post's descriptor and flag, published by the inboxes' fence.
       if (b == 0) p.self->desc[flags::desc_of_phase(mine.seq)] = mine;
-      arrive_in_inboxes<Mem>(p, [this](int q) { return inbox_of(p.peers[q]); }, b, mine.seq,
-                             b == 0 ? &mine : nullptr);
+      arrive_in_inboxes<Mem>(p, [peers = p.peers](int q) { return inbox_of(peers[q]); }, b, mine.seq, mine, b == 0);
       Mem::store_after_fence(&self_blocks[b].value, mine.seq);
       if (b == 0) Mem::store_after_fence(&p.self->flag, mine.seq);
       return false;
@@ -254,11 +260,14 @@ struct BlockPhase {
   FASTPAR_HD bool wait(int q, uint64_t deadline) const {
     const OwnStatusPoll<Mem> poll{&p};
     flags::OpDesc theirs{};
+    const bool waiter = p.flag_form == FlagForm::kWaiterMemory;
+    const Inbox* in = inbox_of(p.self);
     const flags::WaitStatus s =
-        p.flag_form == FlagForm::kWaiterMemory
-            ? wait_in_inbox<Mem>(inbox_of(p.self), b, q, mine.seq, mine, b == 0, deadline, poll, &theirs)
-        : b == 0 ? flags::wait_and_check<Mem>(p.peers[q], mine, deadline, poll, &theirs)
-                 : fused_wait_flag<Mem>(&peer_blocks[q][b].value, mine.seq, deadline, poll);
+        b == 0 && !waiter
+            ? flags::wait_and_check<Mem>(p.peers[q], mine, deadline, poll, &theirs)
+            : wait_block<Mem>(waiter ? &in->word[b][q] : &peer_blocks[q][b].value, mine.seq, waiter,
+                              b == 0 ? &in->desc[q][flags::desc_of_phase(mine.seq)] : nullptr, mine, deadline, poll,
+                              &theirs);
     if (s == flags::WaitStatus::kOk) return false;
     record_failure<Mem>(p, s, q, &theirs, &mine);
     return true;
