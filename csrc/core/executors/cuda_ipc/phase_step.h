@@ -266,7 +266,8 @@ struct BlockPhase {
         b == 0 && !waiter
             ? flags::wait_and_check<Mem>(p.peers[q], mine, deadline, poll, &theirs)
             : wait_block<Mem>(waiter ? &in->word[b][q] : &peer_blocks[q][b].value, mine.seq, waiter,
-                              b == 0 ? &in->desc[q][flags::desc_of_phase(mine.seq)] : nullptr, mine, deadline, poll,
+                              waiter && b == 0 ? &in->desc[q][flags::desc_of_phase(mine.seq)] : nullptr, mine,
+                              deadline, poll,
                               &theirs);
     if (s == flags::WaitStatus::kOk) return false;
     record_failure<Mem>(p, s, q, &theirs, &mine);
