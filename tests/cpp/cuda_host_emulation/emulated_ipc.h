@@ -33,13 +33,8 @@ struct HostMemory {
   static uint64_t load_acquire_host(const uint64_t* p) { return load_acquire(p); }
   static void store_release_host(uint64_t* p, uint64_t v) { store_release(p, v); }
   static void store_release(uint64_t* p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
-  // The kWaiterMemory form's (device_memory_order.cuh): every store after the
-  // fence is a release store itself here, the fence nothing, which is what
-  // the device's fence then strong store means per store; ThreadSanitizer,
-  // which does not model fences, then sees each ordering it checks.
+  // The kWaiterMemory form's polls of a word in this rank's memory.
   static uint64_t load_relaxed(const uint64_t* p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
-  static void release_fence() {}
-  static void store_after_fence(uint64_t* p, uint64_t v) { store_release(p, v); }
   static void pause() { std::this_thread::yield(); }
   static uint64_t now_ns() {
     return uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -104,6 +99,11 @@ struct HostBlock {
   bool barrier(const Phase& ph) {
     bool failed = ph.arrive();  // thread 0
     const int n = ph.p.size;
+    // Every notification before the first wait: on the GPU each thread
+    // notifies its peer, then waits, all at once; here, one after the other,
+    // a wait could stand for a peer that waits for this rank before it
+    // notifies it.
+    for (int i = 1; i < n; ++i) ph.notify(barrier_peer(ph.p.rank, n, ph.b % 2 == 0 ? i : n - i));
     // The GPU's waiting threads start together: one deadline for all.
     const uint64_t deadline = ph.deadline();
     for (int i = 1; i < n; ++i) {

@@ -101,8 +101,9 @@ FASTPAR_HD uint64_t graph_epoch(const GraphRegion& g) { return g.self->epoch.val
 // block 0 follows at phase 0 with the comparison of q's descriptor. A failure
 // is recorded, the failure word included (graph_failed). In the
 // kWaiterMemory form (p.flag_form) the arrival and block 0's descriptor go
-// into every peer's GraphControl::inbox as well (the descriptor by parity,
-// rewritten at e + 2 as desc[e % 2] is), and the waits poll this rank's.
+// into every peer's GraphControl::inbox as well (notify; the descriptor by
+// parity, rewritten at e + 2 as desc[e % 2] is), and the waits poll this
+// rank's.
 template <class Mem>
 struct GraphPhase {
   const PhaseArgs& p;
@@ -127,31 +128,32 @@ struct GraphPhase {
       return true;
     }
     if (b == 0 && j == 0) g.self->desc[e & 1u] = mine();
-    if (p.flag_form == FlagForm::kWaiterMemory) {
-      arrive_in_inboxes<Mem>(p, [peers = g.peers](int q) { return &peers[q]->inbox; }, b, flag(), mine(),
-                             b == 0 && j == 0);
-      Mem::store_after_fence(&g.self->start[b].value, flag());
-      return false;
-    }
     Mem::store_release(&g.self->start[b].value, flag());
     return false;
   }
 
   FASTPAR_HD uint64_t deadline() const { return flags::deadline_after(Mem::now_ns(), p.timeout_ns); }
 
+  // kWaiterMemory: this rank's arrival in peer q's inbox (phase_step.h, arrive_in_inbox).
+  FASTPAR_HD void notify(int q) const {
+    if (p.flag_form == FlagForm::kWaiterMemory)
+      arrive_in_inbox<Mem>(p, &g.peers[q]->inbox, b, flag(), mine(), b == 0 && j == 0);
+  }
+
   FASTPAR_HD bool wait(int q, uint64_t deadline) const {
     const OwnStatusPoll<Mem> poll{&p};
-    const flags::OpDesc me = mine();
     flags::OpDesc theirs{};
     const bool waiter = p.flag_form == FlagForm::kWaiterMemory;
-    // Block 0 at phase 0 compares the descriptors: the peer rewrites its
-    // desc[e % 2] (and its entry in this rank's inbox) only at epoch e + 2,
-    // after its flags of e + 1.
-    const flags::OpDesc* desc =
-        b != 0 || j != 0 ? nullptr : waiter ? &g.self->inbox.desc[q][e & 1u] : &g.peers[q]->desc[e & 1u];
-    const flags::WaitStatus s = wait_block<Mem>(waiter ? &g.self->inbox.word[b][q] : &g.peers[q]->start[b].value,
-                                                flag(), waiter, desc, me, deadline, poll, &theirs);
+    flags::WaitStatus s = fused_wait_flag<Mem>(waiter ? &g.self->inbox.word[b][q] : &g.peers[q]->start[b].value,
+                                               flag(), deadline, poll, waiter);
+    // The peer rewrites desc[e % 2] (and its entry in this rank's inbox)
+    // only at epoch e + 2, after its flags of e + 1.
+    if (s == flags::WaitStatus::kOk && b == 0 && j == 0) {
+      theirs = waiter ? g.self->inbox.desc[q][e & 1u] : g.peers[q]->desc[e & 1u];
+      if (!flags::same_call(mine(), theirs)) s = flags::WaitStatus::kMismatch;
+    }
     if (s == flags::WaitStatus::kOk) return false;
+    const flags::OpDesc me = mine();
     graph_failed<Mem>(g, record_failure<Mem>(p, s, q, &theirs, &me));
     return true;
   }

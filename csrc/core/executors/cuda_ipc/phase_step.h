@@ -5,9 +5,8 @@
 // Beyond flag_protocol.h's interface the policy has load_acquire_host (the
 // host abort word), load_u32 and cas_u32 (the status word), store_release_u32
 // (its host mirror and the replays' failure word), fetch_add (the graphed
-// calls' count of finished blocks, ipc_graph.h), and load_relaxed,
-// release_fence and store_after_fence (the kWaiterMemory form of the block
-// barriers, below): device_memory_order.cuh.
+// calls' count of finished blocks, ipc_graph.h), and load_relaxed (the
+// kWaiterMemory form of the block barriers, below): device_memory_order.cuh.
 #pragma once
 
 #include <cstdint>
@@ -148,9 +147,12 @@ struct OwnStatusPoll {
 //                flag. True when this rank has already failed: nothing is
 //                posted;
 //   deadline()   when the wait of a thread gives up (taken before it);
-//   wait(q, d)   the acquire of peer q's flag, q = barrier_peer(rank, size,
-//                t) for t = 1 .. size-1, by thread t at the same time as
-//                arrive() and the other waits. True
+//   notify(q)    run by thread t for peer q = barrier_peer(rank, size, t),
+//                t = 1 .. size-1, at the same time as arrive(), before its
+//                wait(q, d): kWaiterMemory's arrival in q's memory (nothing
+//                in kPollPeer);
+//   wait(q, d)   the acquire of peer q's flag, by thread t at the same time
+//                as arrive() and the other waits. True
 //                on a failure, already recorded (record_failure: the first
 //                one of the rank stands, so waits that fail together do not
 //                bury each other).
@@ -165,18 +167,22 @@ FASTPAR_HD int barrier_peer(int rank, int n, int t) { return (rank + t) % n; }
 
 // The two forms of a block's arrival and wait (FlagForm, ipc_arena.h). In
 // kPollPeer, block b of each rank release-stores its own flag and the waiters
-// acquire-poll it in that rank's memory. In kWaiterMemory each rank's block b
-// writes its arrival into the inbox of every peer (Inbox::word[b][rank]),
-// block 0 its descriptor before it (Inbox::desc[rank][seq % 2], so the
-// waiter compares descriptors on arrival, from its own memory), and each
-// waiter polls its own inbox (fused_wait_flag's `own`). Either way a word
-// only grows (phase numbers, or the graphed calls' 2e + j) and waits test >=,
-// so a form's words left from earlier calls, of this form or the other, never
-// pass a wait. The arriving rank also stores its kPollPeer flags, after the
-// same fence: a peer in the other form (a misuse) then reaches its descriptor
+// acquire-poll it in that rank's memory. In kWaiterMemory the thread of block
+// b that waits for peer q first writes this rank's arrival into q's inbox
+// (Inbox::word[b][rank], a release store; block 0 its descriptor before it,
+// Inbox::desc[rank][seq % 2], so the waiter compares descriptors on arrival,
+// from its own memory), then polls its own inbox (fused_wait_flag's `own`):
+// the waiting threads write to their peers at once, as they wait. Either way
+// a word only grows (phase numbers, or the graphed calls' 2e + j) and waits
+// test >=, so a form's words left from earlier calls, of this form or the
+// other, never pass a wait. Thread 0's arrival is the same in both forms (its
+// own flags): a peer in the other form (a misuse) then reaches its descriptor
 // check and fails with kMismatch (the kWaiterMemory descriptors carry
 // kAuxWaiterFlags) where it would wait for its deadline, and its abort word
-// stops this rank's waits.
+// stops this rank's waits. The waits of both forms are one fused_wait_flag
+// loop (every wait inlined into a kernel is a copy of the loop), and where
+// the block compares descriptors the peer's is read after the wait: nothing
+// of it is live in the loop, where these kernels have no register to spare.
 
 // A call's descriptor as the block barriers of form `f` post it.
 FASTPAR_HD flags::OpDesc marked_desc(flags::OpDesc d, FlagForm f) {
@@ -184,43 +190,20 @@ FASTPAR_HD flags::OpDesc marked_desc(flags::OpDesc d, FlagForm f) {
   return d;
 }
 
-// kWaiterMemory's arrival of block b (thread 0, after the block's writes):
-// with `with_desc` (block 0 where its form compares descriptors), the
-// descriptor `d` into every peer's inbox (inbox_at(q)); one release fence,
-// which publishes the block's writes, the end of its reads (slot reuse) and
-// whatever the caller wrote before; then `word` as this rank's word of block
-// b in every peer's inbox. The caller's own flags follow with
-// store_after_fence, published by the same fence. (`d` by reference and a
-// flag, not a pointer that may be null: a local behind such a pointer stays
-// in memory, a stack frame in every kernel.)
-template <class Mem, class InboxAt>
-FASTPAR_HD void arrive_in_inboxes(const PhaseArgs& p, InboxAt inbox_at, int b, uint64_t word,
-                                  const flags::OpDesc& d, bool with_desc) {
-  if (with_desc)
-    for (int q = 0; q < p.size; ++q)
-      if (q != p.rank) inbox_at(q)->desc[p.rank][flags::desc_of_phase(d.seq)] = d;
-  Mem::release_fence();
-  for (int q = 0; q < p.size; ++q)
-    if (q != p.rank) Mem::store_after_fence(&inbox_at(q)->word[b][p.rank], word);
-}
-
-// A block barrier's wait for one peer's `word` to reach `seq`, in either
-// form (`own`: the word is in this rank's inbox, fused_wait_flag); where the
-// block compares descriptors, `desc` is the peer's descriptor of the phase
-// (in this rank's inbox, or in the peer's memory), read after the wait and
-// compared with `mine` (into *theirs): a peer in another call fails the wait
-// as soon as its arrival is seen. One wait loop for both forms: every wait
-// inlined into a kernel is a copy of the loop.
-template <class Mem, class Poll>
-FASTPAR_HD flags::WaitStatus wait_block(const uint64_t* word, uint64_t seq, bool own, const flags::OpDesc* desc,
-                                        const flags::OpDesc& mine, uint64_t deadline, const Poll& poll,
-                                        flags::OpDesc* theirs) {
-  flags::WaitStatus s = fused_wait_flag<Mem>(word, seq, deadline, poll, own);
-  if (s == flags::WaitStatus::kOk && desc != nullptr) {
-    *theirs = *desc;
-    if (!flags::same_call(mine, *theirs)) s = flags::WaitStatus::kMismatch;
-  }
-  return s;
+// kWaiterMemory's arrival of block b of rank `rank` at `word` in peer q's
+// inbox `in`, by the thread that waits for q, after the block's writes (the
+// block policy synchronizes the block first): with `with_desc` (block 0 where
+// its form compares descriptors) the descriptor `d` first, then the word,
+// released. Nothing when this rank has already failed (the status word): its
+// waits then stop on it. (`d` by reference and a flag, not a pointer that may
+// be null: a local behind such a pointer stays in memory, a stack frame in
+// every kernel.)
+template <class Mem>
+FASTPAR_HD void arrive_in_inbox(const PhaseArgs& p, Inbox* in, int b, uint64_t word, const flags::OpDesc& d,
+                                bool with_desc) {
+  if (Mem::load_u32(p.status) != 0) return;
+  if (with_desc) in->desc[p.rank][flags::desc_of_phase(d.seq)] = d;
+  Mem::store_release(&in->word[b][p.rank], word);
 }
 
 // The eager one-kernel calls' phase (ipc_fused_one_shot.h,
@@ -242,14 +225,6 @@ struct BlockPhase {
     // Another block of this rank failed: stop before posting a phase whose
     // data that block never wrote.
     if (Mem::load_u32(p.status) != 0) return true;
-    if (p.flag_form == FlagForm::kWaiterMemory) {
-      // flags::post's descriptor and flag, published by the inboxes' fence.
-      if (b == 0) p.self->desc[flags::desc_of_phase(mine.seq)] = mine;
-      arrive_in_inboxes<Mem>(p, [peers = p.peers](int q) { return inbox_of(peers[q]); }, b, mine.seq, mine, b == 0);
-      Mem::store_after_fence(&self_blocks[b].value, mine.seq);
-      if (b == 0) Mem::store_after_fence(&p.self->flag, mine.seq);
-      return false;
-    }
     Mem::store_release(&self_blocks[b].value, mine.seq);
     if (b == 0) flags::post<Mem>(p.self, mine);
     return false;
@@ -257,18 +232,24 @@ struct BlockPhase {
 
   FASTPAR_HD uint64_t deadline() const { return flags::deadline_after(Mem::now_ns(), p.timeout_ns); }
 
+  // kWaiterMemory: this rank's arrival in peer q's inbox (arrive_in_inbox).
+  FASTPAR_HD void notify(int q) const {
+    if (p.flag_form == FlagForm::kWaiterMemory) arrive_in_inbox<Mem>(p, inbox_of(p.peers[q]), b, mine.seq, mine, b == 0);
+  }
+
   FASTPAR_HD bool wait(int q, uint64_t deadline) const {
     const OwnStatusPoll<Mem> poll{&p};
     flags::OpDesc theirs{};
     const bool waiter = p.flag_form == FlagForm::kWaiterMemory;
-    const Inbox* in = inbox_of(p.self);
-    const flags::WaitStatus s =
+    flags::WaitStatus s =
         b == 0 && !waiter
             ? flags::wait_and_check<Mem>(p.peers[q], mine, deadline, poll, &theirs)
-            : wait_block<Mem>(waiter ? &in->word[b][q] : &peer_blocks[q][b].value, mine.seq, waiter,
-                              waiter && b == 0 ? &in->desc[q][flags::desc_of_phase(mine.seq)] : nullptr, mine,
-                              deadline, poll,
-                              &theirs);
+            : fused_wait_flag<Mem>(waiter ? &inbox_of(p.self)->word[b][q] : &peer_blocks[q][b].value, mine.seq,
+                                   deadline, poll, waiter);
+    if (s == flags::WaitStatus::kOk && waiter && b == 0) {
+      theirs = inbox_of(p.self)->desc[q][flags::desc_of_phase(mine.seq)];
+      if (!flags::same_call(mine, theirs)) s = flags::WaitStatus::kMismatch;
+    }
     if (s == flags::WaitStatus::kOk) return false;
     record_failure<Mem>(p, s, q, &theirs, &mine);
     return true;

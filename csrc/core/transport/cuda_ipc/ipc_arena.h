@@ -72,11 +72,12 @@ static_assert(sizeof(flags::ControlBlock) + sizeof(uint32_t) <= kBlockFlagsOffse
 //                  loads: over NVLink or PCIe where the ranks have GPUs of
 //                  their own. The default.
 //   kWaiterMemory  the arriving rank writes its arrival into every peer's
-//                  Inbox (one release fence, then a store per peer), and each
-//                  waiter polls its own memory with relaxed loads, then one
-//                  acquire load of the word it saw reach the phase (vLLM's and
-//                  TensorRT-LLM's form). A measured alternative: the first GPU
-//                  run decides which of the two stays.
+//                  Inbox (a release store per peer, by the thread that waits
+//                  for that peer), and each waiter polls its own memory with
+//                  relaxed loads, then one acquire load of the word it saw
+//                  reach the phase (vLLM's and TensorRT-LLM's form). A
+//                  measured alternative: the first GPU run decides which of
+//                  the two stays.
 enum class FlagForm : int32_t { kPollPeer = 0, kWaiterMemory = 1 };
 
 // A rank's inbox for the kWaiterMemory form: word[b][s] is the last phase
