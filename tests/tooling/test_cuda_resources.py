@@ -32,7 +32,6 @@ KERNELS = ("fused_one_shot_kernel", "fused_graph_kernel", "fused_two_shot_kernel
 # expected failure until fixed, strict: a family that comes clean fails here
 # until it leaves this table.
 STILL_SPILLING = {
-    "fused_two_shot_kernel": "2 (sm_80) and 1 (sm_90): float64 AVG and one int64 instance",
     "fused_collective_kernel": "2 (sm_80) and 6 (sm_90): the int8 and uint8 instances",
     "reduce_kernel": "1 (sm_80): int64 AVG",
     "ring_step_kernel": "3 (sm_80): bfloat16",
