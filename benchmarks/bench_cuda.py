@@ -479,6 +479,21 @@ def ipc_worker(args) -> None:
         # The same all_reduce captured in a CUDA graph (fastpar's graphed kernel):
         # one all_reduce per graph, so host time per replay is per call.
         series("fastpar graph", [s for s in args.ipc_sizes if s <= 256 * KiB], graphed)
+        # (c) The one-kernel calls' block barriers (FASTPAR_CUDA_IPC_FLAGS, the
+        # test hook only): "peer", each waiter polls the arriving rank's flag
+        # (every poll an acquire load of that rank's memory: over NVLink or
+        # PCIe on distinct GPUs), against "waiter", each rank writes its
+        # arrival into every waiter's memory, which the waiter polls. The same
+        # call in each form, one right after the other at each size: the fused
+        # one-shot (4 KiB, 256 KiB), the fused two-shot (8 MiB: a barrier per
+        # block and chunk) and a graph replay (4 KiB). The form that loses goes
+        # (gpu_summary.decisions).
+        for size in [s for s in args.ipc_sizes if s in (4 * KiB, 256 * KiB, 8 * MiB)]:
+            for form in ("peer", "waiter"):
+                series(f"fastpar flags {form}", [size], with_engine("FLAGS", form, "", fastpar_plain))
+        for form in ("peer", "waiter"):
+            series(f"fastpar graph flags {form}", [s for s in args.ipc_sizes if s == 4 * KiB],
+                   with_engine("FLAGS", form, "", graphed))
         # (a) Blocks that arrive early spin on whole SMs: rank 0 is busy with
         # ~20 ms of matrix products before each call while rank 1 is already
         # in it. The row's time is rank 0's compute time (not the call's), in
@@ -533,7 +548,8 @@ def check_worker(args) -> None:
     IPC (all_reduce, broadcast, all_gather_into_tensor, reduce_scatter_tensor;
     float32, bfloat16, int32; odd sizes; views at odd element offsets), each
     in a form drawn at random (fused or steps, for the two-shot and the other
-    collectives alike), compared bit for bit with the result computed on the
+    collectives alike; the one-kernel calls' block barriers with the peer's
+    flag polled or flags written into the waiter's memory), compared bit for bit with the result computed on the
     CPU in rank order (every rank makes every rank's input from the seed), in a
     group whose timeout is 10 s. Rank 0 writes the wrong calls (at most 10) as
     rows with an error; none wrong: one row without."""
@@ -570,6 +586,7 @@ def check_worker(args) -> None:
         dtype = draw.choice([torch.float32, torch.bfloat16, torch.int32])
         count = draw.choice([1, 3, 17, 1001, 4097, 65537, draw.randrange(1, 1 << 21)])
         offset = draw.choice([0, 1, 3])
+        flags = draw.choice(["peer", "waiter"])
         per = count * (n if op == "reduce_scatter" else 1)
 
         def data(r):
@@ -587,6 +604,7 @@ def check_worker(args) -> None:
         inputs = [data(r) for r in range(n)]
         override(engine, "FASTPAR_CUDA_IPC_TWO_SHOT", form)
         override(engine, "FASTPAR_CUDA_IPC_COLLECTIVES", form)
+        override(engine, "FASTPAR_CUDA_IPC_FLAGS", flags)
         try:
             if op == "all_reduce":
                 got = on_gpu(inputs[rank])
@@ -696,6 +714,9 @@ def synthetic_rows(args) -> list:
                                        (2 * m * n + 1) * 8e-6 + size / 500e9))
             if n > 2:
                 continue
+            if size in (4 * KiB, 256 * KiB, 8 * MiB):  # (c): the two forms of the block barriers' flags
+                for form, t in (("peer", 10e-6), ("waiter", 9e-6)):
+                    rows.append(gs.ipc_row(f"fastpar flags {form}", "shared cuda:0", n, size, t + size / 500e9))
             if size <= 256 * KiB:
                 rows.append(gs.ipc_row("fastpar graph", "shared cuda:0", n, size, 8e-6 + size / 500e9, 3e-6))
                 rows.append(gs.ipc_row("fastpar direct", "shared cuda:0", n, size, 9e-6 + size / 500e9, 7e-6))

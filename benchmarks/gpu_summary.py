@@ -102,13 +102,19 @@ def schedule_ratios(rows: List[Dict]) -> Dict[str, List[float]]:
     collectives = []
     for backend in sorted({k[0] for k in us if k[0].endswith(" fused")}):
         collectives += versus(backend, backend[:-len("fused")] + "steps")
-    return {"two_shot": two_shot, "collectives": collectives}
+    # The one-kernel calls' block barriers: flags written into the waiter's
+    # memory against the peer's flag polled, eager and graphed.
+    flags = versus("fastpar flags waiter", "fastpar flags peer") + versus("fastpar graph flags waiter",
+                                                                          "fastpar graph flags peer")
+    return {"two_shot": two_shot, "collectives": collectives, "flags": flags}
 
 
 # The knob of each choice (docs/knobs.md) and its two forms: the new one,
 # then the measured fallback that is the default until a GPU run decides.
 CHOICES = {"two_shot": ("FASTPAR_CUDA_IPC_TWO_SHOT", "fused", "steps"),
-           "collectives": ("FASTPAR_CUDA_IPC_COLLECTIVES", "fused", "steps")}
+           "collectives": ("FASTPAR_CUDA_IPC_COLLECTIVES", "fused", "steps"),
+           # the test hook's only (no environment variable)
+           "flags": ("FASTPAR_CUDA_IPC_FLAGS", "waiter", "peer")}
 # The new form wins when it is faster at the median of the sizes compared
 # and at most this much slower at any one (the timing noise of one run).
 ADOPT_WORST = 1.05

@@ -293,6 +293,10 @@ if want ipc; then
   # the multi-process tests SIGKILL ranks: the MPS server may still be cleaning up
   wait_for_gpu "before the benchmarks across processes"
   LIMIT=$(phase_limit "$(phase_cap ipc)" 10)
+  # With 2 ranks it also times what the first GPU run must decide: a busy rank beside the fused and
+  # the steps two-shot, 2 against 8 MiB slots, and the block barriers' flags polled in the peer's
+  # memory against flags written into the waiter's (bench_cuda.py's rows (a)-(c); the summary's
+  # "decided" lines name the winners).
   echo "== benchmarks: dist.all_reduce across processes (at most $LIMIT s)"
   timeout "$LIMIT" "$PY" benchmarks/bench_cuda.py --part ipc --ipc-timeout $((LIMIT > 20 ? LIMIT - 10 : LIMIT / 2)) \
     --rows-out "$ROWS_IPC" --out "$RESULTS" >> "$RESULTS/bench.log" 2>&1 \

@@ -29,7 +29,8 @@ def make(size=1):
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch):
     for k in ("FASTPAR_CUDA_IPC_MAX_BYTES", "FASTPAR_CUDA_IPC_SLOT_BYTES", "FASTPAR_BLOCKING_WAIT",
-              "FASTPAR_CUDA_IPC_TWO_SHOT", "FASTPAR_CUDA_IPC_COLLECTIVES", "FASTPAR_CUDA_IPC_ONE_SHOT_MAX_BYTES"):
+              "FASTPAR_CUDA_IPC_TWO_SHOT", "FASTPAR_CUDA_IPC_COLLECTIVES", "FASTPAR_CUDA_IPC_ONE_SHOT_MAX_BYTES",
+              "FASTPAR_CUDA_IPC_FLAGS"):
         monkeypatch.delenv(k, raising=False)
 
 
@@ -84,6 +85,25 @@ def test_fused_forms_default_to_steps_and_the_test_hook_flips_them():
     override(cb, "FASTPAR_CUDA_IPC_TWO_SHOT", "")
     assert cb.ipc_two_shot == "steps"
     with pytest.raises(ValueError, match="the knob is 'FASTPAR_CUDA_IPC_BARRIER' but must be FASTPAR_CUDA_IPC_TWO_SHOT"):
+        override(cb, "FASTPAR_CUDA_IPC_BARRIER", "per_peer")
+
+
+def test_flag_form_defaults_to_peer_and_only_the_test_hook_flips_it(monkeypatch):
+    """The one-kernel calls' block barriers: each waiter polls the peer's flag
+    (the default), or each rank writes its arrival into the waiter's memory,
+    the measured alternative that no environment variable selects."""
+    monkeypatch.setenv("FASTPAR_CUDA_IPC_FLAGS", "waiter")
+    cb = make()
+    override = fastpar._C._testing.cuda_override
+    assert cb.ipc_flags == "peer"
+    override(cb, "FASTPAR_CUDA_IPC_FLAGS", "waiter")
+    assert cb.ipc_flags == "waiter" and cb.ipc_two_shot == "steps" and cb.ipc_collectives == "steps"
+    with pytest.raises(ValueError, match="FASTPAR_CUDA_IPC_FLAGS is 'remote' but must be 'waiter' or 'peer'"):
+        override(cb, "FASTPAR_CUDA_IPC_FLAGS", "remote")
+    assert cb.ipc_flags == "waiter"
+    override(cb, "FASTPAR_CUDA_IPC_FLAGS", "")
+    assert cb.ipc_flags == "peer"
+    with pytest.raises(ValueError, match="_ONE_SHOT_MAX_BYTES or FASTPAR_CUDA_IPC_FLAGS"):
         override(cb, "FASTPAR_CUDA_IPC_BARRIER", "per_peer")
 
 

@@ -155,6 +155,14 @@ def test_decisions_name_the_form_that_won_each_choice_in_the_same_run(tmp_path):
     lines = gs.decisions(rows)
     assert lines[1].startswith("FASTPAR_CUDA_IPC_COLLECTIVES: steps won"), lines
     assert lines[1].endswith("the fused form can go"), lines
+    # the block barriers' flags (the test hook's FASTPAR_CUDA_IPC_FLAGS), eager
+    # and graphed: the waiter's memory slower at the median: the peer's stays
+    _pair(rows, "fastpar flags waiter", "fastpar flags peer", 2, 4 * 1024, 9e-6, 10e-6)
+    _pair(rows, "fastpar flags waiter", "fastpar flags peer", 2, 8 * MiB, 60e-6, 50e-6)
+    _pair(rows, "fastpar graph flags waiter", "fastpar graph flags peer", 2, 4 * 1024, 8e-6, 7e-6)
+    lines = gs.decisions(rows)
+    assert lines[2].startswith("FASTPAR_CUDA_IPC_FLAGS: peer won (waiter / peer time: median 1.14"), lines
+    assert lines[2].endswith("the waiter form can go"), lines
     gs.report(rows, str(tmp_path))
     summary = (tmp_path / "summary.txt").read_text()
     assert "decided: FASTPAR_CUDA_IPC_TWO_SHOT: fused won" in summary, summary

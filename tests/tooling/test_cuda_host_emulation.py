@@ -28,6 +28,10 @@ not:
     and send/recv): the rank's communicator fails for good and its peers'
     calls end with kPeerAborted instead of waiting for the timeout; an error
     other code left on the thread is not taken for a launch failure.
+  * the one-kernel calls (one-shot, two-shot, collectives, graphed) in both
+    forms of their block barriers (the peer's flag polled, or flags written
+    into the waiter's memory): bits, desyncs, aborts, deadlines, and ranks in
+    different forms failing with a mismatch or a peer's abort;
   * the fused two-shot all_reduce kernel bit for bit against the step-by-step
     two-shot, with its failures (ipc_fused_two_shot_test), and the stream
     operations and bytes of every IPC collective and the list ring per call,

@@ -73,6 +73,12 @@ constexpr int64_t kAuxGraphedTwoShot = kAuxOneShot + 9;
 // step-by-step form fails the check. Offsets stay far below it.
 constexpr int64_t kAuxFusedRegistered = int64_t(1) << 61;
 
+// Set on the aux of a CUDA IPC one-kernel call whose block barriers run in
+// the kWaiterMemory form (cuda_ipc/ipc_arena.h, FlagForm; phase_step.h,
+// marked_desc), so a peer in the other form fails the check. Below every
+// aux it marks but the offsets, which stay far below it.
+constexpr int64_t kAuxWaiterFlags = int64_t(1) << 60;
+
 // Descriptor dtypes from here up are torch dtypes fastpar has no element
 // math for (kForeignDType + the ScalarType code): the copy collectives still
 // move them, and peers still compare them.
@@ -94,7 +100,9 @@ struct CollCall {
 };
 
 // "allreduce(count=10, dtype=float32, op=SUM)" for error messages.
-inline std::string describe(const flags::OpDesc& d) {
+inline std::string describe(flags::OpDesc d) {
+  const bool waiter = d.aux >= 0 && (d.aux & kAuxWaiterFlags) != 0;
+  if (waiter) d.aux &= ~kAuxWaiterFlags;
   if (Coll(d.op) == Coll::kRegister) {
     // Its count is the allocation's bytes; "count=..., dtype=uint8" read as elements.
     std::string s = "registered_empty(bytes=" + std::to_string(d.count);
@@ -119,7 +127,7 @@ inline std::string describe(const flags::OpDesc& d) {
   else if (d.aux >= kAuxFusedRegistered && d.aux < kAuxOneShot)
     s += ", schedule=fused, registered offset=" + std::to_string(d.aux - kAuxFusedRegistered);
   else if (d.aux >= 0) s += ", registered offset=" + std::to_string(d.aux);
-  return s + ")";
+  return s + (waiter ? ", flags=waiter)" : ")");
 }
 
 }  // namespace fastpar

@@ -193,6 +193,7 @@ void CudaEngine::connect(int device) {
 void CudaEngine::set_schedules(cuda_ipc::IpcComm& c) const {
   c.fused_two_shot = fused_two_shot_;
   c.fused_collectives = fused_collectives_;
+  c.flag_form = waiter_flags_ ? cuda_ipc::FlagForm::kWaiterMemory : cuda_ipc::FlagForm::kPollPeer;
 }
 
 const char* CudaEngine::ipc_two_shot() const {
@@ -205,12 +206,19 @@ const char* CudaEngine::ipc_collectives() const {
   return kFusedForm.name(fused_collectives_);
 }
 
+const char* CudaEngine::ipc_flags() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return kFlagForm.name(waiter_flags_);
+}
+
 void CudaEngine::testing_override(const std::string& knob, const std::string& value) {
   std::lock_guard<std::mutex> g(mu_);
   if (knob == "FASTPAR_CUDA_IPC_TWO_SHOT") {
     fused_two_shot_ = !value.empty() && parse_choice(knob.c_str(), value, kFusedForm);
   } else if (knob == "FASTPAR_CUDA_IPC_COLLECTIVES") {
     fused_collectives_ = !value.empty() && parse_choice(knob.c_str(), value, kFusedForm);
+  } else if (knob == "FASTPAR_CUDA_IPC_FLAGS") {
+    waiter_flags_ = !value.empty() && parse_choice(knob.c_str(), value, kFlagForm);
   } else if (knob == "FASTPAR_CUDA_IPC_ONE_SHOT_MAX_BYTES") {
     int64_t bytes = -1;
     if (!value.empty()) {
@@ -226,7 +234,7 @@ void CudaEngine::testing_override(const std::string& knob, const std::string& va
     one_shot_max_bytes_ = bytes;
   } else {
     TORCH_CHECK_VALUE(false, "fastpar: the knob is '", knob, "' but must be FASTPAR_CUDA_IPC_TWO_SHOT, "
-                      "FASTPAR_CUDA_IPC_COLLECTIVES or FASTPAR_CUDA_IPC_ONE_SHOT_MAX_BYTES");
+                      "FASTPAR_CUDA_IPC_COLLECTIVES, FASTPAR_CUDA_IPC_ONE_SHOT_MAX_BYTES or FASTPAR_CUDA_IPC_FLAGS");
   }
   if (auto link = std::atomic_load(&link_)) set_schedules(link->ep->comm());
 }
@@ -443,6 +451,7 @@ fastpar._C.Backend, which hands it the checked calls on CUDA tensors.)")
       .def_property_readonly("blocking_wait", &CudaEngine::blocking_wait)
       .def_property_readonly("ipc_two_shot", &CudaEngine::ipc_two_shot)
       .def_property_readonly("ipc_collectives", &CudaEngine::ipc_collectives)
+      .def_property_readonly("ipc_flags", &CudaEngine::ipc_flags)
       .def_property_readonly("fallback", &CudaEngine::fallback);
   py::module_ testing = m.attr("_testing");
   testing.def(
@@ -452,7 +461,8 @@ fastpar._C.Backend, which hands it the checked calls on CUDA tensors.)")
       },
       py::arg("engine"), py::arg("knob"), py::arg("value"),
       "Overrides a FASTPAR_CUDA_IPC_* schedule knob of this group from its next call (value as the environment "
-      "spells it, '' for the default); every rank between the same calls.");
+      "spells it, '' for the default), or FASTPAR_CUDA_IPC_FLAGS ('peer' or 'waiter', the hook only); every rank "
+      "between the same calls.");
 }
 
 }  // namespace distributed

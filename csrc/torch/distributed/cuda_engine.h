@@ -137,10 +137,16 @@ class CudaEngine : public Engine {
   // FASTPAR_CUDA_IPC_COLLECTIVES (broadcast, gather, scatter, all_to_all,
   // reduce, reduce_scatter): "fused" or "steps" (the default).
   const char* ipc_collectives() const;
+  // The one-kernel calls' block barriers: "peer" (the default: each waiter
+  // polls the peer's flag) or "waiter" (each rank writes its arrival into
+  // the waiter's memory, cuda_ipc::FlagForm), the measured alternative
+  // only the test hook selects.
+  const char* ipc_flags() const;
   // The test hook (fastpar._C._testing.cuda_override): `knob` one of
   // FASTPAR_CUDA_IPC_TWO_SHOT, _COLLECTIVES and _ONE_SHOT_MAX_BYTES, `value`
-  // as the environment spells it ("" for the default), in force from the next
-  // call. Every rank must call it between the same calls (a mix fails with a
+  // as the environment spells it ("" for the default), or FASTPAR_CUDA_IPC_FLAGS
+  // ("peer" or "waiter": ipc_flags; no environment variable), in force from
+  // the next call. Every rank must call it between the same calls (a mix fails with a
   // descriptor mismatch).
   void testing_override(const std::string& knob, const std::string& value);
   // The NCCL group the fallback runs on.
@@ -226,6 +232,7 @@ class CudaEngine : public Engine {
   bool blocking_wait_;
   bool fused_two_shot_;     // FASTPAR_CUDA_IPC_TWO_SHOT=fused (mu_)
   bool fused_collectives_;  // FASTPAR_CUDA_IPC_COLLECTIVES=fused (mu_)
+  bool waiter_flags_ = false;  // the test hook's FASTPAR_CUDA_IPC_FLAGS=waiter (mu_)
   // Registered buffers' bookkeeping; shared with the tensors' deleters.
   std::shared_ptr<RegisteredArena> registered_;
 

@@ -45,6 +45,10 @@ struct ChoiceNames {
   const char* name(bool v) const { return v ? on : off; }
 };
 inline constexpr ChoiceNames kFusedForm{"fused", "steps"};
+// The one-kernel calls' block barriers (cuda_ipc::FlagForm): flags written
+// into the waiter's memory, or the peer's flag polled. The test hook only
+// (CudaEngine::testing_override): no environment variable.
+inline constexpr ChoiceNames kFlagForm{"waiter", "peer"};
 // `value` as one of `names`; otherwise refused: "fastpar: <what> is '<value>'
 // but must be '<on>' or '<off>'".
 bool parse_choice(const char* what, const std::string& value, ChoiceNames names);

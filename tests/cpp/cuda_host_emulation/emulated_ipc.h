@@ -33,6 +33,8 @@ struct HostMemory {
   static uint64_t load_acquire_host(const uint64_t* p) { return load_acquire(p); }
   static void store_release_host(uint64_t* p, uint64_t v) { store_release(p, v); }
   static void store_release(uint64_t* p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+  // The kWaiterMemory form's polls of a word in this rank's memory.
+  static uint64_t load_relaxed(const uint64_t* p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
   static void pause() { std::this_thread::yield(); }
   static uint64_t now_ns() {
     return uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -97,6 +99,11 @@ struct HostBlock {
   bool barrier(const Phase& ph) {
     bool failed = ph.arrive();  // thread 0
     const int n = ph.p.size;
+    // Every notification before the first wait: on the GPU each thread
+    // notifies its peer, then waits, all at once; here, one after the other,
+    // a wait could stand for a peer that waits for this rank before it
+    // notifies it.
+    for (int i = 1; i < n; ++i) ph.notify(barrier_peer(ph.p.rank, n, ph.b % 2 == 0 ? i : n - i));
     // The GPU's waiting threads start together: one deadline for all.
     const uint64_t deadline = ph.deadline();
     for (int i = 1; i < n; ++i) {
@@ -303,12 +310,29 @@ inline bool g_fused_one_shot = true;
 inline bool g_fused_two_shot = true;
 // Likewise for broadcast, gather, scatter, all_to_all, reduce and reduce_scatter.
 inline bool g_fused_collectives = true;
+// The one-kernel calls' block barriers (ipc_arena.h, FlagForm): the programs
+// run their checks in each form.
+inline fastpar::cuda_ipc::FlagForm g_flag_form = fastpar::cuda_ipc::FlagForm::kPollPeer;
+constexpr fastpar::cuda_ipc::FlagForm kFlagForms[] = {fastpar::cuda_ipc::FlagForm::kPollPeer,
+                                                      fastpar::cuda_ipc::FlagForm::kWaiterMemory};
+inline const char* flag_form_name(fastpar::cuda_ipc::FlagForm f) {
+  return f == fastpar::cuda_ipc::FlagForm::kWaiterMemory ? "waiter-memory flags" : "peer-polled flags";
+}
+
+// The aux a one-kernel call's descriptor carries in g_flag_form's form
+// (phase_step.h, marked_desc).
+inline int64_t fused_aux(int64_t aux) {
+  fastpar::flags::OpDesc d{};
+  d.aux = aux;
+  return fastpar::cuda_ipc::marked_desc(d, g_flag_form).aux;
+}
 
 inline fastpar::cuda_ipc::IpcComm comm_for(const Arenas& a, int rank, size_t slot_bytes) {
   fastpar::cuda_ipc::IpcComm c;
   c.fused_one_shot = g_fused_one_shot;
   c.fused_two_shot = g_fused_two_shot;
   c.fused_collectives = g_fused_collectives;
+  c.flag_form = g_flag_form;
   c.fused_bytes_per_block = 64;  // small calls still get several blocks (up to kFusedMaxBlocks)
   c.rank = rank;
   c.size = int(a.bases.size());

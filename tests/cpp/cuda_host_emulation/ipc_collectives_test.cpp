@@ -14,6 +14,8 @@
 //     the one-kernel collectives (ipc_fused_collectives.h), whose reductions
 //     must give the step schedule's bits; a rank in one form and its peers in
 //     the other fail with kMismatch (schedule=fused) or kPeerAborted;
+//   * the one-kernel collectives in both forms of the block barriers
+//     (ipc_arena.h, FlagForm), the mix with the step schedule included;
 //   * a rank whose peer never arrives (a dead process) gives up when the host
 //     writes the host abort word, long before its 20 s flag-wait timeout,
 //     records kPeerDead in its status and mirror, and its control-block abort
@@ -325,7 +327,8 @@ void check_desync(int n, int variant) {
                                        : Coll::kReduce;
       expect(m.mine.op == int32_t(want), "desync: the record's own call is this rank's");
       if (variant == 5) {
-        expect((m.mine.aux == kAuxFusedCollective) != (m.theirs.aux == kAuxFusedCollective),
+        const int64_t fused = emulated::fused_aux(kAuxFusedCollective);
+        expect((m.mine.aux == fused) != (m.theirs.aux == fused),
                "desync: the record names the fused schedule on one side only");
       }
     } else {
@@ -418,15 +421,20 @@ int main() {
   cuda_kernels::g_blocks = 2;
   cuda_kernels::g_threads = 3;
   // The step schedules and the fused kernel.
-  for (bool fused : {false, true}) {
-    emulated::g_fused_collectives = fused;
-    for (int n = 2; n <= 5; ++n) {
-      for (size_t slot_bytes : {size_t(256), size_t(4096), size_t(1) << 20}) check_sequence(n, slot_bytes);
-      for (int v = 0; v < 6; ++v) check_desync(n, v);
-      check_host_abort(n);
-      if (fused) check_misaligned_allgather(n);
+  for (bool fused : {false, true})
+    for (cuda_ipc::FlagForm form : emulated::kFlagForms) {
+      // The step schedules have no block barriers: one form.
+      if (!fused && form != cuda_ipc::FlagForm::kPollPeer) continue;
+      emulated::g_fused_collectives = fused;
+      emulated::g_flag_form = form;
+      std::fprintf(stderr, "checks %s, %s\n", fused ? "fused" : "step by step", emulated::flag_form_name(form));
+      for (int n = 2; n <= 5; ++n) {
+        for (size_t slot_bytes : {size_t(256), size_t(4096), size_t(1) << 20}) check_sequence(n, slot_bytes);
+        for (int v = 0; v < 6; ++v) check_desync(n, v);
+        check_host_abort(n);
+        if (fused) check_misaligned_allgather(n);
+      }
     }
-  }
   std::printf("%ld checks, %ld failures\n", long(checks.load()), long(failures.load()));
   return failures == 0 ? 0 : 1;
 }

@@ -26,7 +26,13 @@
 //   * a peer that never comes among several (4 ranks, rank 3 absent): with
 //     a thread per peer, the waits for the peers that came succeed and the
 //     one for the absent peer fails; every caller records a timeout or its
-//     peer's abort, mirror included, and a replay's failure word names it.
+//     peer's abort, mirror included, and a replay's failure word names it;
+//   * all of the above in both forms of the block barriers (ipc_arena.h,
+//     FlagForm: the peer's flag polled, or flags written into the waiter's
+//     memory); and a rank in one form with its peers in the other fails
+//     every call, eager or graphed, one-shot or two-shot, with kMismatch
+//     (the record naming flags=waiter on one side only) or kPeerAborted,
+//     long before the timeout, and writes nothing after.
 // Exit status 0 = every check passed.
 #include <algorithm>
 #include <atomic>
@@ -133,6 +139,20 @@ void check_layouts(int n) {
   }
   for (auto& t : threads) t.join();
   char what[200];
+  // The form ran: its words were written, the other form's inboxes not.
+  const bool waiter = emulated::g_flag_form == cuda_ipc::FlagForm::kWaiterMemory;
+  for (int q = 0; q < n; ++q) {
+    void* base = arenas.bases[size_t(q)];
+    for (int r = 0; r < n; ++r) {
+      if (r == q) continue;
+      const uint64_t eager = cuda_ipc::inbox_of(base)->word[0][r];
+      const uint64_t graph = cuda_ipc::graph_control_of(base, kSlot)->inbox.word[0][r];
+      std::snprintf(what, sizeof(what), "layouts n=%d, %s: rank %d's inbox holds rank %d's eager %lu, graphed %lu", n,
+                    emulated::flag_form_name(emulated::g_flag_form), q, r, (unsigned long)eager,
+                    (unsigned long)graph);
+      expect(waiter ? eager > 0 && graph > 0 : eager == 0 && graph == 0, what);
+    }
+  }
   for (int r = 0; r < n; ++r) {
     std::snprintf(what, sizeof(what), "layouts %s n=%d: rank %d status %u, failure word %u", dtype_name(dtype_of<T>()),
                   n, r, status[size_t(r)], word[size_t(r)]);
@@ -221,7 +241,7 @@ void check_desync(int n, bool graphed) {
   }
   for (auto& t : threads) t.join();
   const char* test = graphed ? "graphed desync" : "fused desync";
-  check_desync_outcome(o, count, graphed ? kAuxGraphed : kAuxFused, test);
+  check_desync_outcome(o, count, emulated::fused_aux(graphed ? kAuxGraphed : kAuxFused), test);
   threads.clear();
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
@@ -360,6 +380,78 @@ void check_missing_peer(bool graphed) {
   expect(timeouts >= 1, what);
 }
 
+// Rank 0 in one form of the block barriers, its peers in the other
+// (`waiter0`: rank 0 writes into the waiters' memory): an eager call and a
+// replay of the same all_reduce (`two_shot`: above the one-shot limit), then
+// the same again on the failed communicators. Every rank fails the first
+// with kMismatch or a peer's abort, well before the 20 s timeout, at least
+// one with the mismatch, whose record names flags=waiter on one side only;
+// nothing is written after the failure.
+void check_form_mix(int n, bool waiter0, bool graphed, bool two_shot) {
+  using cuda_ipc::FlagForm;
+  Arenas arenas(n, kSlot);
+  std::vector<Outcome> o(static_cast<size_t>(n));
+  std::vector<uint32_t> word(size_t(n), 0);
+  std::vector<int> untouched(size_t(n), 0);
+  const int64_t count = two_shot ? 600 : 200;  // 2400 bytes: above the 2 KiB limit below
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      cuda_ipc::IpcComm c = comm_for(arenas, r, kSlot);
+      c.flag_form = (r == 0) == waiter0 ? FlagForm::kWaiterMemory : FlagForm::kPollPeer;
+      c.fused_two_shot = true;
+      c.host_status = &o[size_t(r)].mirror;
+      c.host_mismatch = &o[size_t(r)].record;
+      c.host_replay_failure = &word[size_t(r)];
+      std::vector<float> in(size_t(count), 1.0f), out(size_t(count), -7.0f);
+      const int64_t limit = 2048;
+      for (int k = 0; k < 2; ++k) {
+        if (graphed) cuda_ipc::allreduce_graphed(c, DType::F32, ReduceOp::SUM, in.data(), out.data(), count, nullptr,
+                                                 limit);
+        else if (two_shot) cuda_ipc::allreduce_two_shot(c, DType::F32, ReduceOp::SUM, in.data(), out.data(), count,
+                                                         nullptr);
+        else cuda_ipc::allreduce_one_shot(c, DType::F32, ReduceOp::SUM, in.data(), out.data(), count, nullptr);
+        if (k == 0) {
+          cuda_ipc::read_status(c, nullptr, &o[size_t(r)].status);
+          std::fill(out.begin(), out.end(), -7.0f);
+        }
+      }
+      untouched[size_t(r)] = std::all_of(out.begin(), out.end(), [](float v) { return v == -7.0f; });
+    });
+  }
+  for (auto& t : threads) t.join();
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  char test[120], what[240];
+  std::snprintf(test, sizeof(test), "form mix (rank 0 %s, %s %s)", waiter0 ? "waiter" : "peer",
+                graphed ? "graphed" : "eager", two_shot ? "two-shot" : "one-shot");
+  int mismatched = 0;
+  for (int r = 0; r < n; ++r) {
+    const Outcome& x = o[size_t(r)];
+    std::snprintf(what, sizeof(what), "%s n=%d: rank %d status %u, mirror %u, failure word %u", test, n, r, x.status,
+                  x.mirror, word[size_t(r)]);
+    expect((x.status == kMismatch || x.status == kAborted) && x.mirror == x.status &&
+               word[size_t(r)] == (graphed ? x.status : 0u),
+           what);
+    std::snprintf(what, sizeof(what), "%s n=%d: rank %d wrote its output after the failure", test, n, r);
+    expect(untouched[size_t(r)] != 0, what);
+    if (x.status != kMismatch) continue;
+    ++mismatched;
+    const bool mine = describe(x.record.mine).find("flags=waiter") != std::string::npos;
+    const bool theirs = describe(x.record.theirs).find("flags=waiter") != std::string::npos;
+    const int peer = int(x.record.peer_plus_one) - 1;
+    std::snprintf(what, sizeof(what), "%s n=%d: rank %d's record: %s against peer %d's %s", test, n, r,
+                  describe(x.record.mine).c_str(), peer, describe(x.record.theirs).c_str());
+    expect(mine != theirs && mine == ((r == 0) == waiter0) && peer >= 0 && peer < n && peer != r &&
+               x.record.mine.count == count && x.record.theirs.count == count,
+           what);
+  }
+  std::snprintf(what, sizeof(what), "%s n=%d: no rank reports the mismatch", test, n);
+  expect(mismatched > 0, what);
+  std::snprintf(what, sizeof(what), "%s n=%d: the ranks took %.2f s to fail (timeout 20 s)", test, n, secs);
+  expect(secs < 5.0, what);
+}
+
 // A replay runs the schedule and grid of the eager call of its size
 // (allreduce_graphed, ipc_graph.h): the one-shot up to the one-shot limit,
 // the fused two-shot above it, up to a full 8 MiB slot, on the grid of ranks
@@ -488,8 +580,8 @@ void check_graph_schedule_desync(int n) {
            what);
     if (x.status != kMismatch) continue;
     ++mismatched;
-    const int64_t mine = r == 0 ? kAuxGraphedTwoShot : kAuxGraphed;
-    const int64_t theirs = r == 0 ? kAuxGraphed : kAuxGraphedTwoShot;
+    const int64_t mine = emulated::fused_aux(r == 0 ? kAuxGraphedTwoShot : kAuxGraphed);
+    const int64_t theirs = emulated::fused_aux(r == 0 ? kAuxGraphed : kAuxGraphedTwoShot);
     std::snprintf(what, sizeof(what), "graph schedule desync n=%d: rank %d's record names the two schedules", n, r);
     expect(x.record.mine.aux == mine && x.record.theirs.aux == theirs, what);
   }
@@ -500,6 +592,9 @@ void check_graph_schedule_desync(int n) {
 }  // namespace
 
 int main() {
+  for (cuda_ipc::FlagForm form : emulated::kFlagForms) {
+  emulated::g_flag_form = form;
+  std::fprintf(stderr, "checks with %s\n", emulated::flag_form_name(form));
   for (int n = 2; n <= 4; ++n) check_graph_shapes<float>(n);
   check_graph_shapes<bf16>(2);
   if (!kThreadSanitizer)
@@ -519,6 +614,12 @@ int main() {
   check_misordered();
   check_missing_peer(false);
   check_missing_peer(true);
+  }
+  emulated::g_flag_form = cuda_ipc::FlagForm::kPollPeer;
+  for (int n = 2; n <= 3; ++n)
+    for (bool waiter0 : {false, true})
+      for (bool graphed : {false, true})
+        for (bool two_shot : {false, true}) check_form_mix(n, waiter0, graphed, two_shot);
   std::printf("%ld checks, %ld failures\n", long(checks.load()), long(failures.load()));
   return failures == 0 ? 0 : 1;
 }

@@ -21,7 +21,9 @@
 //     later call on a failed communicator writes nothing; status word =
 //     host mirror;
 //   * the grid cap (ipc_comm.h, fused_grid_blocks) and the block counts it bounds
-//     (the two-shot's, the collectives', the one-shot's).
+//     (the two-shot's, the collectives', the one-shot's);
+//   * the bits and the failures in both forms of the block barriers
+//     (ipc_arena.h, FlagForm).
 // Exit status 0 = every check passed.
 #include <algorithm>
 #include <cstdio>
@@ -214,7 +216,7 @@ void check_failure(int n, Peer peer) {
                     name[int(peer)], n, r);
       const bool mine_fused = r == 0 || peer == Peer::kOtherCount;
       expect(m.peer_plus_one > 0 && !flags::same_call(m.mine, m.theirs) &&
-                 m.mine.aux == (mine_fused ? kAuxFusedTwoShot : kAuxTwoShot),
+                 m.mine.aux == (mine_fused ? emulated::fused_aux(kAuxFusedTwoShot) : kAuxTwoShot),
              what);
       if (mine_fused)
         expect(describe(m.mine).find("schedule=fused_two_shot") != std::string::npos, "the record names the schedule");
@@ -258,9 +260,13 @@ void check_grid_cap() {
 
 int main() {
   check_grid_cap();
-  for (int n = 2; n <= 8; ++n) check_bits(n);
-  for (int n = 2; n <= 4; ++n)
-    for (Peer p : {Peer::kStepByStep, Peer::kOtherCount, Peer::kAbsent, Peer::kHostAbort}) check_failure(n, p);
+  for (cuda_ipc::FlagForm form : emulated::kFlagForms) {
+    emulated::g_flag_form = form;
+    std::fprintf(stderr, "checks with %s\n", emulated::flag_form_name(form));
+    for (int n = 2; n <= 8; ++n) check_bits(n);
+    for (int n = 2; n <= 4; ++n)
+      for (Peer p : {Peer::kStepByStep, Peer::kOtherCount, Peer::kAbsent, Peer::kHostAbort}) check_failure(n, p);
+  }
   std::printf("%ld checks, %ld failures\n", long(checks.load()), long(failures.load()));
   return failures == 0 ? 0 : 1;
 }

@@ -26,7 +26,8 @@ struct GpuBlock {
   }
   // The barrier of a phase object (phase_step.h, BlockPhase): thread 0
   // releases the block's flag while threads 1 .. n-1 wait at the same time,
-  // thread t for peer barrier_peer(rank, n, t) (a warp's threads spinning on
+  // thread t for peer barrier_peer(rank, n, t) after its notify (the
+  // arrival in that peer's memory, in the form that has one) (a warp's threads spinning on
   // different words make progress independently from Volta on). The first
   // __syncthreads() orders every thread's writes before thread 0's release;
   // the last, which also ORs the failures, orders every wait's acquire before
@@ -37,8 +38,13 @@ struct GpuBlock {
     __syncthreads();
     const int t = int(threadIdx.x), n = ph.p.size;
     bool failed = false;
-    if (t == 0) failed = ph.arrive();
-    else if (t < n) failed = ph.wait(barrier_peer(ph.p.rank, n, t), ph.deadline());
+    if (t == 0) {
+      failed = ph.arrive();
+    } else if (t < n) {
+      const int q = barrier_peer(ph.p.rank, n, t);
+      ph.notify(q);
+      failed = ph.wait(q, ph.deadline());
+    }
     return __syncthreads_or(failed ? 1 : 0) != 0;
   }
 };

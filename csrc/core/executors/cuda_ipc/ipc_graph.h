@@ -67,7 +67,7 @@ namespace cuda_ipc {
 struct GraphRegion {
   int64_t parity_stride;  // bytes from graph slot 0 to graph slot 1
   GraphControl* self;
-  const GraphControl* peers[kMaxIpcRanks];
+  GraphControl* peers[kMaxIpcRanks];  // read, but for the kWaiterMemory form's inboxes
   uint32_t* replay_failure;  // IpcComm::host_replay_failure, or null
 };
 
@@ -99,7 +99,11 @@ FASTPAR_HD uint64_t graph_epoch(const GraphRegion& g) { return g.self->epoch.val
 // arrive (at phase 0, block 0 first writes the call's descriptor, seq = e,
 // in desc[e % 2], published by the release), and the wait for peer q, which
 // block 0 follows at phase 0 with the comparison of q's descriptor. A failure
-// is recorded, the failure word included (graph_failed).
+// is recorded, the failure word included (graph_failed). In the
+// kWaiterMemory form (p.flag_form) the arrival and block 0's descriptor go
+// into every peer's GraphControl::inbox as well (notify; the descriptor by
+// parity, rewritten at e + 2 as desc[e % 2] is), and the waits poll this
+// rank's.
 template <class Mem>
 struct GraphPhase {
   const PhaseArgs& p;
@@ -109,7 +113,7 @@ struct GraphPhase {
   int j;
 
   FASTPAR_HD flags::OpDesc mine() const {
-    flags::OpDesc d = p.desc;
+    flags::OpDesc d = marked_desc(p.desc, p.flag_form);
     d.seq = e;
     return d;
   }
@@ -130,13 +134,22 @@ struct GraphPhase {
 
   FASTPAR_HD uint64_t deadline() const { return flags::deadline_after(Mem::now_ns(), p.timeout_ns); }
 
+  // kWaiterMemory: this rank's arrival in peer q's inbox (phase_step.h, arrive_in_inbox).
+  FASTPAR_HD void notify(int q) const {
+    if (p.flag_form == FlagForm::kWaiterMemory)
+      arrive_in_inbox<Mem>(p, &g.peers[q]->inbox, b, flag(), mine(), b == 0 && j == 0);
+  }
+
   FASTPAR_HD bool wait(int q, uint64_t deadline) const {
     const OwnStatusPoll<Mem> poll{&p};
     flags::OpDesc theirs{};
-    flags::WaitStatus s = fused_wait_flag<Mem>(&g.peers[q]->start[b].value, flag(), deadline, poll);
-    // The peer rewrites desc[e % 2] only at epoch e + 2, after its flags of e + 1.
+    const bool waiter = p.flag_form == FlagForm::kWaiterMemory;
+    flags::WaitStatus s = fused_wait_flag<Mem>(waiter ? &g.self->inbox.word[b][q] : &g.peers[q]->start[b].value,
+                                               flag(), deadline, poll, waiter);
+    // The peer rewrites desc[e % 2] (and its entry in this rank's inbox)
+    // only at epoch e + 2, after its flags of e + 1.
     if (s == flags::WaitStatus::kOk && b == 0 && j == 0) {
-      theirs = g.peers[q]->desc[e & 1u];
+      theirs = waiter ? g.self->inbox.desc[q][e & 1u] : g.peers[q]->desc[e & 1u];
       if (!flags::same_call(mine(), theirs)) s = flags::WaitStatus::kMismatch;
     }
     if (s == flags::WaitStatus::kOk) return false;

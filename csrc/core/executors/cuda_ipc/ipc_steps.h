@@ -40,6 +40,7 @@ inline PhaseArgs phase_args_at(const IpcComm& c, const flags::OpDesc& d) {
   a.rank = c.rank;
   a.size = c.size;
   a.timeout_ns = c.timeout_ns;
+  a.flag_form = c.flag_form;
   return a;
 }
 

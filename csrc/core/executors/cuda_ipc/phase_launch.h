@@ -15,7 +15,9 @@ namespace cuda_ipc {
 
 struct PhaseArgs {
   flags::ControlBlock* self;
-  const flags::ControlBlock* peers[kMaxIpcRanks];  // peers[rank] is unused
+  // Read, but for the one-kernel calls' kWaiterMemory form, which writes its
+  // arrivals into the peers' inboxes (inbox_of).
+  flags::ControlBlock* peers[kMaxIpcRanks];        // peers[rank] is unused
   uint32_t* status;                                 // this rank's status word
   uint32_t* host_status;                            // its host-mapped mirror, or null
   const uint64_t* host_abort;                       // host abort word, device view (phase_step.h), or null
@@ -24,6 +26,7 @@ struct PhaseArgs {
   int rank;
   int size;
   uint64_t timeout_ns;
+  FlagForm flag_form;  // the one-kernel calls' block barriers (ipc_arena.h); the phase kernel ignores it
 };
 
 // Enqueues on `stream` (a stream of the current device): if *status != 0,

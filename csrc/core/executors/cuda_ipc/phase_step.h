@@ -4,12 +4,14 @@
 // (tests/cpp/cuda_host_emulation) runs the very same code over host atomics.
 // Beyond flag_protocol.h's interface the policy has load_acquire_host (the
 // host abort word), load_u32 and cas_u32 (the status word), store_release_u32
-// (its host mirror and the replays' failure word), and fetch_add (the graphed
-// calls' count of finished blocks, ipc_graph.h): device_memory_order.cuh.
+// (its host mirror and the replays' failure word), fetch_add (the graphed
+// calls' count of finished blocks, ipc_graph.h), and load_relaxed (the
+// kWaiterMemory form of the block barriers, below): device_memory_order.cuh.
 #pragma once
 
 #include <cstdint>
 
+#include "../../transport/collective_call.h"  // kAuxWaiterFlags
 #include "../../transport/flag_protocol.h"
 #include "../../transport/cuda_ipc/ipc_arena.h"
 #include "phase_launch.h"
@@ -63,15 +65,23 @@ struct PhasePoll {
 // after the record); losers raise the abort word only. Returns the status
 // that stands. `mine`: this rank's descriptor of the failed phase where it is
 // not a.desc (the fused two-shot's later phases), null otherwise.
-// A fused kernel's wait for one peer block's flag to reach `seq`: spins, then
+// A fused kernel's wait for one block's flag to reach `seq`: spins, then
 // asks `poll` (the host abort word, the peers' abort words, and whatever else
-// the kernel must stop for) between rounds, until the deadline.
+// the kernel must stop for) between rounds, until the deadline. `own`: the
+// word is in this rank's memory, written there by the peer (FlagForm's
+// kWaiterMemory): relaxed polls, then one acquire of the word, which orders
+// the reads after the wait as an acquiring poll would (flags only grow, so it
+// reads the phase too). Else a peer's word: every poll an acquire.
 template <class Mem, class Poll>
-FASTPAR_HD flags::WaitStatus fused_wait_flag(const uint64_t* word, uint64_t seq, uint64_t deadline, const Poll& poll) {
+FASTPAR_HD flags::WaitStatus fused_wait_flag(const uint64_t* word, uint64_t seq, uint64_t deadline, const Poll& poll,
+                                             bool own = false) {
   for (;;) {
     FASTPAR_SPIN_LOOP
     for (int i = 0; i < flags::kPollSpins; ++i) {
-      if (Mem::load_acquire(word) >= seq) return flags::WaitStatus::kOk;
+      if ((own ? Mem::load_relaxed(word) : Mem::load_acquire(word)) >= seq) {
+        if (own) Mem::load_acquire(word);
+        return flags::WaitStatus::kOk;
+      }
       Mem::pause();
     }
     // The host abort word and every peer's abort word. As wait_posted: a peer
@@ -137,9 +147,12 @@ struct OwnStatusPoll {
 //                flag. True when this rank has already failed: nothing is
 //                posted;
 //   deadline()   when the wait of a thread gives up (taken before it);
-//   wait(q, d)   the acquire of peer q's flag, q = barrier_peer(rank, size,
-//                t) for t = 1 .. size-1, by thread t at the same time as
-//                arrive() and the other waits. True
+//   notify(q)    run by thread t for peer q = barrier_peer(rank, size, t),
+//                t = 1 .. size-1, at the same time as arrive(), before its
+//                wait(q, d): kWaiterMemory's arrival in q's memory (nothing
+//                in kPollPeer);
+//   wait(q, d)   the acquire of peer q's flag, by thread t at the same time
+//                as arrive() and the other waits. True
 //                on a failure, already recorded (record_failure: the first
 //                one of the rank stands, so waits that fail together do not
 //                bury each other).
@@ -152,19 +165,61 @@ struct OwnStatusPoll {
 // this rank once, and thread 0 free to arrive.
 FASTPAR_HD int barrier_peer(int rank, int n, int t) { return (rank + t) % n; }
 
+// The two forms of a block's arrival and wait (FlagForm, ipc_arena.h). In
+// kPollPeer, block b of each rank release-stores its own flag and the waiters
+// acquire-poll it in that rank's memory. In kWaiterMemory the thread of block
+// b that waits for peer q first writes this rank's arrival into q's inbox
+// (Inbox::word[b][rank], a release store; block 0 its descriptor before it,
+// Inbox::desc[rank][seq % 2], so the waiter compares descriptors on arrival,
+// from its own memory), then polls its own inbox (fused_wait_flag's `own`):
+// the waiting threads write to their peers at once, as they wait. Either way
+// a word only grows (phase numbers, or the graphed calls' 2e + j) and waits
+// test >=, so a form's words left from earlier calls, of this form or the
+// other, never pass a wait. Thread 0's arrival is the same in both forms (its
+// own flags): a peer in the other form (a misuse) then reaches its descriptor
+// check and fails with kMismatch (the kWaiterMemory descriptors carry
+// kAuxWaiterFlags) where it would wait for its deadline, and its abort word
+// stops this rank's waits. The waits of both forms are one fused_wait_flag
+// loop (every wait inlined into a kernel is a copy of the loop), and where
+// the block compares descriptors the peer's is read after the wait: nothing
+// of it is live in the loop, where these kernels have no register to spare.
+
+// A call's descriptor as the block barriers of form `f` post it.
+FASTPAR_HD flags::OpDesc marked_desc(flags::OpDesc d, FlagForm f) {
+  if (f == FlagForm::kWaiterMemory && d.aux >= 0) d.aux |= kAuxWaiterFlags;
+  return d;
+}
+
+// kWaiterMemory's arrival of block b of rank `rank` at `word` in peer q's
+// inbox `in`, by the thread that waits for q, after the block's writes (the
+// block policy synchronizes the block first): with `with_desc` (block 0 where
+// its form compares descriptors) the descriptor `d` first, then the word,
+// released. Nothing when this rank has already failed (the status word): its
+// waits then stop on it. (`d` by reference and a flag, not a pointer that may
+// be null: a local behind such a pointer stays in memory, a stack frame in
+// every kernel.)
+template <class Mem>
+FASTPAR_HD void arrive_in_inbox(const PhaseArgs& p, Inbox* in, int b, uint64_t word, const flags::OpDesc& d,
+                                bool with_desc) {
+  if (Mem::load_u32(p.status) != 0) return;
+  if (with_desc) in->desc[p.rank][flags::desc_of_phase(d.seq)] = d;
+  Mem::store_release(&in->word[b][p.rank], word);
+}
+
 // The eager one-kernel calls' phase (ipc_fused_one_shot.h,
 // ipc_fused_two_shot.h, ipc_fused_collectives.h): phase j of the call
-// (desc.seq + j) on block b's flag (ipc_arena.h, block_flags_of). Block 0 also
-// posts the control block's flag with the descriptor and checks every peer's
-// (flags::wait_and_check), so the descriptor check of every phase stays;
-// other blocks wait on their flag only.
+// (desc.seq + j) on block b's flag (ipc_arena.h, block_flags_of), or in
+// kWaiterMemory the inboxes (inbox_of). Block 0 also posts the control
+// block's flag with the descriptor and checks every peer's
+// (flags::wait_and_check, or the descriptor in its inbox), so the descriptor
+// check of every phase stays; other blocks wait on their flag only.
 template <class Mem>
 struct BlockPhase {
   const PhaseArgs& p;
   FlagLine* self_blocks;
   const FlagLine* const* peer_blocks;
   int b;
-  flags::OpDesc mine;  // the call's descriptor at this phase
+  flags::OpDesc mine;  // the call's descriptor at this phase (marked_desc)
 
   FASTPAR_HD bool arrive() const {
     // Another block of this rank failed: stop before posting a phase whose
@@ -177,11 +232,24 @@ struct BlockPhase {
 
   FASTPAR_HD uint64_t deadline() const { return flags::deadline_after(Mem::now_ns(), p.timeout_ns); }
 
+  // kWaiterMemory: this rank's arrival in peer q's inbox (arrive_in_inbox).
+  FASTPAR_HD void notify(int q) const {
+    if (p.flag_form == FlagForm::kWaiterMemory) arrive_in_inbox<Mem>(p, inbox_of(p.peers[q]), b, mine.seq, mine, b == 0);
+  }
+
   FASTPAR_HD bool wait(int q, uint64_t deadline) const {
     const OwnStatusPoll<Mem> poll{&p};
     flags::OpDesc theirs{};
-    const flags::WaitStatus s = b == 0 ? flags::wait_and_check<Mem>(p.peers[q], mine, deadline, poll, &theirs)
-                                       : fused_wait_flag<Mem>(&peer_blocks[q][b].value, mine.seq, deadline, poll);
+    const bool waiter = p.flag_form == FlagForm::kWaiterMemory;
+    flags::WaitStatus s =
+        b == 0 && !waiter
+            ? flags::wait_and_check<Mem>(p.peers[q], mine, deadline, poll, &theirs)
+            : fused_wait_flag<Mem>(waiter ? &inbox_of(p.self)->word[b][q] : &peer_blocks[q][b].value, mine.seq,
+                                   deadline, poll, waiter);
+    if (s == flags::WaitStatus::kOk && waiter && b == 0) {
+      theirs = inbox_of(p.self)->desc[q][flags::desc_of_phase(mine.seq)];
+      if (!flags::same_call(mine, theirs)) s = flags::WaitStatus::kMismatch;
+    }
     if (s == flags::WaitStatus::kOk) return false;
     record_failure<Mem>(p, s, q, &theirs, &mine);
     return true;
@@ -191,7 +259,7 @@ struct BlockPhase {
 template <class Mem>
 FASTPAR_HD BlockPhase<Mem> block_phase(const PhaseArgs& p, FlagLine* self_blocks, const FlagLine* const* peer_blocks,
                                        int b, int64_t j) {
-  flags::OpDesc mine = p.desc;
+  flags::OpDesc mine = marked_desc(p.desc, p.flag_form);
   mine.seq = p.desc.seq + uint64_t(j);
   return BlockPhase<Mem>{p, self_blocks, peer_blocks, b, mine};
 }

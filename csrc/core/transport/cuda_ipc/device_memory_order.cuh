@@ -23,6 +23,16 @@ struct DeviceMemory {
   __device__ static void store_release(uint64_t* p, uint64_t v) {
     asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
   }
+  // The kWaiterMemory form of the block barriers (ipc_arena.h, FlagForm;
+  // phase_step.h): the waiter polls a word of its own memory, which the
+  // arriving rank release-stores there, with relaxed loads (no ordering, so
+  // no L1 invalidation per poll) and takes one load_acquire of the word once
+  // it has seen the phase.
+  __device__ static uint64_t load_relaxed(const uint64_t* p) {
+    uint64_t v;
+    asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+  }
   // The host abort word (phase_step.h): written by the host.
   __device__ static uint64_t load_acquire_host(const uint64_t* p) {
     uint64_t v;

@@ -1,8 +1,10 @@
 // Layout of one rank's IPC arena: a single cudaMalloc allocation that the rank
 // exports with cudaIpcGetMemHandle and every peer process maps.
 //
-//   [ flags::ControlBlock | status word | pad ]  kHeaderBytes: 512, then the
+//   [ flags::ControlBlock | status word | pad ]  512 bytes, then the
 //   [ block flags of the one-kernel calls ]      kTwoShotMaxBlocks cache lines
+//   [ Inbox | pad ]                              to kHeaderBytes (the other
+//                                                form of those flags, below)
 //   [ data slot 0 ]                              slot_bytes (rounded to 512)
 //   [ data slot 1 ]                              (flags::kSlots rotating slots)
 //   [ P2PControl | pad ]                         kP2PControlBytes
@@ -25,8 +27,9 @@
 // the allreduce on them needs no copy-in (allreduce_slots.h,
 // allreduce_registered).
 //
-// Only the owner writes its arena (the protocol's single-writer rule); peers
-// read the control block and the slots through their mapping. The status word
+// Only the owner writes its arena (the protocol's single-writer rule), but
+// for the inboxes (Inbox: each word of one is written by one peer only);
+// peers read the control block and the slots through their mapping. The status word
 // is the owner's private record of a failed phase (a flags::WaitStatus): every
 // later kernel of the transport checks it and does nothing, and the host reads
 // it to raise the error.
@@ -56,10 +59,41 @@ constexpr int kMaxIpcRanks = 8;  // = the reduce kernel's source limit: one per 
 // peer), after the header's first 512 bytes: block_flags_of.
 constexpr int kTwoShotMaxBlocks = 128;
 constexpr size_t kBlockFlagsOffset = 512;
-constexpr size_t kHeaderBytes = kBlockFlagsOffset + size_t(kTwoShotMaxBlocks) * 64;
 constexpr size_t kSlotAlign = 512;  // keeps every slot 16-byte aligned for the uint4 path
 
-static_assert(sizeof(flags::ControlBlock) + sizeof(uint32_t) <= kHeaderBytes, "header overflows");
+static_assert(sizeof(flags::ControlBlock) + sizeof(uint32_t) <= kBlockFlagsOffset, "header overflows");
+
+// How the one-kernel calls' block barriers pass a block's arrival
+// (executors/cuda_ipc/phase_step.h, BlockPhase and ipc_graph.h's GraphPhase),
+// equal on every rank (IpcComm::flag_form):
+//   kPollPeer      block b of the arriving rank release-stores its own flag
+//                  (block_flags_of, GraphControl::start) and every waiter
+//                  polls that word in the arriving rank's memory with acquire
+//                  loads: over NVLink or PCIe where the ranks have GPUs of
+//                  their own. The default.
+//   kWaiterMemory  the arriving rank writes its arrival into every peer's
+//                  Inbox (a release store per peer, by the thread that waits
+//                  for that peer), and each waiter polls its own memory with
+//                  relaxed loads, then one acquire load of the word it saw
+//                  reach the phase (vLLM's and TensorRT-LLM's form). A
+//                  measured alternative: the first GPU run decides which of
+//                  the two stays.
+enum class FlagForm : int32_t { kPollPeer = 0, kWaiterMemory = 1 };
+
+// A rank's inbox for the kWaiterMemory form: word[b][s] is the last phase
+// block b of rank s has reached, written by rank s only; desc[s][seq % 2] is
+// rank s's descriptor of phase seq, written by its block 0 before that
+// block's word (flags::ControlBlock's rotation by two: a writer is at most one
+// phase ahead of a reader that has not posted the next phase). A block's
+// words for its n sources share one cache line: its waiting threads poll the
+// line together.
+struct Inbox {
+  uint64_t word[kTwoShotMaxBlocks][kMaxIpcRanks];
+  flags::OpDesc desc[kMaxIpcRanks][flags::kDescSlots];
+};
+
+constexpr size_t kInboxOffset = kBlockFlagsOffset + size_t(kTwoShotMaxBlocks) * 64;
+constexpr size_t kHeaderBytes = (kInboxOffset + sizeof(Inbox) + kSlotAlign - 1) / kSlotAlign * kSlotAlign;
 
 FASTPAR_HD size_t slot_stride(size_t slot_bytes) { return (slot_bytes + kSlotAlign - 1) / kSlotAlign * kSlotAlign; }
 
@@ -127,6 +161,10 @@ FASTPAR_HD FlagLine* block_flags_of(void* base) {
   return reinterpret_cast<FlagLine*>(static_cast<char*>(base) + kBlockFlagsOffset);
 }
 
+// The eager one-kernel calls' inbox (kWaiterMemory) of the arena at `base`
+// (its control block: control_of(base) == base).
+FASTPAR_HD Inbox* inbox_of(void* base) { return reinterpret_cast<Inbox*>(static_cast<char*>(base) + kInboxOffset); }
+
 // The graph region's control (owner-written). Per block b, the barrier
 // phase block b of this rank's graphed calls has reached (`start`, spun on by
 // block b of every peer: phase j of epoch e posts 2e + j), for as many blocks
@@ -135,12 +173,14 @@ FASTPAR_HD FlagLine* block_flags_of(void* base) {
 // the running one that have finished (`arrived`), both read and written by
 // this rank's kernels only (ipc_graph.h, graph_finish). Block 0's descriptor
 // of each call, in the entry of the call's parity (a peer reads epoch e's
-// while this rank may already write e + 1's).
+// while this rank may already write e + 1's). The inbox of the kWaiterMemory
+// form: the peers' arrivals (2e + j) and descriptors (by parity).
 struct GraphControl {
   FlagLine start[kTwoShotMaxBlocks];
   FlagLine epoch;
   FlagLine arrived;
   flags::OpDesc desc[2];
+  Inbox inbox;
 };
 
 constexpr size_t kGraphControlBytes = (sizeof(GraphControl) + kSlotAlign - 1) / kSlotAlign * kSlotAlign;

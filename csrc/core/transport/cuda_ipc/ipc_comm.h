@@ -82,6 +82,11 @@ struct IpcComm {
   // false (the default, as fused_two_shot): the step-by-step schedules. Equal
   // on every rank (a mix fails with a mismatch naming schedule=fused).
   bool fused_collectives = false;
+  // How the one-kernel calls' block barriers pass arrivals (ipc_arena.h,
+  // FlagForm): kPollPeer, the default, or the measured alternative
+  // kWaiterMemory (the test hook only). Equal on every rank (a mix fails with a
+  // mismatch naming flags=waiter, or a peer's abort).
+  FlagForm flag_form = FlagForm::kPollPeer;
   // Bytes per block of the fused kernel (ipc_fused_one_shot.h; equal on every
   // rank; the host emulation lowers it so that small calls get many blocks).
   int64_t fused_bytes_per_block = 16 * 1024;
