@@ -32,7 +32,6 @@ KERNELS = ("fused_one_shot_kernel", "fused_graph_kernel", "fused_two_shot_kernel
 # expected failure until fixed, strict: a family that comes clean fails here
 # until it leaves this table.
 STILL_SPILLING = {
-    "fused_two_shot_kernel": "1 (sm_80) and 1 (sm_90): float64 AVG",
     "fused_collective_kernel": "6 (sm_90): the int8 and uint8 AVG, MIN and MAX instances",
 }
 
