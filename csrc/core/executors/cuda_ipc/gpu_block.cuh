@@ -26,9 +26,10 @@ struct GpuBlock {
   }
   // The barrier of a phase object (phase_step.h, BlockPhase): thread 0
   // releases the block's flag while threads 1 .. n-1 wait at the same time,
-  // thread t for peer barrier_peer(rank, n, t) after its notify (the
-  // arrival in that peer's memory, in the form that has one) (a warp's threads spinning on
-  // different words make progress independently from Volta on). The first
+  // thread t for peer barrier_peer(rank, n, t), after its notify (the
+  // arrival in that peer's memory, in the form that has one). A warp's
+  // threads spinning on different words make progress independently from
+  // Volta on. The first
   // __syncthreads() orders every thread's writes before thread 0's release;
   // the last, which also ORs the failures, orders every wait's acquire before
   // any thread's reads. Threads are at least kMaxIpcRanks (the kernels'
