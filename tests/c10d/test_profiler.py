@@ -63,10 +63,13 @@ DELAY_S = 0.5
 @scenario
 def sc_recv_range_lasts_until_the_data_comes():
     """Rank 1 posts an irecv that rank 0 answers DELAY_S later: the recv's
-    range covers the wait, the isend's too on rank 0 once waited."""
+    range covers the wait, the isend's too on rank 0 once waited. The barrier
+    inside the profile starts the delay only once both profilers record (one
+    can take longer than the other to start)."""
     init()
     t = torch.zeros(1000)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
+        dist.barrier()
         if RANK == 0:
             time.sleep(DELAY_S)
             dist.isend(torch.ones(1000), 1).wait()
