@@ -6,6 +6,7 @@
 #include <cstring>
 #include <initializer_list>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "check.h"
@@ -130,13 +131,49 @@ int main() {
       for (int d : divisors) mismatches += div_by_count(x, d) != x / d;
     CHECK(mismatches == 0);
     // The 8-bit AVG's (div8_by_count, a multiply): every dividend an int8 or
-    // uint8 sum can be, every divisor up to 2^12, and past 2^24.
+    // uint8 sum can be, every divisor up to 2^17 (past 2^16 the multiplier
+    // is 1), and far past it.
     mismatches = 0;
     for (int x = -128; x <= 255; ++x) {
-      for (int d = 1; d <= 4096; ++d) mismatches += div8_by_count(x, d) != x / d;
+      for (int d = 1; d <= (1 << 17); ++d) mismatches += div8_by_count(x, d) != x / d;
       for (int d : {(1 << 24) - 1, 1 << 24, (1 << 24) + 1, std::numeric_limits<int>::max()})
         mismatches += div8_by_count(x, d) != x / d;
     }
+    CHECK(mismatches == 0);
+  }
+  // Four 1-byte elements combined in one word (combine_bytes, the one-kernel
+  // collectives' int8 / uint8 packs): every pair of bytes, in every byte of
+  // the word, against combine<OP> on each byte, beside neighbours that would
+  // show a carry or a borrow crossing bytes.
+  {
+    int mismatches = 0;
+    auto check_op = [&](auto op_tag, auto type_tag) {
+      constexpr ReduceOp OP = decltype(op_tag)::value;
+      using T = decltype(type_tag);
+      for (int a = 0; a < 256; ++a)
+        for (int b = 0; b < 256; ++b)
+          for (int k = 0; k < 4; ++k) {
+            const uint32_t na = 0xff00ff80u, nb = 0x80ff01ffu;  // the other bytes
+            const uint32_t wa = (na & ~(0xffu << 8 * k)) | uint32_t(a) << 8 * k;
+            const uint32_t wb = (nb & ~(0xffu << 8 * k)) | uint32_t(b) << 8 * k;
+            const uint32_t got = combine_bytes<OP, T>(wa, wb);
+            for (int i = 0; i < 4; ++i) {
+              const T x = T(uint8_t(wa >> 8 * i)), y = T(uint8_t(wb >> 8 * i));
+              mismatches += uint8_t(got >> 8 * i) != uint8_t(combine<OP>(x, y));
+            }
+          }
+    };
+    auto each_op = [&](auto type_tag) {
+      check_op(std::integral_constant<ReduceOp, ReduceOp::SUM>{}, type_tag);
+      check_op(std::integral_constant<ReduceOp, ReduceOp::AVG>{}, type_tag);
+      check_op(std::integral_constant<ReduceOp, ReduceOp::MIN>{}, type_tag);
+      check_op(std::integral_constant<ReduceOp, ReduceOp::MAX>{}, type_tag);
+      check_op(std::integral_constant<ReduceOp, ReduceOp::BAND>{}, type_tag);
+      check_op(std::integral_constant<ReduceOp, ReduceOp::BOR>{}, type_tag);
+      check_op(std::integral_constant<ReduceOp, ReduceOp::BXOR>{}, type_tag);
+    };
+    each_op(int8_t{});
+    each_op(uint8_t{});
     CHECK(mismatches == 0);
   }
   // int32 SUM and PRODUCT wrap (two's complement, no signed overflow: UBSan runs this).

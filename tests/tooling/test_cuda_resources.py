@@ -27,13 +27,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 KERNELS = ("fused_one_shot_kernel", "fused_graph_kernel", "fused_two_shot_kernel", "graph_two_shot_kernel",
            "fused_collective_kernel", "reduce_kernel", "ring_step_kernel", "rotated_ring_kernel", "phase_kernel",
            "p2p_step_kernel")
-# Families that still have instances with a stack frame (nvcc 13.0, sm_80 and
-# sm_90, of 40 instances per architecture; docs/measurements.md). Each is an
-# expected failure until fixed, strict: a family that comes clean fails here
-# until it leaves this table.
-STILL_SPILLING = {
-    "fused_collective_kernel": "6 (sm_90): the int8 and uint8 AVG, MIN and MAX instances",
-}
 
 
 def _extension():
@@ -81,9 +74,7 @@ def _demangled(name):
     return subprocess.run([filt, name], capture_output=True, text=True).stdout.strip() or name
 
 
-@pytest.mark.parametrize("kernel", [
-    pytest.param(k, marks=pytest.mark.xfail(strict=True, reason=f"instances with a stack frame: {STILL_SPILLING[k]}"))
-    if k in STILL_SPILLING else k for k in KERNELS])
+@pytest.mark.parametrize("kernel", KERNELS)
 def test_no_stack_frame_or_local_memory(usage, kernel):
     instances = {k: v for k, v in usage.items() if kernel in k[1]}
     assert instances, f"no instance of {kernel} in the build"

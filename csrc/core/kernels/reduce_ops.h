@@ -68,6 +68,34 @@ template <ReduceOp OP, typename A> FASTPAR_HD A combine(A a, A b) {
   }
 }
 
+// Four 1-byte elements in one 32-bit word combined at once, each byte exactly
+// combine<OP> of its own (integers, no NaN): a 16-byte pack of int8 or uint8
+// is reduced as 4 words instead of 16 unpacked registers, which is what spills
+// a kernel holding its other paths' registers too. PRODUCT has no such form.
+template <ReduceOp OP, typename T>
+constexpr bool kCombinesBytewise = sizeof(T) == 1 && std::is_integral_v<T> && OP != ReduceOp::PRODUCT;
+
+template <ReduceOp OP, typename T>
+FASTPAR_HD uint32_t combine_bytes(uint32_t a, uint32_t b) {
+  static_assert(kCombinesBytewise<OP, T>, "1-byte integers, every op but PRODUCT");
+  constexpr uint32_t kHigh = 0x80808080u, kLow = 0x7f7f7f7fu;
+  if constexpr (OP == ReduceOp::SUM || OP == ReduceOp::AVG) {
+    // The low 7 bits add without a carry out of their byte; bit 7 is the sum
+    // of both bits 7 and that carry, the 8-bit wrap.
+    return ((a & kLow) + (b & kLow)) ^ ((a ^ b) & kHigh);
+  } else if constexpr (OP == ReduceOp::MIN || OP == ReduceOp::MAX) {
+    // Compared as unsigned bytes (signed ones with their sign bit flipped).
+    const uint32_t flip = std::is_signed_v<T> ? kHigh : 0u;
+    const uint32_t x = a ^ flip, y = b ^ flip;
+    const uint32_t low_ge = (x | kHigh) - (y & kLow);  // bit 7 of a byte: x's low 7 bits >= y's (no borrow out)
+    const uint32_t ge = ((x & ~y) | (~(x ^ y) & low_ge)) & kHigh;  // bit 7 of a byte: x >= y
+    const uint32_t a_ge_b = ge | (ge - (ge >> 7));  // 0xff where a >= b (no borrow out of a byte)
+    return OP == ReduceOp::MIN ? (b & a_ge_b) | (a & ~a_ge_b) : (a & a_ge_b) | (b & ~a_ge_b);
+  } else {
+    return OP == ReduceOp::BAND ? (a & b) : OP == ReduceOp::BOR ? (a | b) : (a ^ b);
+  }
+}
+
 // x / d, truncated, for d >= 1, in 32-bit divisions: a 64-bit division on the
 // GPU is a call into a subroutine, and registers held across that call cost
 // the kernels that reduce int64 a stack frame. Digits of 16 bits for d < 2^16
@@ -101,17 +129,17 @@ FASTPAR_HD int64_t div_by_count(int64_t a, int d) {
   return a < 0 ? int64_t(0 - q) : int64_t(q);
 }
 
-// C++'s a / d (truncated toward zero) for |a| <= 255 and d >= 1, as a
-// multiply by m = ceil(2^32 / d): one 32-bit division, the same for every
+// C++'s a / d (truncated toward zero) for |a| <= 255 and d >= 1, as a 32-bit
+// multiply by m = floor((2^16 - 1) / d) + 1: one division, the same for every
 // element (a kernel computes it once, where the 16 divisions of a 16-byte
-// pack would hold registers enough to spill). Exact: with |a| = qd + s,
-// |a| m / 2^32 < q + (d - 1) / d + |a| / 2^32, below q + 1 when |a| d < 2^32
-// (d <= 2^24), and below 1 = q + 1 past that (|a| / d < 2^-16).
+// pack would hold registers enough to spill). Exact: m = (2^16 + e) / d with
+// 0 < e <= d, so with |a| = qd + s, |a| m / 2^16 <= q + (d - 1) / d + 255 / 2^16,
+// below q + 1 for d <= 256; past that q = 0 and |a| m <= 255 (2^16 / 257 + 1) < 2^16.
 FASTPAR_HD int div8_by_count(int a, int d) {
-  const uint64_t m = uint64_t(0xffffffffu / uint32_t(d)) + 1u;
+  const uint32_t m = 0xffffu / uint32_t(d) + 1u;
   const int sign = a < 0 ? -1 : 0;
   const uint32_t x = uint32_t((a ^ sign) - sign);
-  const int q = int((uint64_t(x) * m) >> 32);
+  const int q = int((x * m) >> 16);
   return (q ^ sign) - sign;
 }
 

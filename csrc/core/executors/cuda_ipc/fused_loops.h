@@ -122,7 +122,10 @@ struct FusedReduce {
   union Pack {
     uint4 w;
     T e[V];
+    uint32_t word[4];
   };
+  // 1-byte integers combine four to a 32-bit word (reduce_ops.h).
+  static constexpr bool kBytewise = kCombinesBytewise<OP, T>;
   // The accumulators carried from group to group: packed when they are T
   // (a byte in a register of its own would take 16 registers a pack).
   struct Wide {
@@ -199,13 +202,24 @@ struct FusedReduce {
         }
         FASTPAR_FUSED_UNROLL
         for (int u = 0; u < U; ++u) {
-          FASTPAR_FUSED_UNROLL
-          for (int e = 0; e < V; ++e) {
-            A y = g == 0 ? load_acc(x[u][0].e[e]) : combine<OP>(load_acc(acc[u].e[e]), load_acc(x[u][0].e[e]));
+          if constexpr (kBytewise) {
             FASTPAR_FUSED_UNROLL
-            for (int j = 1; j < G; ++j)
-              if (g + j < n) y = combine<OP>(y, load_acc(x[u][j].e[e]));
-            acc[u].e[e] = y;
+            for (int k = 0; k < 4; ++k) {
+              uint32_t y = g == 0 ? x[u][0].word[k] : combine_bytes<OP, T>(acc[u].word[k], x[u][0].word[k]);
+              FASTPAR_FUSED_UNROLL
+              for (int j = 1; j < G; ++j)
+                if (g + j < n) y = combine_bytes<OP, T>(y, x[u][j].word[k]);
+              acc[u].word[k] = y;
+            }
+          } else {
+            FASTPAR_FUSED_UNROLL
+            for (int e = 0; e < V; ++e) {
+              A y = g == 0 ? load_acc(x[u][0].e[e]) : combine<OP>(load_acc(acc[u].e[e]), load_acc(x[u][0].e[e]));
+              FASTPAR_FUSED_UNROLL
+              for (int j = 1; j < G; ++j)
+                if (g + j < n) y = combine<OP>(y, load_acc(x[u][j].e[e]));
+              acc[u].e[e] = y;
+            }
           }
         }
       }
@@ -213,8 +227,12 @@ struct FusedReduce {
     FASTPAR_FUSED_UNROLL
     for (int u = 0; u < U; ++u) {
       Pack y;
-      FASTPAR_FUSED_UNROLL
-      for (int e = 0; e < V; ++e) y.e[e] = store_acc<T>(finalize<OP>(load_acc(acc[u].e[e]), contributions));
+      if constexpr (std::is_same_v<Carry, Pack> && OP != ReduceOp::AVG) {
+        y.w = acc[u].w;  // nothing to finalize
+      } else {
+        FASTPAR_FUSED_UNROLL
+        for (int e = 0; e < V; ++e) y.e[e] = store_acc<T>(finalize<OP>(load_acc(acc[u].e[e]), contributions));
+      }
       FASTPAR_FUSED_UNROLL
       for (int d = 0; d < ND; ++d)
         if (d < nd) reinterpret_cast<uint4*>(dst[d] + base)[v + int64_t(u) * nt] = y.w;
@@ -224,7 +242,8 @@ struct FusedReduce {
 
 // Packs per thread per iteration of the fused one-shot's reduction (U of
 // FusedReduce::run): 2, but 1 for 1-byte types, whose 16 elements a pack take
-// a register each once unpacked, and which spill with 2. The fused two-shot
+// a register each once unpacked (PRODUCT, AVG's division), and which spill
+// with 2. The fused two-shot
 // and collectives kernels reduce one pack at a time: their other paths hold
 // more registers, and with 2 they spill (tests/tooling/test_cuda_resources.py
 // checks every instance).
