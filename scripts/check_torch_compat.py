@@ -6,8 +6,9 @@ accepts compiles here and breaks the first build on the GPU, where a build
 costs device minutes. This script takes torch's own headers from the release's
 wheel (downloaded once with `pip download --no-deps`, cached under
 build/torch-compat/) and compiles every source of a CUDA build with them:
-the .cpp files with `g++ -fsyntax-only`, the .cu files with nvcc for one
-architecture, each with the C++ standard that release's cpp_extension uses.
+the .cpp files with `g++ -fsyntax-only`, the .cu files with `nvcc -ptx` for one
+architecture (host and device code parsed, no machine code made), each with
+the C++ standard that release's cpp_extension uses.
 
     python scripts/check_torch_compat.py                 # the GPU machine's torch
     python scripts/check_torch_compat.py 2.12.0 2.13.0   # other releases
@@ -114,7 +115,7 @@ def check(version, cuda, jobs):
         cmds[src] = [cxx, "-fsyntax-only", f"-std={std}", "-fPIC"] + DEFINES + includes + [src]
     for src in sources(".cu"):
         cmds[src] = [os.path.join(cuda, "bin", "nvcc"), f"-std={std}", "-arch=sm_90", "--expt-relaxed-constexpr",
-                     "-c", "-o", os.devnull] + DEFINES + includes + [src]
+                     "-ptx", "-o", os.devnull] + DEFINES + includes + [src]
     print(f"check_torch_compat: torch {version} ({std}): {len(cmds)} sources", flush=True)
     failed = []
     with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
