@@ -271,12 +271,16 @@ def test_gpu_check_options_set_the_results_folder_and_the_budget(tmp_path):
     assert r.returncode == 0 and "--out DIR --budget SECONDS" in r.stdout, r.stdout + r.stderr
 
 
-def _phases(script: str, env: dict) -> list:
+def _phases(script: str, env: dict, clock_stopped: bool = False) -> list:
+    """What `script` prints after sourcing gpu_check_phases.sh with a budget
+    of 540 s; clock_stopped: no time passes (left() is the whole budget), so
+    that the arithmetic is checked without a second ticking by on a busy machine."""
     import subprocess
 
     lib = os.path.join(os.path.dirname(GPU_CHECK), "gpu_check_phases.sh")
     base = {k: v for k, v in os.environ.items() if not k.startswith("GPU_CHECK_")}
-    r = subprocess.run(["bash", "-c", f"BUDGET=540; START=$SECONDS; source {lib}; {script}"], capture_output=True,
+    stop = "left() { echo $BUDGET; }; " if clock_stopped else ""
+    r = subprocess.run(["bash", "-c", f"BUDGET=540; START=$SECONDS; source {lib}; {stop}{script}"], capture_output=True,
                        text=True, env=dict(base, GPU_CHECK_BUILD_S="120", **env), timeout=30,
                        cwd=os.path.dirname(os.path.dirname(GPU_CHECK)))
     assert r.returncode == 0, r.stderr
@@ -289,7 +293,8 @@ def test_gpu_check_default_budget_keeps_time_for_later_phases():
     what the phases' needs leave; each phase keeps the needs of those after it."""
     got = _phases("for p in single lists multi ipc; do want $p && echo $p; done; min_budget; build_limit; "
                   "reserve_after build; reserve_after single; reserve_after lists; reserve_after multi; "
-                  "reserve_after ipc; phase_limit 150 280; phase_limit 900 0; phase_limit 150 535", {})
+                  "reserve_after ipc; phase_limit 150 280; phase_limit 900 0; phase_limit 150 535", {},
+                  clock_stopped=True)
     assert got == ["single", "lists", "multi", "ipc", "510", "150", "390", "300", "250", "110", "0", "150", "540",
                    "10"], got
 
