@@ -243,10 +243,9 @@ struct FusedReduce {
 // Packs per thread per iteration of the fused one-shot's reduction (U of
 // FusedReduce::run): 2, but 1 for 1-byte types, whose 16 elements a pack take
 // a register each once unpacked (PRODUCT, AVG's division), and which spill
-// with 2. The fused two-shot
-// and collectives kernels reduce one pack at a time: their other paths hold
-// more registers, and with 2 they spill (tests/tooling/test_cuda_resources.py
-// checks every instance).
+// with 2. The fused two-shot and collectives kernels reduce one pack at a
+// time: their other paths hold more registers, and with 2 they spill
+// (tests/tooling/test_cuda_resources.py checks every instance).
 template <typename T>
 constexpr int kFusedReduceUnroll = sizeof(T) == 1 ? 1 : 2;
 
