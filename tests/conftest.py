@@ -34,6 +34,23 @@ def pytest_collection_modifyitems(config, items):
         raise pytest.UsageError("tests/common/quick_tier.py names tests that do not exist: " + ", ".join(stale))
 
 
+def pytest_collection_finish(session):
+    # The host emulation's programs compile from now on, beside the tests
+    # before them (common/emulation_builds.py).
+    import emulation_builds
+
+    cases = [(item.callspec.params["program"], item.callspec.params["sanitizer"]) for item in session.items
+             if item.path.name == emulation_builds.TEST_FILE and hasattr(item, "callspec")]
+    if cases and not session.config.option.collectonly:
+        emulation_builds.start(cases)
+
+
+def pytest_sessionfinish(session):
+    import emulation_builds
+
+    emulation_builds.finish()
+
+
 @pytest.fixture
 def no_leftover_segments():
     """A test's processes leave no fastpar segment in /dev/shm, whatever
