@@ -10,12 +10,18 @@ destroy; "collective": the child first calls all_reduce, which must raise
 DistBackendError naming the fork), before the parent's all_reduces."""
 import datetime
 import os
+import signal
 import sys
 
 import torch
 import torch.distributed as dist
 
 import fastpar  # noqa: F401  registers the backend
+
+# SIGINT raises KeyboardInterrupt, as in any Python program, even where the
+# shell that started pytest ignored it (a background job without job
+# control), an ignore every child inherits.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def main():

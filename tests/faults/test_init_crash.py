@@ -38,17 +38,9 @@ def _master_store():
     return dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
 
 
-def _default_sigint():
-    # A shell without job control starts background commands with SIGINT
-    # ignored, and the ignore is inherited: the ranks get the default
-    # disposition (Python's KeyboardInterrupt) however pytest was started.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def _launch(rank, port, env=None, extra=()):
     return subprocess.Popen([sys.executable, WORKER, str(rank), "2", str(port), str(TIMEOUT_S), *extra],
-                            env=child_env(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=_default_sigint)
+                            env=child_env(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def _wait_for(path, procs, limit=120.0):
