@@ -29,11 +29,10 @@ struct GpuBlock {
   // thread t for peer barrier_peer(rank, n, t), after its notify (the
   // arrival in that peer's memory, in the form that has one). A warp's
   // threads spinning on different words make progress independently from
-  // Volta on. The first
-  // __syncthreads() orders every thread's writes before thread 0's release;
-  // the last, which also ORs the failures, orders every wait's acquire before
-  // any thread's reads. Threads are at least kMaxIpcRanks (the kernels'
-  // static_asserts).
+  // Volta on. The first __syncthreads() orders every thread's writes before
+  // thread 0's release; the last, which also ORs the failures, orders every
+  // wait's acquire before any thread's reads. Threads are at least
+  // kMaxIpcRanks (the kernels' static_asserts).
   template <class Phase>
   __device__ bool barrier(const Phase& ph) {
     __syncthreads();
