@@ -11,7 +11,6 @@ and the sum is added to the master's .grad, so the optimizer built on
 from __future__ import annotations
 
 import copy
-import functools
 import threading
 from typing import Dict, List, Set
 
@@ -19,6 +18,7 @@ import torch
 from torch import nn
 
 from ._args import REDUCE_OPS
+from ._grad_hooks import GradHooks
 
 _SUM = REDUCE_OPS["SUM"]
 
@@ -39,6 +39,7 @@ class ReplicaSet:
         # replicas' tensors are then saved in a live graph and must not be
         # overwritten unless the master really changed (see _sync).
         self._graph_pending = False
+        self._grad_hooks = GradHooks(self, ReplicaSet._on_grad)
 
     def __getstate__(self):
         # Copies, hooks and the lock are rebuilt on first use: this keeps
@@ -58,6 +59,7 @@ class ReplicaSet:
 
     def _build(self, params: List[torch.Tensor], buffers: List[torch.Tensor]) -> None:
         self._params, self._buffers = params, buffers
+        self._grad_hooks.remove()  # the replicas they were on are replaced
         self._shapes = [(t.shape, t.dtype, t.device, t.requires_grad) for t in params + buffers]
         self._synced: List[List[int]] = []
         self.copies, self._flats, self._views, self._module_pairs = [], [], [], []
@@ -80,7 +82,7 @@ class ReplicaSet:
             for j, p in enumerate(rparams):
                 p.grad = views.get(j)
                 if p.requires_grad:
-                    p.register_post_accumulate_grad_hook(functools.partial(self._on_grad, r, j))
+                    self._grad_hooks.add(p, r, j)
             self.copies.append(replica)
             self._module_pairs.append(list(zip(self.master.modules(), replica.modules())))
             self._flats.append(flats)

@@ -51,7 +51,6 @@ the global-batch gradient.
 from __future__ import annotations
 
 import contextlib
-import functools
 import threading
 from typing import Any, Iterator, List, Optional, Sequence
 
@@ -60,6 +59,7 @@ import torch.distributed as dist
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+from ._grad_hooks import GradHooks
 from .bucket_storage import allocate_bucket_storage, storage_kind, uses_fastpar_backend
 from .distributed import all_reduce as _direct_all_reduce
 
@@ -215,6 +215,7 @@ class DistributedDataParallel(nn.Module):
     def _build_buckets(self, named: List[tuple], cap_bytes: int) -> None:
         params = [p for _, p in named]
         self.buckets: List[_Bucket] = []
+        self._grad_hooks = GradHooks(self, DistributedDataParallel._on_grad)
         fastpar_cpu = uses_fastpar_backend(self.process_group, "cpu")
         for bi, idxs in enumerate(_assign_buckets(params, cap_bytes)):
             ps = [params[i] for i in idxs]
@@ -223,7 +224,7 @@ class DistributedDataParallel(nn.Module):
             direct = fastpar_cpu and storage.device.type == "cpu" and storage.dtype in _AVG_SAME_BITS
             bucket = _Bucket(bi, ps, [named[i][0] for i in idxs], storage, direct)
             for pos, p in enumerate(ps):
-                p.register_post_accumulate_grad_hook(functools.partial(self._on_grad, bucket, pos))
+                self._grad_hooks.add(p, bucket, pos)
             self.buckets.append(bucket)
         device = params[0].device if params else torch.device("cpu")
         self.bucket_storage_kind = storage_kind(self.process_group, device)
@@ -329,6 +330,7 @@ class DistributedDataParallel(nn.Module):
         for b in self.buckets:
             if not b.direct:
                 b.work.wait()
+                b.work = None  # a finished Work holds the bucket and the group's state
                 b.flat.div_(self.world_size)
             for p, v in zip(b.params, b.views):
                 use = used_anywhere is None or used_anywhere[k] > 0

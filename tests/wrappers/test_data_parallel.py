@@ -1,5 +1,7 @@
 """fastpar.DataParallel against single-device training on the whole batch."""
 import copy
+import gc
+import weakref
 
 import pytest
 import torch
@@ -43,6 +45,21 @@ def test_sgd_momentum_matches_single_device_with_uneven_and_tiny_batches(n_devic
     for r, replica in enumerate(dp.replicas()):
         for p, q in zip(dp.module.parameters(), replica.parameters()):
             assert torch.equal(p, q), f"replica {r} differs from the master"
+
+
+def test_a_dropped_wrapper_and_its_replicas_are_freed():
+    # The replicas' gradient hooks must not keep the wrapper alive (they would
+    # hold every replica's parameters and gradient buffers until exit).
+    dp = fastpar.DataParallel(small_cnn(), device_ids=["cpu"] * 3)
+    x, y = batches([6])[0]
+    F.cross_entropy(dp(x), y).backward()
+    replicas = [weakref.ref(r) for r in dp.replicas()[1:]]
+    wrapper = weakref.ref(dp)
+    assert replicas and all(r() is not None for r in replicas)
+    del dp
+    gc.collect()
+    assert wrapper() is None
+    assert all(r() is None for r in replicas)
 
 
 def test_split_is_balanced_and_never_exceeds_the_batch():

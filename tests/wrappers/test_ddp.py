@@ -1,8 +1,10 @@
 """fastpar.DistributedDataParallel and fastpar.comm_hook against single-process
 training on the global batch. One spawn per (backend, world size) runs every
 scenario, because starting processes dominates the cost on small machines."""
+import gc
 import os
 import tempfile
+import weakref
 
 import pytest
 import torch
@@ -131,8 +133,16 @@ def worker(rank, world, backend, store_path, out_dir):
         results["unused_error"] = None
     except RuntimeError as e:
         results["unused_error"] = str(e)
+    # A dropped wrapper goes at once, with its buckets and pending Works, and
+    # leaves no hook on the module it wrapped.
+    wrapper, module = weakref.ref(model), model.module
+    del model
+    gc.collect()
+    results["wrapper_freed"] = wrapper() is None
+    results["hooks_left"] = sum(len(p._post_accumulate_grad_hooks or ()) for p in module.parameters())
     results["backend"] = backend
     torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+    dist.barrier()  # no rank closes its connections while a peer's last collective still runs
     dist.destroy_process_group()
 
 
@@ -231,6 +241,13 @@ def test_unused_parameters_without_the_flag_name_them(session):
         assert res["unused_error"] is not None
         assert "received no gradient" in res["unused_error"]
         assert "never.weight" in res["unused_error"] and "find_unused_parameters=True" in res["unused_error"]
+
+
+def test_a_dropped_wrapper_is_freed_and_leaves_no_hooks(session):
+    _, results = session
+    for rank, res in enumerate(results):
+        assert res["wrapper_freed"], f"rank {rank}: the wrapper outlived its last reference"
+        assert res["hooks_left"] == 0, f"rank {rank}: {res['hooks_left']} gradient hooks left on the module"
 
 
 def test_bucket_storage_is_plain_without_the_fastpar_backend():
