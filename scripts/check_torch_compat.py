@@ -7,8 +7,9 @@ costs device minutes. This script takes torch's own headers from the release's
 wheel (downloaded once with `pip download --no-deps`, cached under
 build/torch-compat/) and compiles every source of a CUDA build with them:
 the .cpp files with `g++ -fsyntax-only`, the .cu files with `nvcc -ptx` for one
-architecture (host and device code parsed, no machine code made), each with
-the C++ standard that release's cpp_extension uses.
+architecture without the device optimizer (host and device code parsed and
+instantiated, unoptimized PTX made, no machine code), each with the C++
+standard that release's cpp_extension uses.
 
     python scripts/check_torch_compat.py                 # the GPU machine's torch
     python scripts/check_torch_compat.py 2.12.0 2.13.0   # other releases
@@ -114,8 +115,10 @@ def check(version, cuda, jobs):
     for src in sources(".cpp"):
         cmds[src] = [cxx, "-fsyntax-only", f"-std={std}", "-fPIC"] + DEFINES + includes + [src]
     for src in sources(".cu"):
+        # -Xcicc -O0: whether a source compiles shows before NVVM's optimizer,
+        # which is nearly all of an optimized -ptx run for the one-kernel files.
         cmds[src] = [os.path.join(cuda, "bin", "nvcc"), f"-std={std}", "-arch=sm_90", "--expt-relaxed-constexpr",
-                     "-ptx", "-o", os.devnull] + DEFINES + includes + [src]
+                     "-ptx", "-Xcicc", "-O0", "-o", os.devnull] + DEFINES + includes + [src]
     print(f"check_torch_compat: torch {version} ({std}): {len(cmds)} sources", flush=True)
     failed = []
     with concurrent.futures.ThreadPoolExecutor(jobs) as pool:

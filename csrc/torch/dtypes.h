@@ -4,7 +4,7 @@
 // torch dtype it reduces.
 #pragma once
 
-#include <torch/extension.h>
+#include <ATen/core/Tensor.h>
 
 #include <optional>
 #include <string>

@@ -11,7 +11,7 @@
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Types.hpp>
-#include <torch/extension.h>
+#include <ATen/core/Tensor.h>
 
 #include <string>
 #include <vector>

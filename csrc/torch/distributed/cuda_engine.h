@@ -34,7 +34,6 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <c10/cuda/CUDAStream.h>
-#include <torch/extension.h>
 
 #include <atomic>
 #include <climits>

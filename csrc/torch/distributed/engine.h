@@ -16,7 +16,6 @@
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <torch/csrc/utils/pybind.h>
-#include <torch/extension.h>
 #include <torch/headeronly/version.h>
 
 #include <chrono>

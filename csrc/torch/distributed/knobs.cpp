@@ -1,6 +1,6 @@
 #include "knobs.h"
 
-#include <torch/extension.h>
+#include <c10/util/Exception.h>
 
 #include <cstdlib>
 #include <string>

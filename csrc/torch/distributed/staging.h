@@ -12,7 +12,7 @@
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Work.hpp>
-#include <torch/extension.h>
+#include <ATen/core/Tensor.h>
 
 #include <deque>
 #include <memory>

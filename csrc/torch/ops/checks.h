@@ -6,7 +6,7 @@
 // tests/faults/test_errors.py pins these messages.
 #pragma once
 
-#include <torch/extension.h>
+#include <ATen/core/Tensor.h>
 
 #include <optional>
 #include <string>
