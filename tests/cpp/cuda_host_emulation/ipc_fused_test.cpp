@@ -464,7 +464,10 @@ void check_form_mix(int n, bool waiter0, bool graphed, bool two_shot) {
 // and at an odd element offset.
 template <typename T>
 void check_graph_shapes(int n) {
-  constexpr size_t kBigSlot = size_t(8) << 20;
+  // Large enough for one-shot's limit + 1 at 2 ranks (2 MiB) within a slot;
+  // ThreadSanitizer, which instruments every element access, gets the
+  // smallest such slot.
+  constexpr size_t kBigSlot = size_t(kThreadSanitizer ? 4 : 8) << 20;
   const int64_t es = int64_t(sizeof(T)), limit = cuda_ipc::default_one_shot_max_bytes(n) / es;
   const int64_t full = int64_t(kBigSlot) / es;
   const int64_t counts[] = {1, 1000, limit, limit + 1, full / 3 + 5, full, full - 1, limit - 3};
@@ -599,7 +602,10 @@ int main() {
   check_graph_shapes<bf16>(2);
   if (!kThreadSanitizer)
     for (int n = 2; n <= 3; ++n) check_graph_schedule_desync(n);
-  for (int n = 2; n <= 8; ++n) {
+  // Under ThreadSanitizer the ranks' orderings are what is checked, and 2, 3
+  // and 4 ranks have every pairing the larger groups have; the address build
+  // checks the layouts' index math up to 8.
+  for (int n = 2; n <= (kThreadSanitizer ? 4 : 8); ++n) {
     check_layouts<float>(n);
     check_layouts<bf16>(n);
     check_layouts<int8_t>(n);
