@@ -84,6 +84,15 @@ def test_torch_layer_includes_resolve_and_never_leave_csrc():
             assert path.startswith("csrc/"), f"{src} includes {path}, outside csrc/"
 
 
+def test_only_the_python_module_includes_torch_extension_h():
+    # <torch/extension.h> (all of ATen, autograd, the C++ frontend and
+    # pybind11) is most of the compile time of a source that includes it: the
+    # layer's other files include the headers they use (docs/measurements.md).
+    users = [src for src in _sources("csrc")
+             if "torch/extension.h" in SYSTEM_INCLUDE.findall(open(os.path.join(ROOT, src)).read())]
+    assert users == ["csrc/torch/module.cpp"], users
+
+
 def _includes_cuda(src):
     with open(os.path.join(ROOT, src)) as f:
         text = f.read()
