@@ -133,7 +133,7 @@ def worker(rank, world, backend, store_path, out_dir):
         results["unused_error"] = None
     except RuntimeError as e:
         results["unused_error"] = str(e)
-    # A dropped wrapper goes at once, with its buckets and pending Works, and
+    # A dropped wrapper goes at once, with its buckets and their Works, and
     # leaves no hook on the module it wrapped.
     wrapper, module = weakref.ref(model), model.module
     del model
