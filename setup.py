@@ -4,7 +4,9 @@ CUDA sources are compiled whenever nvcc and a CUDA build of torch are present,
 whether or not a GPU is (a GPU is never needed to compile). Override with
 FASTPAR_CUDA=0 (CPU only) or FASTPAR_CUDA=1 (CUDA required: fail if impossible).
 Architectures follow TORCH_CUDA_ARCH_LIST, default "8.0;9.0"; suffixed entries
-pass through to torch ("9.0a" -> sm_90a, "8.0+PTX" adds compute_80 PTX).
+take torch's syntax ("9.0a" -> sm_90a, "8.0+PTX" adds compute_80 PTX). The
+plain archs' cubins are all made from the lowest one's PTX
+(cuda_archs.gencode_flags).
 
 The toolchain must share torch's C++ runtime (scripts/toolchain_guard.py):
 before compiling, a probe library built with the same compiler, flags and
@@ -110,6 +112,9 @@ def _extension():
     # file's kernels compile in parallel.
     if cuda_toolkit.nvcc_has_option(_cuda_home, "--split-compile"):
         nvcc.append("--split-compile=0")
+    # One PTX for every plain arch (scripts/cuda_archs.py); with these flags
+    # present torch adds none of its own. Named arches ([]) stay torch's.
+    nvcc += cuda_archs.gencode_flags(os.environ["TORCH_CUDA_ARCH_LIST"])
     return CUDAExtension(
         "fastpar._C",
         _sources(True),

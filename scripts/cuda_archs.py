@@ -72,6 +72,36 @@ def expected_entries(text: str) -> Set[str]:
             os.environ["TORCH_CUDA_ARCH_LIST"] = old
 
 
+def gencode_flags(text: str) -> List[str]:
+    """nvcc's -gencode flags for a TORCH_CUDA_ARCH_LIST: one PTX for every plain arch.
+
+    The plain entries (no 'a'/'f' suffix) share the PTX of the lowest of them:
+    "8.0;9.0" -> `arch=compute_80,code=[sm_80,sm_90]`, so NVVM, the larger half
+    of a kernel file's compile, runs once instead of once per arch. fastpar's
+    kernels use no feature above the lowest arch they are built for (their only
+    arch test is `defined(__CUDA_ARCH__)`), and ptxas makes the same sm_90 code
+    from either PTX (docs/measurements.md). A suffixed entry uses features of its
+    own arch and gets its own PTX; "+PTX" embeds that entry's PTX as well.
+    Named arches and "native" return [] and are torch's to expand."""
+    entries = split_arch_list(text)
+    if not entries or not all(ENTRY.match(e) for e in entries):
+        return []
+    parsed = [ENTRY.match(e).groups() for e in entries]
+    plain = sorted({(int(ma), int(mi)) for ma, mi, suffix, _ in parsed if not suffix})
+    flags = []
+    if plain:
+        cubins = ",".join(f"sm_{ma}{mi}" for ma, mi in plain)
+        code = f"[{cubins}]" if len(plain) > 1 else cubins
+        flags.append(f"-gencode=arch=compute_{plain[0][0]}{plain[0][1]},code={code}")
+    for ma, mi, suffix, ptx in parsed:
+        arch = f"{ma}{mi}{suffix}"
+        if suffix:
+            flags.append(f"-gencode=arch=compute_{arch},code=sm_{arch}")
+        if ptx:
+            flags.append(f"-gencode=arch=compute_{arch},code=compute_{arch}")
+    return list(dict.fromkeys(flags))
+
+
 def fatbin_entries(data: bytes) -> Set[str]:
     """Entries of every fat binary embedded in `data` (a shared object's bytes).
 

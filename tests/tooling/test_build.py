@@ -71,6 +71,23 @@ def test_our_parser_agrees_with_the_flags_torch_passes_to_nvcc(monkeypatch):
         assert cuda_archs.parse_gencode_flags(_get_cuda_arch_flags()) == cuda_archs.expected_entries(text), text
 
 
+@pytest.mark.parametrize("text, flags", [
+    ("8.0;9.0", ["-gencode=arch=compute_80,code=[sm_80,sm_90]"]),
+    ("9.0", ["-gencode=arch=compute_90,code=sm_90"]),
+    ("9.0 8.0+PTX;9.0", ["-gencode=arch=compute_80,code=[sm_80,sm_90]", "-gencode=arch=compute_80,code=compute_80"]),
+    ("8.0;9.0a+PTX", ["-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_90a,code=sm_90a",
+                      "-gencode=arch=compute_90a,code=compute_90a"]),
+    ("10.0f;12.0a", ["-gencode=arch=compute_100f,code=sm_100f", "-gencode=arch=compute_120a,code=sm_120a"]),
+    ("Hopper", []),
+])
+def test_plain_archs_share_the_lowest_ones_ptx(text, flags):
+    """setup.py's nvcc flags: NVVM runs once for every plain arch; what they
+    build is still exactly the list's entries."""
+    assert cuda_archs.gencode_flags(text) == flags
+    if flags:
+        assert cuda_archs.parse_gencode_flags(flags) == cuda_archs.expected_entries(text)
+
+
 def test_named_arches_are_expanded_by_torch():
     assert cuda_archs.expected_entries("Hopper") == {"sm_90", "compute_90"}
 
@@ -101,6 +118,10 @@ def test_fatbin_reader_on_what_nvcc_builds(tmp_path):
                "-gencode=arch=compute_80,code=compute_80"]
     subprocess.run(["nvcc", "-c", *gencode, str(src), "-o", str(out)], check=True, capture_output=True)
     assert cuda_archs.library_entries(str(out)) == {"sm_90a", "sm_80", "compute_80"}
+    text = "8.0;9.0;9.0a+PTX"
+    subprocess.run(["nvcc", "-c", *cuda_archs.gencode_flags(text), str(src), "-o", str(out)], check=True,
+                   capture_output=True)
+    assert cuda_archs.library_entries(str(out)) == cuda_archs.expected_entries(text)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the ELF file")
