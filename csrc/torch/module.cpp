@@ -7,11 +7,9 @@
 #include "../core/executors/cpu_shm/shm_collectives.h"
 #include "../core/kernels/cpu_isa.h"
 #include "distributed/backend.h"
+#include "distributed/bindings.h"
 #include "distributed/knobs.h"
 #include "ops/tuning.h"
-#ifdef FASTPAR_WITH_CUDA
-#include "distributed/cuda_engine.h"
-#endif
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "fastpar collective kernels (CPU, and CUDA when built with it)";

@@ -1,11 +1,11 @@
 #include "backend.h"
 
-#include <torch/csrc/utils/pybind.h>
 
 #include <numeric>
 
 #include "../../core/transport/cpu_shm/shm_segment.h"  // kSegmentPrefix
 #include "../dtypes.h"  // to_dtype
+#include "bindings.h"
 #include "call_range.h"
 #include "checks.h"
 #include "engine.h"

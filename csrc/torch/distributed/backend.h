@@ -173,9 +173,5 @@ class Backend : public c10d::Backend {
   std::vector<c10::intrusive_ptr<c10d::Work>> late_tokens_;  // monitoredBarrier's unanswered receives
 };
 
-// Adds fastpar._C.Engine, Backend, ShmEngine, HierarchicalEngine and the
-// module's constants.
-void register_distributed(pybind11::module& m);
-
 }  // namespace distributed
 }  // namespace fastpar

@@ -8,7 +8,6 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/safe_numerics.h>
-#include <torch/csrc/utils/pybind.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -16,6 +15,7 @@
 
 #include "../../core/executors/cuda_ipc/ipc_allreduce.h"
 #include "../../core/executors/cuda_ipc/preload_kernels.h"
+#include "bindings.h"
 #include "route.h"
 #include "../../core/transport/cuda_p2p/handle_cache.h"
 #include "cuda_ipc_rendezvous.h"

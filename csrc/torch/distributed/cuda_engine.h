@@ -255,9 +255,6 @@ class CudaEngine : public Engine {
   std::optional<c10::cuda::CUDAStream> last_ipc_stream_;
 };
 
-// Adds fastpar._C.CudaEngine (CUDA builds only).
-void register_cuda_engine(pybind11::module& m);
-
 // Helpers of the CUDA engine's files (cuda_engine*.cpp).
 namespace cuda_args {
 

@@ -2,6 +2,10 @@
 
 #include <ATen/core/ivalue.h>
 
+#include <optional>
+
+#include "bindings.h"
+
 namespace fastpar {
 namespace distributed {
 
@@ -38,6 +42,12 @@ at::Tensor Engine::registered_empty(const std::vector<int64_t>&, at::ScalarType,
 }
 
 bool Engine::is_registered(const at::Tensor&) const { return false; }
+
+void call_without_gil(const std::function<void()>& f) {
+  std::optional<pybind11::gil_scoped_release> no_gil;
+  if (Py_IsInitialized() && PyGILState_Check()) no_gil.emplace();
+  f();
+}
 
 void register_engine(pybind11::module& m) {
   namespace py = pybind11;

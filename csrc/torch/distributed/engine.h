@@ -15,11 +15,11 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
-#include <torch/csrc/utils/pybind.h>
 #include <torch/headeronly/version.h>
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -159,6 +159,9 @@ class Engine : public c10::intrusive_ptr_target {
   int rank_, size_;
 };
 
+// Runs `f`, releasing the GIL first when this thread holds it.
+void call_without_gil(const std::function<void()>& f);
+
 // Resets `owned` (engines and the gloo / NCCL groups they hold) without the
 // GIL when this thread holds it: gloo's and NCCL's destructors join worker
 // threads that may be freeing a Work whose tensors need the GIL, and Python
@@ -166,9 +169,7 @@ class Engine : public c10::intrusive_ptr_target {
 // for the same reason).
 template <class... Owned>
 void drop_without_gil(Owned&... owned) {
-  std::optional<pybind11::gil_scoped_release> no_gil;
-  if (Py_IsInitialized() && PyGILState_Check()) no_gil.emplace();
-  (owned.reset(), ...);
+  call_without_gil([&] { (owned.reset(), ...); });
 }
 
 // A Work for a call whose steps are all enqueued: its Future holds `outputs`
@@ -180,9 +181,6 @@ Work enqueued_work(std::vector<at::Tensor> outputs);
 inline at::Tensor rank_block(const at::Tensor& flat, int64_t block, int r) {
   return flat.reshape({-1}).narrow(0, block * r, block);
 }
-
-// Adds fastpar._C.Engine.
-void register_engine(pybind11::module& m);
 
 }  // namespace distributed
 }  // namespace fastpar

@@ -10,6 +10,8 @@
 #include <numeric>
 #include <type_traits>
 
+#include "bindings.h"
+
 namespace fastpar {
 namespace distributed {
 

@@ -150,8 +150,5 @@ class HierarchicalEngine : public Engine {
 };
 
 
-// Adds fastpar._C.HierarchicalEngine.
-void register_hierarchical_engine(pybind11::module& m);
-
 }  // namespace distributed
 }  // namespace fastpar

@@ -3,6 +3,7 @@
 #include <ATen/core/ivalue.h>
 
 #include "../dtypes.h"  // maybe_dtype
+#include "bindings.h"
 #include "checks.h"
 #include "knobs.h"  // shm_knobs
 

@@ -81,8 +81,5 @@ class ShmEngine : public Engine {
   Work spare_allreduce_;
 };
 
-// Adds fastpar._C.ShmEngine (after fastpar._C.Engine).
-void register_shm_engine(pybind11::module& m);
-
 }  // namespace distributed
 }  // namespace fastpar
