@@ -1,6 +1,7 @@
 """What was built: CUDA kernels are compiled whenever the toolkit and a CUDA
 build of torch are present (no GPU needed), for every requested architecture,
-suffixed ones included (TORCH_CUDA_ARCH_LIST="9.0a;10.0", "8.0+PTX")."""
+suffixed ones included (TORCH_CUDA_ARCH_LIST="9.0a;10.0", "8.0+PTX"), the plain
+ones from one PTX."""
 import os
 import re
 import shutil
@@ -62,8 +63,8 @@ def test_arch_list_is_normalized_for_torch():
 
 
 def test_our_parser_agrees_with_the_flags_torch_passes_to_nvcc(monkeypatch):
-    """setup.py hands TORCH_CUDA_ARCH_LIST to torch unchanged but for empty
-    entries: what torch makes of each list is what we expect in the fatbin."""
+    """A list builds the fatbin entries torch's own flags would: our parser,
+    which setup.py's gencode flags follow, agrees with torch on every list."""
     from torch.utils.cpp_extension import _get_cuda_arch_flags
 
     for text in ("9.0a;10.0", "8.0+PTX", "9.0;9.0a+PTX", "8.0 8.6"):
