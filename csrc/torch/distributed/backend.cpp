@@ -1,6 +1,5 @@
 #include "backend.h"
 
-
 #include <numeric>
 
 #include "../../core/transport/cpu_shm/shm_segment.h"  // kSegmentPrefix
