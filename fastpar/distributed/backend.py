@@ -253,8 +253,10 @@ def placement(group=None) -> dict:
     and size class (a power of two of bytes) from paired trials of both forms
     on that class's first calls: at least 8 pairs, more (up to 32) until a
     sign test tells the forms apart or shows them within 10%; a decision that
-    ran out of pairs (a noisy machine) is measured again later, and a
-    class is measured again when its calls' rate drifts. "near" / "far" force
+    ran out of pairs (a noisy machine) is measured again later, a settled
+    one too (after 4096 of its calls, twice as many after each re-check that
+    confirms its form, at most 65536), and a class is measured again when its
+    calls' rate drifts. "near" / "far" force
     one (the measured classes stay for auto's return).
 
     Keys: mode (the knob), schedule (the form of the latest call),
@@ -265,7 +267,8 @@ def placement(group=None) -> dict:
     again), pairs, calls, near_us / far_us (each form's median over the pairs,
     every call at its fastest rank's time; this rank's best trial before the
     first agreement), far_over_near (the median ratio)), decisions, revisits
-    (unsettled decisions measured again), checks (drift agreements),
+    (unsettled decisions measured again), rechecks (settled decisions
+    measured again), checks (drift agreements),
     calls (all_reduce calls), and binding: this rank's binding_report() (its CPUs and the
     L3 domains, packages and NUMA nodes they touch). Not collective; decided
     classes read the same on every rank.

@@ -84,8 +84,8 @@ def test_near_far_and_measured_give_the_same_bits(request, device, layout, world
 
 def _agreed(p):
     """What every rank must hold alike: the decided classes and the counts."""
-    return ([k for k in p["classes"] if k["schedule"] != "measuring"], p["decisions"], p["revisits"], p["checks"],
-            p["calls"])
+    return ([k for k in p["classes"] if k["schedule"] != "measuring"], p["decisions"], p["revisits"], p["rechecks"],
+            p["checks"], p["calls"])
 
 
 def _same_everywhere(p):
@@ -253,6 +253,45 @@ def sc_placement_noise_is_revisited():
 @pytest.mark.parametrize("device,layout,world", shapes(cpu_worlds=[2], cuda_layouts=[]))
 @batched(sc_placement_noise_is_revisited)
 def test_a_decision_under_noise_is_measured_again(request, device, layout, world):
+    assert_ok(scenario_result(request))
+
+
+@scenario
+def sc_placement_settled_form_is_rechecked():
+    """A class settled on far keeps far's rate when near becomes the faster
+    form (no drift to see): the re-check of the settled decision finds it."""
+    init()
+    b = fd.get_fastpar_backend()
+    _testing.set_shm_allreduce(b, -1, 2)
+    _testing.set_shm_placement(b, "auto")
+    t = torch.ones(5000)
+
+    def calls(n, until):
+        for _ in range(n):
+            t.fill_(1.0)
+            dist.all_reduce(t)
+            assert torch.all(t == WORLD)
+            if until(fd.placement()["classes"][0]):
+                break
+        return fd.placement()
+
+    _testing.set_shm_placement_delays(b, 2 * DELAY_US, DELAY_US, recheck_calls=8)
+    p = calls(40, lambda k: k["schedule"] != "measuring")
+    k = p["classes"][0]
+    assert (k["schedule"], k["settled"]) == ("far", True) and p["rechecks"] == 0, p
+    # Near loses its delay, far keeps its own: far's rate does not move.
+    _testing.set_shm_placement_delays(b, 0.0, DELAY_US, recheck_calls=8)
+    p = calls(80, lambda k: k["schedule"] == "near")
+    k = p["classes"][0]
+    assert (k["schedule"], k["settled"]) == ("near", True) and p["rechecks"] >= 1 and p["revisits"] == 0, p
+    _same_everywhere(p)
+    _testing.set_shm_placement_delays(b, 0.0, 0.0)
+    finish()
+
+
+@pytest.mark.parametrize("device,layout,world", shapes(cpu_worlds=[2], cuda_layouts=[]))
+@batched(sc_placement_settled_form_is_rechecked)
+def test_a_settled_form_is_measured_again(request, device, layout, world):
     assert_ok(scenario_result(request))
 
 

@@ -678,6 +678,7 @@ and its engines for each group.)")
              d["classes"] = classes;
              d["decisions"] = r.decisions;
              d["revisits"] = r.revisits;
+             d["rechecks"] = r.rechecks;
              d["checks"] = r.checks;
              d["calls"] = r.calls;
              return d;
@@ -712,11 +713,12 @@ and its engines for each group.)")
               "This rank reports drift at the group's next check.");
   testing.def(
       "set_shm_placement_delays",
-      [](Backend& b, double near_us, double far_us, double noise_us, int64_t revisit_calls) {
-        b.shm().set_placement_test_hooks(near_us, far_us, noise_us, revisit_calls);
+      [](Backend& b, double near_us, double far_us, double noise_us, int64_t revisit_calls, int64_t recheck_calls) {
+        b.shm().set_placement_test_hooks(near_us, far_us, noise_us, revisit_calls, recheck_calls);
       },
       py::arg("backend"), py::arg("near_us"), py::arg("far_us"), py::arg("noise_us") = 0.0,
-      py::arg("revisit_calls") = 0, "Slows a placement form, or adds noise, in the group's trials.");
+      py::arg("revisit_calls") = 0, py::arg("recheck_calls") = 0,
+      "Slows a placement form, or adds noise, in the group's trials.");
   register_shm_engine(m);
   register_hierarchical_engine(m);
   m.attr("SHM_SEGMENT_PREFIX") = cpu_shm::kSegmentPrefix;

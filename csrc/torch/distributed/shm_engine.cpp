@@ -308,9 +308,10 @@ void ShmEngine::mark_placement_drifted() {
   placement_.mark_drifted();
 }
 
-void ShmEngine::set_placement_test_hooks(double near_us, double far_us, double noise_us, int64_t revisit_calls) {
+void ShmEngine::set_placement_test_hooks(double near_us, double far_us, double noise_us, int64_t revisit_calls,
+                                         int64_t recheck_calls) {
   std::lock_guard<std::mutex> g(mu_);
-  placement_.set_test_hooks(near_us, far_us, noise_us, revisit_calls);
+  placement_.set_test_hooks(near_us, far_us, noise_us, revisit_calls, recheck_calls);
 }
 
 void register_shm_engine(pybind11::module& m) {

@@ -63,7 +63,8 @@ class ShmEngine : public Engine {
   cpu_shm::PlacementReport placement() const;
   void set_placement(cpu_shm::PlacementMode mode);
   void mark_placement_drifted();
-  void set_placement_test_hooks(double near_us, double far_us, double noise_us, int64_t revisit_calls);
+  void set_placement_test_hooks(double near_us, double far_us, double noise_us, int64_t revisit_calls,
+                                int64_t recheck_calls);
 
  private:
   // Serializes calls and sets the call's timeout on the communicator.

@@ -54,12 +54,16 @@ bool Placement::choose(ShmComm& c, int64_t bytes, PlacedSchedule schedule) {
   bytes_ = bytes;
   Class& k = classes_[current_];
   ++k.calls;
-  if (k.decided && !k.settled && k.calls >= k.revisit_at) {
-    // A decision taken under noise: measured again (every rank at the same call).
-    const int64_t every = k.revisit_every;
+  if (k.decided && k.calls >= k.revisit_at) {
+    // A decision taken under noise, or a settled one's re-check: measured
+    // again (every rank at the same call).
+    const int64_t revisit_every = k.revisit_every, recheck_every = k.recheck_every;
+    const int form = k.settled ? int(k.far) : -1;
     remeasure(k);
-    k.revisit_every = every;
-    ++revisits_;
+    k.revisit_every = revisit_every;
+    k.recheck_every = recheck_every;
+    k.rechecked_form = form;
+    ++(form >= 0 ? rechecks_ : revisits_);
   }
   if (!k.decided && k.batch == 2 * kBatchPairs) {
     agree(c, k);
@@ -157,7 +161,13 @@ void Placement::test(Class& k) {
   if (!settled) {
     k.revisit_every = k.revisit_every == 0 ? revisit_calls_ : 2 * k.revisit_every;
     k.revisit_at = k.calls + k.revisit_every;
+  } else {
+    const bool confirmed = k.rechecked_form == int(k.far) && k.recheck_every > 0;
+    k.recheck_every = confirmed ? std::min(2 * k.recheck_every, std::max(kRecheckMaxCalls, recheck_calls_))
+                                : recheck_calls_;
+    k.revisit_at = k.calls + k.recheck_every;
   }
+  k.rechecked_form = -1;
   ++decisions_;
 }
 
@@ -194,12 +204,14 @@ void Placement::mark_drifted() {
     if (k.calls > 0) k.drifted = true;
 }
 
-void Placement::set_test_hooks(double near_us, double far_us, double noise_us, int64_t revisit_calls) {
+void Placement::set_test_hooks(double near_us, double far_us, double noise_us, int64_t revisit_calls,
+                               int64_t recheck_calls) {
   test_delay_us_[0] = near_us;
   test_delay_us_[1] = far_us;
   test_noise_us_ = noise_us;
   test_calls_ = 0;
   revisit_calls_ = revisit_calls > 0 ? revisit_calls : kRevisitCalls;
+  recheck_calls_ = recheck_calls > 0 ? recheck_calls : kRecheckCalls;
 }
 
 void Placement::spin_for_test(uint64_t& ns) {
@@ -270,6 +282,7 @@ PlacementReport Placement::report() const {
   }
   r.decisions = decisions_;
   r.revisits = revisits_;
+  r.rechecks = rechecks_;
   r.checks = checks_;
   r.calls = calls_;
   return r;

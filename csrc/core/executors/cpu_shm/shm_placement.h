@@ -32,6 +32,12 @@
 //     kMaxPairs: then the median's form, unsettled (taken under noise), and
 //     the class is measured again after kRevisitCalls of its calls, twice as
 //     many after each further unsettled decision;
+//   - a settled class is measured again too, after kRecheckCalls of its
+//     calls, twice as many after each re-check that confirms its form (at most
+//     kRecheckMaxCalls), kRecheckCalls again after one that changes it: the
+//     drift watch below sees only the chosen form's rate, and far keeps its
+//     rate in either placement, so near becoming the faster form shows only
+//     in a new measurement;
 //   - afterwards each rank watches the median rate of each window of the
 //     class's calls against the median of its first calls after the
 //     decision; every kCheckEvery calls or more (kCheckBytes of them, or
@@ -84,6 +90,7 @@ struct PlacementReport {
   std::vector<PlacementClass> classes;  // auto: the classes seen, two-shot, registered, one-shot, smallest first
   int64_t decisions = 0;  // decisions taken (a class measured again counts again)
   int64_t revisits = 0;   // unsettled decisions measured again
+  int64_t rechecks = 0;   // settled decisions measured again
   int64_t checks = 0;     // drift agreements held
   int64_t calls = 0;
 };
@@ -111,10 +118,12 @@ class Placement {
   // Tests: make a form measurably slower, or the measurement noisy: record()
   // spins near_us / far_us after each call of that form, and noise_us after
   // every other call of either form (counted from this setting), and counts
-  // the spin in the call's time; revisit_calls > 0 replaces kRevisitCalls.
+  // the spin in the call's time; revisit_calls > 0 replaces kRevisitCalls,
+  // recheck_calls > 0 kRecheckCalls.
   // Every rank must set the same, or a late rank shifts its wait onto its
   // peers' next call.
-  void set_test_hooks(double near_us, double far_us, double noise_us, int64_t revisit_calls);
+  void set_test_hooks(double near_us, double far_us, double noise_us, int64_t revisit_calls,
+                      int64_t recheck_calls = 0);
 
   // Benchmarks and tests force or release the choice at run time (every rank
   // must set the same); the classes auto measured stay for its return.
@@ -126,6 +135,8 @@ class Placement {
   static constexpr int kMaxPairs = 32;
   static constexpr double kEquivalent = 1.1;  // forms within 10%: either will do
   static constexpr int64_t kRevisitCalls = 256;
+  static constexpr int64_t kRecheckCalls = 4096;
+  static constexpr int64_t kRecheckMaxCalls = 65536;
   // A drift check after at least kCheckEvery calls and kCheckBytes of them,
   // or kCheckMaxCalls calls: one allgather per ~1% of small calls' time.
   static constexpr int64_t kCheckEvery = 32;
@@ -148,8 +159,10 @@ class Placement {
     bool decided = false, far = false, settled = false;
     bool drifted = false;  // this rank saw its rate move since the last check
     int64_t calls = 0;
-    int64_t revisit_at = 0;     // unsettled: the call count at which it is measured again
+    int64_t revisit_at = 0;     // decided: the call count at which it is measured again
     int64_t revisit_every = 0;  // the interval of the next unsettled decision (0: kRevisitCalls)
+    int64_t recheck_every = 0;  // the interval of the last settled decision (0: none yet)
+    int rechecked_form = -1;    // measuring again a settled decision: its form (0 near, 1 far), else -1
     // The drift watch: the median rate (ns per byte) of the first kRefCalls
     // calls after the decision, and the rates of each window of kWatchCalls
     // calls since (their median moves only when most of them do: one call
@@ -174,10 +187,11 @@ class Placement {
   bool current_far_ = false;
   bool current_trial_ = false;
   int64_t bytes_ = 0;
-  int64_t decisions_ = 0, revisits_ = 0, checks_ = 0, calls_ = 0;
+  int64_t decisions_ = 0, revisits_ = 0, rechecks_ = 0, checks_ = 0, calls_ = 0;
   int64_t calls_since_check_ = 0, bytes_since_check_ = 0;
   double test_delay_us_[2] = {0, 0}, test_noise_us_ = 0;
   int64_t revisit_calls_ = kRevisitCalls;
+  int64_t recheck_calls_ = kRecheckCalls;
   int64_t test_calls_ = 0;
 };
 
