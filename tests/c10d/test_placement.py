@@ -97,6 +97,18 @@ def _same_everywhere(p):
 DELAY_US = 20000.0  # far above a test call's own time and its noise on a heavily loaded machine
 
 
+def _calls(t, n, until):
+    """Up to `n` all_reduce calls of `t` (all ones), until `until` holds for
+    the first class; then the report."""
+    for _ in range(n):
+        t.fill_(1.0)
+        dist.all_reduce(t)
+        assert torch.all(t == WORLD)
+        if until(fd.placement()["classes"][0]):
+            break
+    return fd.placement()
+
+
 @scenario
 def sc_placement_drift():
     """One rank reports drift: at the next check every rank measures again,
@@ -218,20 +230,10 @@ def sc_placement_noise_is_revisited():
     _testing.set_shm_placement(b, "auto")
     t = torch.ones(5000)
 
-    def calls(n, until=lambda k: False):
-        for _ in range(n):
-            t.fill_(1.0)
-            dist.all_reduce(t)
-            assert torch.all(t == WORLD)
-            k = fd.placement()["classes"][0]
-            if until(k):
-                break
-        return fd.placement()
-
     # Measured again 8 calls after an unsettled decision (not 256), before a
     # drift check could measure it again for its own reason on a busy machine.
     _testing.set_shm_placement_delays(b, 0.0, 0.0, DELAY_US, revisit_calls=8)
-    p = calls(200, lambda k: k["schedule"] != "measuring")
+    p = _calls(t, 200, lambda k: k["schedule"] != "measuring")
     k = p["classes"][0]
     assert k["schedule"] in ("near", "far") and not k["settled"] and k["pairs"] == 32, p
     assert p["decisions"] == 1 and p["revisits"] == 0, p
@@ -241,7 +243,7 @@ def sc_placement_noise_is_revisited():
     noisy_choice = k["schedule"]
     _testing.set_shm_placement_delays(b, *((0.0, DELAY_US) if noisy_choice == "near" else (DELAY_US, 0.0)),
                                     revisit_calls=8)
-    p = calls(100, lambda k: k["settled"])
+    p = _calls(t, 100, lambda k: k["settled"])
     k = p["classes"][0]
     assert p["revisits"] == 1 and p["decisions"] >= 2, p
     assert (k["schedule"], k["settled"]) == (noisy_choice, True) and k["pairs"] >= 8, p
@@ -265,23 +267,13 @@ def sc_placement_settled_form_is_rechecked():
     _testing.set_shm_allreduce(b, -1, 2)
     _testing.set_shm_placement(b, "auto")
     t = torch.ones(5000)
-
-    def calls(n, until):
-        for _ in range(n):
-            t.fill_(1.0)
-            dist.all_reduce(t)
-            assert torch.all(t == WORLD)
-            if until(fd.placement()["classes"][0]):
-                break
-        return fd.placement()
-
     _testing.set_shm_placement_delays(b, 2 * DELAY_US, DELAY_US, recheck_calls=8)
-    p = calls(40, lambda k: k["schedule"] != "measuring")
+    p = _calls(t, 40, lambda k: k["schedule"] != "measuring")
     k = p["classes"][0]
     assert (k["schedule"], k["settled"]) == ("far", True) and p["rechecks"] == 0, p
     # Near loses its delay, far keeps its own: far's rate does not move.
     _testing.set_shm_placement_delays(b, 0.0, DELAY_US, recheck_calls=8)
-    p = calls(80, lambda k: k["schedule"] == "near")
+    p = _calls(t, 80, lambda k: k["schedule"] == "near")
     k = p["classes"][0]
     assert (k["schedule"], k["settled"]) == ("near", True) and p["rechecks"] >= 1 and p["revisits"] == 0, p
     _same_everywhere(p)
