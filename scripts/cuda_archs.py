@@ -83,10 +83,10 @@ def gencode_flags(text: str) -> List[str]:
     from either PTX (docs/measurements.md). A suffixed entry uses features of its
     own arch and gets its own PTX; "+PTX" embeds that entry's PTX as well.
     Named arches and "native" return [] and are torch's to expand."""
-    entries = split_arch_list(text)
-    if not entries or not all(ENTRY.match(e) for e in entries):
+    matches = [ENTRY.match(e) for e in split_arch_list(text)]
+    if not matches or not all(matches):
         return []
-    parsed = [ENTRY.match(e).groups() for e in entries]
+    parsed = [m.groups() for m in matches]
     plain = sorted({(int(ma), int(mi)) for ma, mi, suffix, _ in parsed if not suffix})
     flags = []
     if plain:
