@@ -269,7 +269,11 @@ def placement(group=None) -> dict:
     first agreement), far_over_near (the median ratio)), decisions, revisits
     (unsettled decisions measured again), rechecks (settled decisions
     measured again), checks (drift agreements),
-    calls (all_reduce calls), and binding: this rank's binding_report() (its CPUs and the
+    calls (all_reduce calls), cpus (how many CPUs the group's ranks on
+    this host may run on: the union of their affinity masks when the group
+    was created), waits ("yield": the ranks outnumber those CPUs, so a rank
+    that waits yields its CPU at once; "spin": it spins for a few
+    microseconds first), and binding: this rank's binding_report() (its CPUs and the
     L3 domains, packages and NUMA nodes they touch). Not collective; decided
     classes read the same on every rank.
     """

@@ -681,6 +681,8 @@ and its engines for each group.)")
              d["rechecks"] = r.rechecks;
              d["checks"] = r.checks;
              d["calls"] = r.calls;
+             d["cpus"] = b.shm().cpus();
+             d["waits"] = b.shm().crowded() ? "yield" : "spin";
              return d;
            })
       .def_property_readonly("hierarchical", &Backend::hierarchical)

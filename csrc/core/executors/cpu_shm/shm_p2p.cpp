@@ -38,8 +38,9 @@ char* chunk_data(char* block, uint64_t chunk, int64_t chunk_bytes) {
 
 // Liveness of waited-on peers is read from /proc at most this often.
 constexpr uint64_t kLivenessPeriodNs = 5 * 1000 * 1000;
-// The progress thread spins (yielding) this long after the last movement,
-// then naps: an idle wait must not take a core from the ranks doing work.
+// After the last movement a waiter spins this long before it yields (at once
+// in a crowded group: ShmComm::crowded); the progress thread yields this
+// long, then naps: an idle wait must not take a core from the ranks working.
 constexpr uint64_t kSpinNs = 50 * 1000;
 constexpr long kNapNs = 50 * 1000;
 
@@ -438,6 +439,7 @@ bool ShmP2P::wait(const std::shared_ptr<P2POp>& op, std::chrono::milliseconds ti
   const uint64_t local_deadline =
       timeout.count() > 0 ? HostMemory::now_ns() + uint64_t(timeout.count()) * 1000000ull : 0;
   uint64_t idle_since = HostMemory::now_ns();
+  const uint64_t spin_ns = comm_->crowded() ? 0 : kSpinNs;  // as ShmComm::phase's waits
   while (!op->done.load(std::memory_order_acquire)) {
     bool moved = false;
     {
@@ -455,7 +457,7 @@ bool ShmP2P::wait(const std::shared_ptr<P2POp>& op, std::chrono::milliseconds ti
     if (local_deadline && now > local_deadline) return false;
     if (moved) {
       idle_since = now;
-    } else if (now - idle_since > kSpinNs) {
+    } else if (now - idle_since > spin_ns) {
       sched_yield();
     } else {
       HostMemory::pause();

@@ -22,6 +22,8 @@ namespace {
 
 constexpr uint64_t kMagic = 0x66617374706172ull;  // "fastpar"
 
+constexpr int kCpuMaskWords = CPU_SETSIZE / 64;
+
 struct SegmentHeader {
   uint64_t magic;
   int64_t pid;
@@ -30,18 +32,23 @@ struct SegmentHeader {
   int64_t arena_bytes;
   int64_t p2p_chunk_bytes;
   uint64_t left;  // set (release) by the owner in leave(); read by peers
+  // The CPUs the owner's creating thread may run on (sched_getaffinity), bit c
+  // of word c / 64 for CPU c; written before the segment's name is published.
+  uint64_t cpus[kCpuMaskWords];
   // Why the owner aborted (NUL-terminated; empty: no reason given): written
   // once, before the owner's abort word, which publishes it (abort_self).
   char abort_reason[ShmComm::kAbortReasonBytes];
 };
-constexpr int64_t kControlOffset = 512;  // ControlBlock after the header, 64-byte aligned
+constexpr int64_t kControlOffset = 1024;  // ControlBlock after the header, 64-byte aligned
 static_assert(sizeof(SegmentHeader) <= kControlOffset, "header overlaps the control block");
 static_assert(kControlOffset + sizeof(flags::ControlBlock) <= 4096, "control block exceeds the header page");
 
 // Spin without yielding for this long: a peer that is running (it has its own
 // core) arrives within a few microseconds and we must not pay a syscall then.
 // Beyond it we sched_yield on every poll, so that when ranks outnumber free
-// cores (4 ranks on our 2-core CI) the peer we wait for gets the core. Past
+// cores the peer we wait for gets the core. Where the group's ranks
+// outnumber the CPUs they may run on at all (ShmComm::crowded) some peer is
+// always off a CPU, and the spin only delays it: waits yield at once. Past
 // 1 ms the peer is clearly not running (descheduled, or busy elsewhere), and a
 // yielding spinner still takes its share of a loaded machine's CPU from that
 // peer, so we sleep 50 us per poll instead. It costs nothing when ranks have
@@ -51,6 +58,20 @@ constexpr uint64_t kYieldBeforeSleepNs = 1000 * 1000;
 constexpr long kSleepNs = 50 * 1000;
 // /proc/<pid>/stat is read at most this often while waiting on a peer.
 constexpr uint64_t kLivenessPeriodNs = 5 * 1000 * 1000;
+
+// This thread's CPUs as SegmentHeader::cpus. Every CPU where the mask cannot
+// be read (a kernel with more CPUs than a cpu_set_t holds): a group is never
+// called crowded on a guess.
+void own_cpus(uint64_t* words) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) {
+    for (int w = 0; w < kCpuMaskWords; ++w) words[w] = ~0ull;
+    return;
+  }
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &set)) words[c / 64] |= 1ull << (c % 64);
+}
 
 }  // namespace
 
@@ -294,7 +315,8 @@ ShmComm::ShmComm(int rank, int size, std::vector<int> global_ranks, const Rendez
     segs_[rank] = Segment::create(names[rank], size_t(total));
     reserve_fixed(segs_[rank], names[rank]);
     auto* h = reinterpret_cast<SegmentHeader*>(segs_[rank].data());
-    *h = SegmentHeader{kMagic, int64_t(getpid()), rank, opts_.slot_bytes, opts_.arena_bytes, opts_.p2p_chunk_bytes, 0};
+    *h = SegmentHeader{kMagic, int64_t(getpid()), rank, opts_.slot_bytes, opts_.arena_bytes, opts_.p2p_chunk_bytes, 0, {}};
+    own_cpus(h->cpus);
     test_pause("created");
     rv.set("seg/" + std::to_string(rank), names[rank]);
     published = true;
@@ -353,6 +375,11 @@ ShmComm::ShmComm(int rank, int size, std::vector<int> global_ranks, const Rendez
     // our /proc: never call it dead, rely on the timeout for it.
     watch_[q] = q != rank_ && liveness::process_alive(h->pid);
   }
+  uint64_t all[kCpuMaskWords] = {};
+  for (int q = 0; q < size; ++q)
+    for (int w = 0; w < kCpuMaskWords; ++w) all[w] |= reinterpret_cast<const SegmentHeader*>(base_[q])->cpus[w];
+  cpus_ = 0;
+  for (uint64_t w : all) cpus_ += __builtin_popcountll(w);
 }
 
 ShmComm::~ShmComm() {
@@ -435,6 +462,7 @@ void ShmComm::phase(const CollCall& call) {
   flags::post<HostMemory>(control(rank_), mine);
   if (size_ == 1) return;
   const uint64_t start = HostMemory::now_ns();
+  const uint64_t spin_ns = crowded() ? 0 : kSpinBeforeYieldNs;
   uint64_t next_liveness = start + kLivenessPeriodNs;
   int aborted = -1;
   for (int i = 1; i < size_; ++i) {
@@ -450,7 +478,7 @@ void ShmComm::phase(const CollCall& call) {
       if (now - start > kYieldBeforeSleepNs) {
         const timespec ts{0, kSleepNs};
         nanosleep(&ts, nullptr);  // EINTR just ends the nap early
-      } else if (now - start > kSpinBeforeYieldNs) {
+      } else if (now - start > spin_ns) {
         sched_yield();
       }
       if (now >= next_liveness) {

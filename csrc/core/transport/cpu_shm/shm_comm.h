@@ -123,6 +123,14 @@ class ShmComm {
 
   uint64_t phases() const { return seq_; }
 
+  // How many CPUs this group's ranks may run on: the union of the affinity
+  // masks each rank's creating thread had when the communicator was built.
+  // Crowded: the ranks outnumber them, so some rank is always off a CPU and
+  // a rank that waits yields its CPU at once instead of spinning first. A
+  // mask changed later (taskset on a running rank) is not seen.
+  int cpus() const { return cpus_; }
+  bool crowded() const { return cpus_ < size_; }
+
   // A schedule found the ranks disagree (e.g. alltoall split sizes): abort this
   // rank like a failed wait does, and throw `msg`.
   [[noreturn]] void fail(const std::string& msg);
@@ -177,6 +185,7 @@ class ShmComm {
   std::vector<char*> base_;
   std::vector<int64_t> pids_;
   std::vector<bool> watch_;  // peers whose liveness we can see in /proc
+  int cpus_ = 0;
   uint64_t seq_ = 0;
   uint64_t round_ = 0;
   Coll current_ = Coll::kBarrier;
