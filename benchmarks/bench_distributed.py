@@ -86,9 +86,10 @@ def _knob_bytes(name: str, default: int) -> int:
     return int(v) if v and int(v) >= 0 else default
 
 
-def schedule_of(kind: str, nbytes: int, n: int) -> str:
+def schedule_of(kind: str, nbytes: int, n: int, form: str = "near") -> str:
     """The shared-memory schedule fastpar's `kind` runs for an allreduce of
-    `nbytes` on `n` ranks of one host, by the rules and knobs of
+    `nbytes` on `n` ranks of one host in placement `form` (a registered
+    buffer's far form is the copying two-shot), by the rules and knobs of
     docs/knobs.md: "one_shot", "two_shot" or "registered"."""
     slot = _knob_bytes("FASTPAR_SHM_SLOT_BYTES", 1 << 20)
     one_shot_max = _knob_bytes("FASTPAR_SHM_ONESHOT_MAX_BYTES", 256 << 10 if n <= 2 else 32 << 10)
@@ -97,7 +98,7 @@ def schedule_of(kind: str, nbytes: int, n: int) -> str:
     if kind == "fastpar_two_shot":
         return "two_shot"
     if kind == "fastpar_registered" and nbytes >= _knob_bytes("FASTPAR_SHM_REGISTERED_MIN_BYTES", 16 << 20):
-        return "registered"
+        return "two_shot" if form == "far" else "registered"
     return "one_shot" if nbytes <= min(one_shot_max, slot) else "two_shot"
 
 
@@ -108,11 +109,11 @@ def traffic_per_rank(schedule: str, n: int, nbytes: int) -> float:
             "registered": (3 * n - 1) / n * nbytes}[schedule]
 
 
-def floor_seconds(kind: str, nbytes: int, n: int, copy_s: float) -> float:
-    """The time `kind`'s schedule needs at the copy rate of the ranks' cores:
-    a copy of nbytes moves 2 * nbytes (read and write) in copy_s, measured
-    with every rank copying at once."""
-    return traffic_per_rank(schedule_of(kind, nbytes, n), n, nbytes) * copy_s / (2 * nbytes)
+def floor_seconds(kind: str, nbytes: int, n: int, copy_s: float, form: str = "near") -> float:
+    """The time `kind`'s schedule (in placement `form`) needs at the copy rate
+    of the ranks' cores: a copy of nbytes moves 2 * nbytes (read and write)
+    in copy_s, measured with every rank copying at once."""
+    return traffic_per_rank(schedule_of(kind, nbytes, n, form), n, nbytes) * copy_s / (2 * nbytes)
 
 
 FASTPAR_KINDS = ("fastpar", "fastpar_registered", "fastpar_one_shot", "fastpar_two_shot", "fastpar_near",
@@ -187,21 +188,23 @@ def worker(args) -> None:
 
     be = fd.get_fastpar_backend()
 
-    def placement_classes(nb: int) -> list:
-        """The placement classes of the copying schedules (one-shot, two-shot)
-        an allreduce of nb bytes has used, most used first."""
+    def placement_classes(nb: int, registered: bool = False) -> list:
+        """The placement classes an allreduce of nb bytes has used, most used
+        first: a registered buffer's where it takes the registered schedule's
+        class (`registered`), else those of the copying schedules."""
+        registered = registered and schedule_of("fastpar_registered", nb, n) == "registered"
         return sorted((k for k in fd.placement()["classes"]
-                       if not k["registered"] and k["min_bytes"] <= nb < 2 * k["min_bytes"]),
+                       if k["registered"] == registered and k["min_bytes"] <= nb < 2 * k["min_bytes"]),
                       key=lambda k: -k["calls"])
 
-    def settle_placement(fn, nb: int, mode: str) -> int:
+    def settle_placement(fn, nb: int, mode: str, registered: bool = False) -> int:
         """Calls fn until nb's placement classes are decided (at most 200);
         the calls it took (0 when forced). The class state is agreed, so every
         rank stops at the same call."""
         if mode != "auto":
             return 0
         for i in range(200):
-            ks = placement_classes(nb)
+            ks = placement_classes(nb, registered)
             if ks and all(k["schedule"] != "measuring" for k in ks):
                 return i
             fn()
@@ -248,6 +251,7 @@ def worker(args) -> None:
         # A job's steady state: the size's placement decided before timing
         # (shm_placement.h; its trials run both forms), the calls it took kept.
         row["decided_after_calls"] = settle_placement(fastpar_plain, row["bytes"], default_placement)
+        settle_placement(lambda: dist.all_reduce(reg), row["bytes"], default_placement, registered=True)
         for _ in range(args.repeats):
             for name, fn, group, algo in kinds:
                 if isinstance(algo, str):
@@ -263,6 +267,9 @@ def worker(args) -> None:
                     nb = count * dtype.itemsize
                     k = (placement_classes(nb) or [{"schedule": "-", "near_us": 0.0, "far_us": 0.0}])[0]
                     row["placement"], row["trial_near_us"], row["trial_far_us"] = k["schedule"], k["near_us"], k["far_us"]
+                if name == "fastpar_registered":  # its floor depends on the form (schedule_of)
+                    k = (placement_classes(count * dtype.itemsize, True) or [{"schedule": "-"}])[0]
+                    row["registered_placement"] = k["schedule"] if default_placement == "auto" else default_placement
                 row[name] = min(row.get(name, float("inf")), t)
                 cpus.add(sched_stats()["cpu"])
         del reg
@@ -326,8 +333,9 @@ def report(rows, n: int, args) -> None:
         rec["copy_GBps"] = 2 * r["bytes"] / r["local_copy"] / 1e9
         line += f" {rec['copy_GBps']:>9.2f} "
         for k in ceil_kinds:
-            rec[f"{k}_schedule"] = schedule_of(k, r["bytes"], n)
-            rec[f"{k}_floor_us"] = floor_seconds(k, r["bytes"], n, r["local_copy"]) * 1e6
+            form = r.get("registered_placement", "near") if k == "fastpar_registered" else "near"
+            rec[f"{k}_schedule"] = schedule_of(k, r["bytes"], n, form)
+            rec[f"{k}_floor_us"] = floor_seconds(k, r["bytes"], n, r["local_copy"], form) * 1e6
             rec[f"{k}_of_ceiling"] = rec[f"{k}_floor_us"] / rec[f"{k}_us"]
             line += f"{rec[f'{k}_of_ceiling']:>{max(9, len(k) + 5)}.2f} "
         print(line)

@@ -18,7 +18,8 @@ torch.distributed calls run on fastpar:
 registered_empty(shape, dtype, group, device) allocates a tensor inside memory
 every peer maps (the shared segment on the CPU, the CUDA IPC arena on a GPU):
 all_reduce on it skips the copy into shared memory (CPU: 16 MiB or more,
-FASTPAR_SHM_REGISTERED_MIN_BYTES; CUDA: above the one-shot sizes).
+FASTPAR_SHM_REGISTERED_MIN_BYTES, where the group measured that faster;
+CUDA: above the one-shot sizes).
 
 all_reduce / broadcast / all_gather_into_tensor (direct.py): the same
 collectives as dist.*, synchronous, without torch.distributed's per-call path.

@@ -466,8 +466,10 @@ def registered_empty(shape, dtype: torch.dtype = torch.float32, group=None, devi
     CPU (`device` None or "cpu"): in this rank's shared segment
     (FASTPAR_SHM_REGISTERED_BYTES). all_reduce on such a tensor (whole, in
     place) of 16 MiB or more (FASTPAR_SHM_REGISTERED_MIN_BYTES) reduces
-    straight out of shared memory without the copy-in; smaller ones run the
-    copying schedule.
+    straight out of shared memory without the copy-in where the group
+    measured that faster (placement(): the "near" form of its registered
+    class; the "far" one is the copying schedule's far form, faster when the
+    ranks' cores are far apart); smaller ones run the copying schedule.
 
     CUDA (`device` "cuda" or "cuda:N", default the current device): in this
     rank's CUDA IPC arena, whose registered region is

@@ -364,22 +364,31 @@ def _registered_cpu():
     """registered_empty + all_reduce without the copy-in, against the
     reference. The launch (batched_scenarios.SMALL_SLOT) sends registered
     buffers of every size to the zero-copy schedule where the copying one
-    would run two-shot: every buffer larger than a slot."""
+    would run two-shot: every buffer larger than a slot. That is their near
+    form; their far form is the copying two-shot's (shm_placement.h), with
+    the same bits."""
     init()
+    b = fd.get_fastpar_backend()
     slot = int(os.environ["FASTPAR_SHM_SLOT_BYTES"])
     for dtype in DTYPES:
         for op in ops_for(dtype):
             for n in (0, 1, 7, 3000, 70001):
                 t = fd.registered_empty((n,), dtype)
-                assert fd.get_fastpar_backend().is_registered(t) or n == 0
+                assert b.is_registered(t) or n == 0
                 xs = [exact_data(q, n, dtype) for q in range(WORLD)]
-                t.copy_(xs[RANK])
-                zero_copy = _all_reduce_counting_zero_copy(t, op)
-                what = f"registered all_reduce {dtype} {op} n={n}"
-                check(t, reference(xs, op), what, exact=op != dist.ReduceOp.AVG)
-                if n * t.element_size() > slot:
-                    assert zero_copy == 1, f"{what}: {t.nbytes} bytes did not take the zero-copy schedule"
+                got = {}
+                for form in ("near", "far"):
+                    _testing.set_shm_placement(b, form)
+                    t.copy_(xs[RANK])
+                    zero_copy = _all_reduce_counting_zero_copy(t, op)
+                    what = f"registered all_reduce {dtype} {op} n={n}, {form}"
+                    check(t, reference(xs, op), what, exact=op != dist.ReduceOp.AVG)
+                    if n * t.element_size() > slot:
+                        assert zero_copy == (form == "near"), f"{what}: {t.nbytes} bytes, zero-copy {zero_copy}"
+                    got[form] = t.clone()
+                assert torch.equal(got["near"], got["far"]), f"registered all_reduce {dtype} {op} n={n}: near != far"
                 del t
+    _testing.set_shm_placement(b, "near")
     # 2-D, reused after free, and mixed with plain tensors (which never take it)
     keep = [fd.registered_empty((64, 33), torch.float32) for _ in range(3)]
     for i, k in enumerate(keep):
@@ -392,6 +401,7 @@ def _registered_cpu():
     big_plain = torch.ones(70001)
     assert _all_reduce_counting_zero_copy(big_plain) == 0, "a plain tensor took the zero-copy schedule"
     assert torch.all(big_plain == WORLD)
+    _testing.set_shm_placement(b, "auto")
     # No room on any rank: every rank raises ValueError (the ranks agreed on
     # that), and the group stays usable.
     try:

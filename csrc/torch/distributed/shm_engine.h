@@ -61,14 +61,14 @@ class ShmEngine : public Engine {
   // the tests' way to make this rank report drift, set_placement_test_hooks
   // theirs to make a form slower or the measurement noisy (Placement::set_test_hooks).
   cpu_shm::PlacementReport placement() const;
-  // The CPUs this host's ranks may run on, and whether they outnumber them
-  // (ShmComm::cpus, crowded: waits then yield at once).
-  int cpus() const { return comm_->cpus(); }
-  bool crowded() const { return comm_->crowded(); }
   void set_placement(cpu_shm::PlacementMode mode);
   void mark_placement_drifted();
   void set_placement_test_hooks(double near_us, double far_us, double noise_us, int64_t revisit_calls,
                                 int64_t recheck_calls);
+  // The CPUs this host's ranks may run on, and whether they outnumber them
+  // (ShmComm::cpus, crowded: waits then yield at once).
+  int cpus() const { return comm_->cpus(); }
+  bool crowded() const { return comm_->crowded(); }
 
  private:
   // Serializes calls and sets the call's timeout on the communicator.

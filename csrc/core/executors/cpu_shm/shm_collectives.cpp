@@ -102,11 +102,10 @@ void allreduce(ShmComm& c, const ShmTuning& t, Placement& placement, const void*
         if (one_shot) {
           if (far) allreduce_one_shot(streaming, call, i, o, count, es, reduce);
           else allreduce_one_shot(c, call, i, o, count, es, reduce);
-        } else if (reg >= 0) {
+        } else if (reg >= 0 && !far) {
           registered_calls.fetch_add(1, std::memory_order_relaxed);
-          if (far) allreduce_registered(streaming, call, reg, count, es, c.slot_bytes() / es, reduce);
-          else allreduce_registered(c, call, reg, count, es, c.slot_bytes() / es, reduce);
-        } else if (far) {
+          allreduce_registered(c, call, reg, count, es, c.slot_bytes() / es, reduce);
+        } else if (far) {  // a registered buffer's far form too (shm_placement.h)
           allreduce_two_shot(streaming, call, i, o, count, es, reduce);
         } else {
           allreduce_two_shot(c, call, i, o, count, es, reduce);

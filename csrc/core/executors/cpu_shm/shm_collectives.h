@@ -35,14 +35,15 @@ struct ShmTuning {
 ShmTuning default_shm_tuning();
 
 // In place is allowed (in == out). If `in` lies in this rank's registered arena
-// the registered schedule runs (no copy-in) when the size calls for two-shot.
-// Calls of the two-shot family run near or far as `placement` chooses (it is
-// the communicator's: the same object for every call).
+// and the size calls for two-shot, the registered schedule (no copy-in) is the
+// near form and the copying two-shot's far form the far one. Calls of the
+// two-shot family run near or far as `placement` chooses (it is the
+// communicator's: the same object for every call).
 void allreduce(ShmComm& c, const ShmTuning& t, Placement& placement, const void* in, void* out, int64_t count,
                DType dt, ReduceOp op);
 // How many allreduce calls of this process took the registered schedule: the
-// tests' proof that a registered buffer skipped the copy-in (the result alone
-// is the same either way).
+// tests' proof that a registered buffer skipped the copy-in, or not (the
+// result alone is the same either way).
 int64_t registered_allreduce_calls();
 void reduce(ShmComm& c, const void* in, void* out, int64_t count, DType dt, ReduceOp op, int root);
 void reduce_scatter(ShmComm& c, const void* in, void* out, int64_t count, DType dt, ReduceOp op);

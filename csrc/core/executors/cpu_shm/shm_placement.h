@@ -13,10 +13,15 @@
 //         a peer reads (the inputs published into the slots, the two-shot's
 //         reduced shards): peers read them from memory, and no line moves
 //         between the two caches.
+// The registered-buffer schedule reads its peers' tensors where their owners
+// wrote them, in the owners' caches, whatever its own stores, so a registered
+// buffer's far form is the copying two-shot's far form: with the cores apart
+// it measured several times faster than the zero-copy schedule in either
+// form, and with the cores together the zero-copy near form was the fastest
+// or tied (docs/measurements.md, "Registered buffers with the cores apart").
 // Which form wins depends on where the host placed the ranks' cores (on a VM
 // it changes while a job runs; docs/measurements.md), on the size (whether a
-// call's data stays in the caches) and on the schedule (the registered-buffer
-// one reads its peers' tensors). So the choice is made by measuring the calls themselves, per group,
+// call's data stays in the caches) and on the schedule. So the choice is made by measuring the calls themselves, per group,
 // per schedule and per size class (a power of two of bytes), never imposed:
 //   - a class's first calls are paired trials: near then far, far then near,
 //     alternating (a trend of the machine cancels within a pair). Every
@@ -70,7 +75,7 @@ const char* placement_mode_name(PlacementMode m);
 // One size class of one schedule as measured.
 struct PlacementClass {
   int64_t min_bytes = 0;    // the class: calls of [min_bytes, 2 * min_bytes)
-  bool registered = false;  // the registered-buffer schedule
+  bool registered = false;  // a registered buffer's: zero-copy (near) or the copying two-shot's far form
   bool one_shot = false;    // the one-shot (neither: the copying two-shot)
   bool decided = false;
   bool far = false;
