@@ -16,7 +16,7 @@
 // The registered-buffer schedule reads its peers' tensors where their owners
 // wrote them, in the owners' caches, whatever its own stores, so a registered
 // buffer's far form is the copying two-shot's far form: with the cores apart
-// it measured about twice as fast as the zero-copy schedule in either
+// it measured much faster than the zero-copy schedule in either
 // form, and with the cores together the zero-copy near form was the fastest
 // or tied (docs/measurements.md, "Registered buffers with the cores apart").
 // Which form wins depends on where the host placed the ranks' cores (on a VM
