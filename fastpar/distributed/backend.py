@@ -248,7 +248,8 @@ def placement(group=None) -> dict:
     Every all_reduce schedule (one-shot, two-shot, registered) runs "near"
     (slots written with ordinary stores, read from the writer's cache) or
     "far" (streaming stores: read from memory; for ranks on different dies
-    or sockets). With
+    or sockets); for a registered buffer near is the zero-copy schedule and
+    far the copying two-shot's far form. With
     FASTPAR_SHM_PLACEMENT=auto (the default) the group decides per schedule
     and size class (a power of two of bytes) from paired trials of both forms
     on that class's first calls: at least 8 pairs, more (up to 32) until a
