@@ -109,16 +109,23 @@ def _calls(t, n, until):
     return fd.placement()
 
 
-@scenario
-def sc_placement_drift():
-    """One rank reports drift: at the next check every rank measures again,
-    and all take the same decision."""
+def _measured_two_shot():
+    """Joins the group with every all_reduce on the two-shot and its placement
+    measured (auto); the backend, and the 5000-float tensor the scenarios
+    below reduce (one size class)."""
     init()
     b = fd.get_fastpar_backend()
     _testing.set_shm_allreduce(b, -1, 2)
     _testing.set_shm_placement(b, "auto")
+    return b, torch.ones(5000)
+
+
+@scenario
+def sc_placement_drift():
+    """One rank reports drift: at the next check every rank measures again,
+    and all take the same decision."""
+    b, t = _measured_two_shot()
     _testing.set_shm_placement_delays(b, 0.0, DELAY_US)  # far slower: decided at the first test
-    t = torch.ones(5000)
 
     def call():
         t.fill_(1.0)
@@ -224,11 +231,7 @@ def sc_placement_noise_is_revisited():
     """Trials whose pairs disagree (every other call delayed, on every rank)
     end unsettled at the most pairs; the class is measured again later and
     then settles on the form that is faster."""
-    init()
-    b = fd.get_fastpar_backend()
-    _testing.set_shm_allreduce(b, -1, 2)
-    _testing.set_shm_placement(b, "auto")
-    t = torch.ones(5000)
+    b, t = _measured_two_shot()
 
     # Measured again 8 calls after an unsettled decision (not 256), before a
     # drift check could measure it again for its own reason on a busy machine.
@@ -262,11 +265,7 @@ def test_a_decision_under_noise_is_measured_again(request, device, layout, world
 def sc_placement_settled_form_is_rechecked():
     """A class settled on far keeps far's rate when near becomes the faster
     form (no drift to see): the re-check of the settled decision finds it."""
-    init()
-    b = fd.get_fastpar_backend()
-    _testing.set_shm_allreduce(b, -1, 2)
-    _testing.set_shm_placement(b, "auto")
-    t = torch.ones(5000)
+    b, t = _measured_two_shot()
     _testing.set_shm_placement_delays(b, 2 * DELAY_US, DELAY_US, recheck_calls=8)
     p = _calls(t, 40, lambda k: k["schedule"] != "measuring")
     k = p["classes"][0]
